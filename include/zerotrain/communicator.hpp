@@ -1,0 +1,175 @@
+// One communicator interface, two backends: MPI for host buffers, NCCL for device buffers.
+//
+// Every operation exists blocking and non-blocking (the i-prefixed form returns a Work handle).
+// Counts are in elements of `type`. Buffers may alias (in place) where the comment says so.
+// Each operation is counted in traffic(): calls, payload bytes, estimated bytes on the wire, seconds.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "zerotrain/device.hpp"
+#include "zerotrain/dtype.hpp"
+
+namespace zt {
+
+enum class ReduceOp { sum, avg, max };
+std::string_view reduce_op_name(ReduceOp op);
+
+enum class CommBackend { mpi, nccl };
+std::string_view comm_backend_name(CommBackend backend);
+
+enum class CommOp : std::uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  all_gather_v,
+  broadcast,
+  send,
+  recv,
+  barrier,
+};
+inline constexpr std::size_t kCommOpCount = 8;
+std::string_view comm_op_name(CommOp op);
+
+/// Counters for one kind of operation on one communicator.
+struct TrafficCounter {
+  std::uint64_t calls = 0;
+  /// Payload as NCCL-tests define it: all_reduce and broadcast the buffer, reduce_scatter the
+  /// (whole) input, all_gather the (whole) output, send/recv the message.
+  std::uint64_t bytes = 0;
+  /// Bytes this rank sends under a ring/bandwidth-optimal algorithm: bytes times the bus
+  /// factor (2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 otherwise).
+  std::uint64_t wire_bytes = 0;
+  /// Wall time from the start of the call until its completion was observed.
+  double seconds = 0.0;
+};
+
+struct TrafficStats {
+  std::array<TrafficCounter, kCommOpCount> per_op{};
+  const TrafficCounter& operator[](CommOp op) const { return per_op[static_cast<std::size_t>(op)]; }
+  TrafficCounter& operator[](CommOp op) { return per_op[static_cast<std::size_t>(op)]; }
+  TrafficCounter total() const;
+};
+
+/// Handle to a non-blocking operation. wait() blocks until it completes (and finishes any
+/// post-processing such as the division of an average); test() polls. Destroying a handle that
+/// has not completed waits for it, so buffers are never left in flight.
+class Work {
+ public:
+  class State;  // backend-specific
+  Work() = default;
+  explicit Work(std::unique_ptr<State> state);
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+
+  void wait();
+  bool test();
+  bool completed() const { return state_ == nullptr; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+class Work::State {
+ public:
+  virtual ~State() = default;
+  /// Block until done; run completion work; record the traffic counters.
+  virtual void wait() = 0;
+  /// Poll; on completion behave like wait() and return true.
+  virtual bool test() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// A name for messages: "world", "data", "pipeline", "tensor", or what the creator chose.
+  const std::string& name() const { return name_; }
+  virtual CommBackend backend() const = 0;
+  /// The device whose buffers this communicator takes (host for MPI).
+  virtual Device device() const = 0;
+
+  // ---- blocking ----
+  /// recv[i] = op over ranks of send[i]; send == recv is in place.
+  void all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op);
+  /// send holds size()*recv_count elements; this rank gets chunk rank() reduced.
+  /// send == recv is allowed (the result lands at the start of the buffer).
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type, ReduceOp op);
+  /// recv holds size()*send_count elements, chunk r from rank r. send may be recv + rank()*send_count.
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType type);
+  /// Variable counts: recv_counts[r] elements from rank r, packed in rank order;
+  /// recv_counts[rank()] must equal send_count.
+  void all_gather_v(const void* send, std::size_t send_count, void* recv,
+                    std::span<const std::size_t> recv_counts, DType type);
+  void broadcast(void* buffer, std::size_t count, DType type, int root);
+  void send(const void* buffer, std::size_t count, DType type, int peer, int tag = 0);
+  void recv(void* buffer, std::size_t count, DType type, int peer, int tag = 0);
+  void barrier();
+
+  // ---- non-blocking ----
+  [[nodiscard]] Work iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op);
+  [[nodiscard]] Work ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                                     ReduceOp op);
+  [[nodiscard]] Work iall_gather(const void* send, void* recv, std::size_t send_count, DType type);
+  [[nodiscard]] Work iall_gather_v(const void* send, std::size_t send_count, void* recv,
+                                   std::span<const std::size_t> recv_counts, DType type);
+  [[nodiscard]] Work ibroadcast(void* buffer, std::size_t count, DType type, int root);
+  [[nodiscard]] Work isend(const void* buffer, std::size_t count, DType type, int peer, int tag = 0);
+  [[nodiscard]] Work irecv(void* buffer, std::size_t count, DType type, int peer, int tag = 0);
+
+  // ---- accounting ----
+  const TrafficStats& traffic() const { return traffic_; }
+  void reset_traffic() { traffic_ = {}; }
+
+ protected:
+  Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+
+  /// Record one completed operation (backends call this from their blocking paths and Work states).
+  void record(CommOp op, std::size_t payload_bytes, double seconds);
+  TrafficStats& mutable_traffic() { return traffic_; }
+
+  // Backend hooks. Arguments are already validated by the public methods above.
+  virtual void do_all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                                 ReduceOp op) = 0;
+  virtual void do_all_gather(const void* send, void* recv, std::size_t send_count, DType type) = 0;
+  virtual void do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                               std::span<const std::size_t> recv_counts, DType type) = 0;
+  virtual void do_broadcast(void* buffer, std::size_t count, DType type, int root) = 0;
+  virtual void do_send(const void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
+  virtual void do_recv(void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
+  virtual void do_barrier() = 0;
+
+  virtual Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) = 0;
+  virtual Work do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                                  ReduceOp op) = 0;
+  virtual Work do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) = 0;
+  virtual Work do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
+                                std::span<const std::size_t> recv_counts, DType type) = 0;
+  virtual Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) = 0;
+  virtual Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
+  virtual Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
+
+ private:
+  int rank_;
+  int size_;
+  std::string name_;
+  TrafficStats traffic_{};
+};
+
+}  // namespace zt

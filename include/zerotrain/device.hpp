@@ -1,0 +1,119 @@
+// Devices, memory and streams: the host and CUDA behind one interface.
+//
+// Every buffer zerotrain allocates is a zt::Buffer (RAII) from the allocator of its device. With CUDA
+// compiled in but no usable GPU, the CUDA side reports why (cuda_status()) and the host side works.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+namespace zt {
+
+enum class DeviceType { host, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::host;
+  int index = 0;
+
+  static constexpr Device host() { return {DeviceType::host, 0}; }
+  static constexpr Device cuda(int index) { return {DeviceType::cuda, index}; }
+  bool is_host() const { return type == DeviceType::host; }
+  bool is_cuda() const { return type == DeviceType::cuda; }
+  std::string str() const;  // "host" or "cuda:N"
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+/// What the CUDA runtime says about this process; computed once.
+struct CudaStatus {
+  bool compiled = false;   // built with ZT_WITH_CUDA
+  int device_count = 0;    // devices this process sees (after CUDA_VISIBLE_DEVICES)
+  int runtime_version = 0;
+  int driver_version = 0;
+  std::string reason;      // why no device is usable, empty when one is
+  bool usable() const { return compiled && device_count > 0; }
+};
+const CudaStatus& cuda_status();
+
+/// Make `device` current for this thread (cudaSetDevice); a no-op for the host.
+void set_current_device(Device device);
+
+/// Alignment of host buffers by default, and of buffers that may go through O_DIRECT I/O.
+inline constexpr std::size_t kHostAlignment = 64;
+inline constexpr std::size_t kDirectIoAlignment = 4096;
+
+/// How host memory is obtained: plain aligned pages, or page-locked (pinned) for fast async copies.
+enum class HostMemoryKind { pageable, pinned };
+
+/// Allocates and frees raw bytes on one device. One allocator per device, process-wide.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(std::size_t bytes, std::size_t alignment) = 0;
+  virtual void deallocate(void* pointer, std::size_t bytes) noexcept = 0;
+  virtual Device device() const = 0;
+};
+Allocator& allocator_for(Device device, HostMemoryKind kind = HostMemoryKind::pageable);
+
+/// An owned, aligned, untyped block of bytes on one device. Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device device, std::size_t bytes, std::size_t alignment = kHostAlignment,
+         HostMemoryKind kind = HostMemoryKind::pageable);
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  template <typename T>
+  T* as() {
+    return static_cast<T*>(data_);
+  }
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
+  std::size_t size() const { return bytes_; }
+  Device device() const { return device_; }
+  bool empty() const { return bytes_ == 0; }
+
+ private:
+  void release() noexcept;
+
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device device_{};
+  Allocator* allocator_ = nullptr;
+};
+
+/// An ordered queue of device work (a cudaStream_t); on the host, work runs at once and
+/// synchronize() returns immediately. Move-only; the CUDA stream is destroyed with it.
+class Stream {
+ public:
+  Stream() = default;  // the host stream
+  explicit Stream(Device device);
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream();
+
+  Device device() const { return device_; }
+  void synchronize() const;
+  /// The cudaStream_t as an opaque pointer (nullptr for the host stream).
+  void* native() const { return native_; }
+
+ private:
+  Device device_{};
+  void* native_ = nullptr;
+};
+
+/// Copy bytes between any two devices; asynchronous on `stream` when a CUDA device is involved.
+void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
+                std::size_t bytes, const Stream* stream = nullptr);
+
+}  // namespace zt

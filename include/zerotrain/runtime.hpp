@@ -1,0 +1,81 @@
+// The MPI runtime: initialization and finalization (RAII), world and node-local ranks, hosts,
+// and the binding of local ranks to GPUs. Works under mpirun, srun, and as a singleton.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerotrain/communicator.hpp"
+#include "zerotrain/device.hpp"
+
+namespace zt {
+
+struct RuntimeOptions {
+  /// Thread level asked of MPI. MULTIPLE lets a watchdog or progress thread call MPI; the runtime
+  /// accepts FUNNELED or better and reports what it got (Runtime::thread_level()).
+  int requested_thread_level = MPI_THREAD_MULTIPLE;
+  /// Bind this rank to GPU (local_rank % visible devices) when CUDA is usable.
+  bool bind_device = true;
+  /// Install a terminate handler that reports an uncaught exception with its rank and calls
+  /// MPI_Abort, so that one failing rank ends the whole job instead of leaving the others hanging.
+  bool abort_on_uncaught_exception = true;
+};
+
+class Runtime {
+ public:
+  /// Initializes MPI unless the caller already did (then it neither initializes nor finalizes).
+  Runtime(int* argc, char*** argv, RuntimeOptions options = {});
+  explicit Runtime(RuntimeOptions options = {}) : Runtime(nullptr, nullptr, options) {}
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  ~Runtime();
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  int node_count() const { return static_cast<int>(hosts_.size()); }
+  /// Index of this rank's node in hosts().
+  int node_index() const { return node_index_; }
+  /// Distinct host names, in order of their lowest world rank.
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  const std::string& host_name() const { return hosts_[node_index_]; }
+  int thread_level() const { return thread_level_; }
+  static std::string thread_level_name(int level);
+  /// The device this rank computes on: a bound GPU, or the host.
+  Device device() const { return device_; }
+  /// Whether this object initialized MPI (and so will finalize it).
+  bool owns_mpi() const { return owns_mpi_; }
+  /// MPI_COMM_WORLD behind the communicator interface.
+  Communicator& world() { return *world_; }
+  MPI_Comm world_comm() const { return MPI_COMM_WORLD; }
+  MPI_Comm node_comm() const { return node_comm_; }
+  /// What launched us: "mpirun", "srun", or "singleton" (no launcher).
+  const std::string& launcher() const { return launcher_; }
+
+  /// MPI library version string (MPI_Get_library_version), first line.
+  static std::string mpi_library_version();
+
+ private:
+  bool owns_mpi_ = false;
+  int thread_level_ = MPI_THREAD_SINGLE;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int node_index_ = 0;
+  std::vector<std::string> hosts_;
+  MPI_Comm node_comm_ = MPI_COMM_NULL;
+  Device device_{};
+  std::string launcher_;
+  std::unique_ptr<Communicator> world_;
+};
+
+/// Run `body` and turn any exception into a report naming the rank, then MPI_Abort the job with
+/// exit code 1. Use around main() in programs that use zerotrain.
+int run_and_report(const std::function<int()>& body);
+
+}  // namespace zt

@@ -1,0 +1,22 @@
+// The CUDA half of the device layer, as plain functions so that device.cpp compiles without CUDA.
+// Implemented in kernels/cuda/device_cuda.cpp when CUDA is built, else in device_nocuda.cpp, where
+// each call raises an error saying zerotrain was built without CUDA.
+#pragma once
+
+#include <cstddef>
+
+#include "zerotrain/device.hpp"
+
+namespace zt::detail {
+
+Allocator& cuda_device_allocator(int device_index);
+Allocator& cuda_pinned_host_allocator();
+void* cuda_stream_create(int device_index);
+void cuda_stream_destroy(void* stream) noexcept;
+void cuda_stream_synchronize(void* stream);
+/// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing) on `stream`, then a sync if stream is null.
+void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream);
+void cuda_set_device(int device_index);
+CudaStatus query_cuda_status();
+
+}  // namespace zt::detail

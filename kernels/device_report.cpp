@@ -1,0 +1,51 @@
+// The device part of `zerotrain report`.
+#include "zerotrain/build_info.hpp"
+#include "zerotrain/device.hpp"
+#include "zerotrain/report.hpp"
+
+#if ZT_HAVE_CUDA
+#include <cuda_runtime.h>
+#if __has_include(<cudnn_version.h>)
+#include <cudnn_version.h>
+#endif
+#endif
+
+namespace zt {
+namespace {
+std::string cuda_version_text(int version) {
+  if (version == 0) return "none";
+  return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
+}
+}  // namespace
+
+Report device_report() {
+  const CudaStatus& status = cuda_status();
+  if (!status.compiled) return {{"cuda", "CUDA", "not compiled in; host kernels only"}};
+  Report report{
+      {"cuda", "CUDA runtime", cuda_version_text(status.runtime_version)},
+      {"cuda", "CUDA driver", status.driver_version ? cuda_version_text(status.driver_version)
+                                                      : std::string("none installed")},
+  };
+#ifdef CUDNN_MAJOR
+  report.push_back({"cuda", "cuDNN (headers)",
+                    std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR) + "." +
+                        std::to_string(CUDNN_PATCHLEVEL)});
+#endif
+  if (!status.usable()) {
+    report.push_back({"cuda", "devices", "none usable: " + status.reason});
+    return report;
+  }
+#if ZT_HAVE_CUDA
+  for (int i = 0; i < status.device_count; ++i) {
+    cudaDeviceProp properties{};
+    if (cudaGetDeviceProperties(&properties, i) != cudaSuccess) continue;
+    report.push_back({"cuda", "cuda:" + std::to_string(i),
+                      std::string(properties.name) + ", compute " + std::to_string(properties.major) + "." +
+                          std::to_string(properties.minor) + ", " +
+                          std::to_string(properties.totalGlobalMem >> 20) + " MiB"});
+  }
+#endif
+  return report;
+}
+
+}  // namespace zt
