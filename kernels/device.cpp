@@ -18,7 +18,9 @@ const CudaStatus& cuda_status() {
   return status;
 }
 
-std::string Device::str() const { return is_host() ? std::string("host") : "cuda:" + std::to_string(index); }
+std::string Device::str() const {
+  return is_host() ? std::string("host") : "cuda:" + std::to_string(index);
+}
 
 namespace {
 
@@ -72,7 +74,9 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   return *this;
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 void Buffer::release() noexcept {
   if (data_ != nullptr && allocator_ != nullptr) allocator_->deallocate(data_, bytes_);
@@ -107,7 +111,8 @@ void Stream::synchronize() const {
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream) {
   if (bytes == 0) return;
-  ZT_CHECK(destination != nullptr && source != nullptr, "copy_bytes of ", bytes, " bytes needs non-null pointers");
+  ZT_CHECK(destination != nullptr && source != nullptr, "copy_bytes of ", bytes,
+           " bytes needs non-null pointers");
   if (destination_device.is_host() && source_device.is_host()) {
     std::memcpy(destination, source, bytes);
     return;

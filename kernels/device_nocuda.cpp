@@ -8,17 +8,30 @@
 namespace zt::detail {
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-  ZT_THROW_AS(CudaError, what, ": zerotrain was built without CUDA (configure with -DZT_WITH_CUDA=ON and a CUDA toolkit)");
+  ZT_THROW_AS(CudaError, what,
+              ": zerotrain was built without CUDA (configure with -DZT_WITH_CUDA=ON and a CUDA toolkit)");
 }
 }  // namespace
 
-Allocator& cuda_device_allocator(int) { no_cuda("allocating device memory"); }
-Allocator& cuda_pinned_host_allocator() { no_cuda("allocating pinned host memory"); }
-void* cuda_stream_create(int) { no_cuda("creating a CUDA stream"); }
+Allocator& cuda_device_allocator(int) {
+  no_cuda("allocating device memory");
+}
+Allocator& cuda_pinned_host_allocator() {
+  no_cuda("allocating pinned host memory");
+}
+void* cuda_stream_create(int) {
+  no_cuda("creating a CUDA stream");
+}
 void cuda_stream_destroy(void*) noexcept {}
-void cuda_stream_synchronize(void*) { no_cuda("synchronizing a CUDA stream"); }
-void cuda_copy(void*, const void*, std::size_t, void*) { no_cuda("copying to or from a CUDA device"); }
-void cuda_set_device(int) { no_cuda("selecting a CUDA device"); }
+void cuda_stream_synchronize(void*) {
+  no_cuda("synchronizing a CUDA stream");
+}
+void cuda_copy(void*, const void*, std::size_t, void*) {
+  no_cuda("copying to or from a CUDA device");
+}
+void cuda_set_device(int) {
+  no_cuda("selecting a CUDA device");
+}
 CudaStatus query_cuda_status() {
   CudaStatus status;
   status.compiled = false;
@@ -28,4 +41,3 @@ CudaStatus query_cuda_status() {
 
 }  // namespace zt::detail
 #endif
-

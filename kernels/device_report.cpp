@@ -23,8 +23,8 @@ Report device_report() {
   if (!status.compiled) return {{"cuda", "CUDA", "not compiled in; host kernels only"}};
   Report report{
       {"cuda", "CUDA runtime", cuda_version_text(status.runtime_version)},
-      {"cuda", "CUDA driver", status.driver_version ? cuda_version_text(status.driver_version)
-                                                      : std::string("none installed")},
+      {"cuda", "CUDA driver",
+       status.driver_version ? cuda_version_text(status.driver_version) : std::string("none installed")},
   };
 #ifdef CUDNN_MAJOR
   report.push_back({"cuda", "cuDNN (headers)",

@@ -28,9 +28,9 @@ inline std::string mpi_error_string(int code) {
 }  // namespace zt::detail
 
 /// ZT_CHECK_MPI(MPI_Allreduce(...), "world") -> CommError with call text, communicator name, rank.
-#define ZT_CHECK_MPI(call, communicator_name)                                                   \
-  do {                                                                                          \
-    const int zt_mpi_code_ = (call);                                                            \
-    if (zt_mpi_code_ != MPI_SUCCESS)                                                            \
+#define ZT_CHECK_MPI(call, communicator_name)                                                      \
+  do {                                                                                             \
+    const int zt_mpi_code_ = (call);                                                               \
+    if (zt_mpi_code_ != MPI_SUCCESS)                                                               \
       ::zt::detail::raise_mpi_error(__FILE__, __LINE__, #call, (communicator_name), zt_mpi_code_); \
   } while (0)

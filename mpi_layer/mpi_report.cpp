@@ -35,7 +35,8 @@ std::string ucx_status(const std::string& library) {
       return std::string(active ? "available and selected (OMPI_MCA_pml=" + std::string(selected) + ")"
                                 : "available, not selected") +
              "; select with `mpirun --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any` "
-             "(or OMPI_MCA_pml=ucx); component " + component.string();
+             "(or OMPI_MCA_pml=ucx); component " +
+             component.string();
     }
   }
   return "not available: this Open MPI has no pml_ucx component (build Open MPI with UCX to use it)";
@@ -54,16 +55,18 @@ Report mpi_report(const Runtime& runtime) {
       {"mpi", "standard", std::to_string(major) + "." + std::to_string(minor)},
       {"mpi", "thread level", Runtime::thread_level_name(runtime.thread_level())},
       {"mpi", "launcher", runtime.launcher()},
-      {"mpi", "ranks", std::to_string(runtime.world_size()) + " on " + std::to_string(runtime.node_count()) +
-                           " node(s): " + hosts},
+      {"mpi", "ranks",
+       std::to_string(runtime.world_size()) + " on " + std::to_string(runtime.node_count()) +
+           " node(s): " + hosts},
       {"mpi", "local ranks on this node", std::to_string(runtime.local_size())},
       {"mpi", "UCX", ucx_status(library)},
   };
 #if ZT_HAVE_CUDA
   int nccl = 0;
   if (ncclGetVersion(&nccl) == ncclSuccess) {
-    report.push_back({"mpi", "NCCL", std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) +
-                                         "." + std::to_string(nccl % 100)});
+    report.push_back({"mpi", "NCCL",
+                      std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) + "." +
+                          std::to_string(nccl % 100)});
   }
 #else
   report.push_back({"mpi", "NCCL", "not compiled in"});

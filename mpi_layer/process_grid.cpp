@@ -33,19 +33,17 @@ int ProcessGrid::world_rank_of(GridCoordinates at) const {
 
 ProcessGrid::ProcessGrid(Runtime& runtime, GridShape shape) : shape_(shape) {
   const int world = runtime.world_size();
-  ZT_CHECK_AS(Error, shape_.pipeline >= 1 && shape_.tensor >= 1,
-               "process grid: pipeline (", shape_.pipeline,
+  ZT_CHECK_AS(Error, shape_.pipeline >= 1 && shape_.tensor >= 1, "process grid: pipeline (", shape_.pipeline,
               ") and tensor (", shape_.tensor, ") sizes must be at least 1");
   if (shape_.data <= 0) {
-    ZT_CHECK_AS(Error, world % (shape_.pipeline * shape_.tensor) == 0, 
-                "process grid: world size ", world, " is not divisible by pipeline (", shape_.pipeline,
-                ") x tensor (", shape_.tensor, ") = ", shape_.pipeline * shape_.tensor);
+    ZT_CHECK_AS(Error, world % (shape_.pipeline * shape_.tensor) == 0, "process grid: world size ", world,
+                " is not divisible by pipeline (", shape_.pipeline, ") x tensor (", shape_.tensor,
+                ") = ", shape_.pipeline * shape_.tensor);
     shape_.data = world / (shape_.pipeline * shape_.tensor);
   }
-  ZT_CHECK_AS(Error, shape_.product() == world, 
-              "process grid: data (", shape_.data, ") x pipeline (", shape_.pipeline, ") x tensor (", shape_.tensor,
-              ") = ", shape_.product(), " ranks, but the job has ", world,
-              " ranks; choose sizes whose product is the world size");
+  ZT_CHECK_AS(Error, shape_.product() == world, "process grid: data (", shape_.data, ") x pipeline (",
+              shape_.pipeline, ") x tensor (", shape_.tensor, ") = ", shape_.product(),
+              " ranks, but the job has ", world, " ranks; choose sizes whose product is the world size");
 
   const int rank = runtime.world_rank();
   coordinates_ = coordinates_of(rank, shape_);

@@ -107,8 +107,9 @@ Runtime::Runtime(int* argc, char*** argv, RuntimeOptions options) {
            "; zerotrain needs at least MPI_THREAD_FUNNELED");
 
   // Node-local ranks: ranks that can share memory are on one node, whatever the launcher.
-  ZT_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node_comm_),
-               "world");
+  ZT_CHECK_MPI(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node_comm_),
+      "world");
   ZT_CHECK_MPI(MPI_Comm_rank(node_comm_, &local_rank_), "node");
   ZT_CHECK_MPI(MPI_Comm_size(node_comm_, &local_size_), "node");
 

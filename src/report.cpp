@@ -1,6 +1,6 @@
 // The build part of `zerotrain report`.
-#include "zerotrain/build_info.hpp"
 #include "zerotrain/report.hpp"
+#include "zerotrain/build_info.hpp"
 
 namespace zt {
 
@@ -9,9 +9,10 @@ Report build_report() {
       {"build", "zerotrain", build_info::version},
       {"build", "build type", build_info::build_type},
       {"build", "compiler", build_info::cxx_compiler},
-      {"build", "CUDA + NCCL", build_info::have_cuda ? std::string("compiled in (architectures ") +
-                                                         build_info::cuda_architectures + ")"
-                                                   : std::string("not compiled in")},
+      {"build", "CUDA + NCCL",
+       build_info::have_cuda
+           ? std::string("compiled in (architectures ") + build_info::cuda_architectures + ")"
+           : std::string("not compiled in")},
       {"build", "io_uring", build_info::have_uring ? "compiled in" : "not compiled in"},
   };
 }

@@ -21,7 +21,9 @@ namespace zt::testing {
 namespace {
 Runtime* current_runtime = nullptr;
 }
-Runtime& runtime() { return *current_runtime; }
+Runtime& runtime() {
+  return *current_runtime;
+}
 }  // namespace zt::testing
 
 namespace {
@@ -32,7 +34,9 @@ class RankReducingListener : public ::testing::EmptyTestEventListener {
   RankReducingListener(std::unique_ptr<::testing::TestEventListener> printer, int rank, int size)
       : printer_(std::move(printer)), rank_(rank), size_(size) {}
 
-  void OnTestProgramStart(const ::testing::UnitTest& unit) override { forward(&Listener::OnTestProgramStart, unit); }
+  void OnTestProgramStart(const ::testing::UnitTest& unit) override {
+    forward(&Listener::OnTestProgramStart, unit);
+  }
   void OnTestIterationStart(const ::testing::UnitTest& unit, int iteration) override {
     if (rank_ == 0) printer_->OnTestIterationStart(unit, iteration);
   }
@@ -66,7 +70,8 @@ class RankReducingListener : public ::testing::EmptyTestEventListener {
     MPI_Allgather(&failed_here, 1, MPI_INT, failed.data(), 1, MPI_INT, MPI_COMM_WORLD);
     std::string failed_ranks;
     for (int r = 0; r < size_; ++r) {
-      if (failed[static_cast<std::size_t>(r)] != 0) failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (failed[static_cast<std::size_t>(r)] != 0)
+        failed_ranks += (failed_ranks.empty() ? "" : ", ") + std::to_string(r);
     }
     // Still inside the test (GoogleTest clears the current test after OnTestEnd), so this failure
     // is attributed to it on every rank, including those where it passed.
@@ -87,7 +92,9 @@ class RankReducingListener : public ::testing::EmptyTestEventListener {
   void OnTestIterationEnd(const ::testing::UnitTest& unit, int iteration) override {
     if (rank_ == 0) printer_->OnTestIterationEnd(unit, iteration);
   }
-  void OnTestProgramEnd(const ::testing::UnitTest& unit) override { forward(&Listener::OnTestProgramEnd, unit); }
+  void OnTestProgramEnd(const ::testing::UnitTest& unit) override {
+    forward(&Listener::OnTestProgramEnd, unit);
+  }
 
  private:
   using Listener = ::testing::TestEventListener;
@@ -108,7 +115,8 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
 
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  std::unique_ptr<::testing::TestEventListener> printer(listeners.Release(listeners.default_result_printer()));
+  std::unique_ptr<::testing::TestEventListener> printer(
+      listeners.Release(listeners.default_result_printer()));
   listeners.Append(new RankReducingListener(std::move(printer), runtime.world_rank(), runtime.world_size()));
   if (runtime.world_rank() == 0) {
     std::printf("[zerotrain] MPI test on %d rank(s), %d node(s), thread level %s\n", runtime.world_size(),

@@ -26,11 +26,11 @@ struct Device {
 
 /// What the CUDA runtime says about this process; computed once.
 struct CudaStatus {
-  bool compiled = false;   // built with ZT_WITH_CUDA
-  int device_count = 0;    // devices this process sees (after CUDA_VISIBLE_DEVICES)
+  bool compiled = false;  // built with ZT_WITH_CUDA
+  int device_count = 0;   // devices this process sees (after CUDA_VISIBLE_DEVICES)
   int runtime_version = 0;
   int driver_version = 0;
-  std::string reason;      // why no device is usable, empty when one is
+  std::string reason;  // why no device is usable, empty when one is
   bool usable() const { return compiled && device_count > 0; }
 };
 const CudaStatus& cuda_status();

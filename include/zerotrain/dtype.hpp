@@ -13,7 +13,7 @@ namespace zt {
 
 enum class DType : std::uint8_t { fp32, fp64, bf16, fp16, int32, int64 };
 
-inline constexpr DType kAllDTypes[] = {DType::fp32, DType::fp64, DType::bf16,
+inline constexpr DType kAllDTypes[] = {DType::fp32, DType::fp64,  DType::bf16,
                                        DType::fp16, DType::int32, DType::int64};
 
 constexpr std::size_t dtype_size(DType type) {
@@ -110,7 +110,7 @@ struct fp16 {
       return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
     }
     if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
-    if (abs < 0x38800000u) {  // below the smallest normal 2^-14: subnormal or zero
+    if (abs < 0x38800000u) {               // below the smallest normal 2^-14: subnormal or zero
       if (abs < 0x33000000u) return sign;  // below half the smallest subnormal 2^-25
       // Subnormal result in units of 2^-24: the 24-bit significand shifted right by 126 - exponent.
       const std::uint32_t shift = 126u - (abs >> 23);  // 14..24

@@ -59,7 +59,8 @@ std::string concat(Args&&... args) {
 inline std::string location_prefix(const char* file, int line) {
   std::string_view path(file);
   // Keep the path from the project's top-level directory on, not the build machine's.
-  for (std::string_view top : {"include/", "src/", "mpi_layer/", "kernels/", "io/", "tests/", "bench/", "examples/"}) {
+  for (std::string_view top :
+       {"include/", "src/", "mpi_layer/", "kernels/", "io/", "tests/", "bench/", "examples/"}) {
     if (auto pos = path.rfind(top); pos != std::string_view::npos) {
       path = path.substr(pos);
       break;
@@ -84,14 +85,14 @@ template <typename ErrorType = Error, typename... Args>
 #define ZT_THROW_AS(type, ...) ::zt::detail::raise<type>(__FILE__, __LINE__, __VA_ARGS__)
 
 /// Check a precondition at an API boundary; the message parts say what was expected.
-#define ZT_CHECK(condition, ...)                                                                          \
-  do {                                                                                                    \
-    if (!(condition)) ::zt::detail::raise<::zt::Error>(__FILE__, __LINE__, "check '" #condition "' failed: ", \
-                                                       __VA_ARGS__);                                     \
+#define ZT_CHECK(condition, ...)                                                                            \
+  do {                                                                                                      \
+    if (!(condition))                                                                                       \
+      ::zt::detail::raise<::zt::Error>(__FILE__, __LINE__, "check '" #condition "' failed: ", __VA_ARGS__); \
   } while (0)
 
 /// Check with a specific zt error type; the message is the caller's alone.
-#define ZT_CHECK_AS(type, condition, ...)                                                           \
-  do {                                                                                              \
-    if (!(condition)) ::zt::detail::raise<type>(__FILE__, __LINE__, __VA_ARGS__);                   \
+#define ZT_CHECK_AS(type, condition, ...)                                         \
+  do {                                                                            \
+    if (!(condition)) ::zt::detail::raise<type>(__FILE__, __LINE__, __VA_ARGS__); \
   } while (0)

@@ -9,12 +9,12 @@
 #include "kernels/device_backend.hpp"
 #include "zerotrain/error.hpp"
 
-#define ZT_CHECK_CUDA(call)                                                                                  \
-  do {                                                                                                       \
-    const cudaError_t zt_cuda_status_ = (call);                                                              \
-    if (zt_cuda_status_ != cudaSuccess)                                                                      \
-      ZT_THROW_AS(::zt::CudaError, #call, " failed: ", cudaGetErrorName(zt_cuda_status_), " (",              \
-                  static_cast<int>(zt_cuda_status_), "): ", cudaGetErrorString(zt_cuda_status_));          \
+#define ZT_CHECK_CUDA(call)                                                                       \
+  do {                                                                                            \
+    const cudaError_t zt_cuda_status_ = (call);                                                   \
+    if (zt_cuda_status_ != cudaSuccess)                                                           \
+      ZT_THROW_AS(::zt::CudaError, #call, " failed: ", cudaGetErrorName(zt_cuda_status_), " (",   \
+                  static_cast<int>(zt_cuda_status_), "): ", cudaGetErrorString(zt_cuda_status_)); \
   } while (0)
 
 namespace zt::detail {
@@ -92,13 +92,18 @@ void* cuda_stream_create(int device_index) {
   return stream;
 }
 
-void cuda_stream_destroy(void* stream) noexcept { cudaStreamDestroy(static_cast<cudaStream_t>(stream)); }
+void cuda_stream_destroy(void* stream) noexcept {
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
 
-void cuda_stream_synchronize(void* stream) { ZT_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))); }
+void cuda_stream_synchronize(void* stream) {
+  ZT_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
 
 void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream) {
   require_usable("copying to or from a CUDA device");
-  ZT_CHECK_CUDA(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+  ZT_CHECK_CUDA(
+      cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
   if (stream == nullptr) ZT_CHECK_CUDA(cudaStreamSynchronize(nullptr));
 }
 
@@ -119,7 +124,8 @@ CudaStatus query_cuda_status() {
   } else if (error == cudaSuccess) {
     status.reason = "the CUDA runtime sees no device (check CUDA_VISIBLE_DEVICES)";
   } else {
-    // cudaErrorInsufficientDriver (35) on machines without a GPU driver, cudaErrorNoDevice (100) without a GPU.
+    // cudaErrorInsufficientDriver (35) on machines without a GPU driver, cudaErrorNoDevice (100) without a
+    // GPU.
     status.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(error) + " (" +
                     std::to_string(static_cast<int>(error)) + "): " + cudaGetErrorString(error);
     cudaGetLastError();  // clear the sticky-free error so later calls are not confused by it

@@ -21,7 +21,8 @@ void print_usage(std::FILE* out) {
 
 int report_command(zt::Runtime& runtime) {
   zt::Report report;
-  for (const zt::Report& part : {zt::build_report(), zt::mpi_report(runtime), zt::device_report(), zt::io_report()}) {
+  for (const zt::Report& part :
+       {zt::build_report(), zt::mpi_report(runtime), zt::device_report(), zt::io_report()}) {
     report.insert(report.end(), part.begin(), part.end());
   }
   if (runtime.world_rank() != 0) return 0;

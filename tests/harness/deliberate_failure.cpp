@@ -10,4 +10,6 @@ TEST(HarnessSelfCheck, FailsOnLastRankOnly) {
   EXPECT_NE(runtime.world_rank(), runtime.world_size() - 1) << "deliberate failure on the last rank";
 }
 
-TEST(HarnessSelfCheck, PassesEverywhere) { SUCCEED(); }
+TEST(HarnessSelfCheck, PassesEverywhere) {
+  SUCCEED();
+}

@@ -64,7 +64,8 @@ TEST(Runtime, ErrorsNameTheRank) {
     ZT_THROW("something broke");
   } catch (const zt::Error& e) {
     const std::string text = e.what();
-    EXPECT_NE(text.find("on rank " + std::to_string(zt::testing::runtime().world_rank())), std::string::npos) << text;
+    EXPECT_NE(text.find("on rank " + std::to_string(zt::testing::runtime().world_rank())), std::string::npos)
+        << text;
     EXPECT_NE(text.find("tests/mpi/test_runtime.cpp:"), std::string::npos) << text;
     EXPECT_NE(text.find("something broke"), std::string::npos) << text;
   }
@@ -75,7 +76,8 @@ class GridShapes : public ::testing::TestWithParam<zt::GridShape> {};
 TEST_P(GridShapes, SubCommunicatorsFollowTheDocumentedRankOrder) {
   zt::Runtime& runtime = zt::testing::runtime();
   zt::GridShape shape = GetParam();
-  if (shape.pipeline * shape.tensor > runtime.world_size() || runtime.world_size() % (shape.pipeline * shape.tensor)) {
+  if (shape.pipeline * shape.tensor > runtime.world_size() ||
+      runtime.world_size() % (shape.pipeline * shape.tensor)) {
     GTEST_SKIP() << "shape needs a world size divisible by " << shape.pipeline * shape.tensor;
   }
   zt::ProcessGrid grid(runtime, shape);
@@ -105,8 +107,9 @@ TEST_P(GridShapes, SubCommunicatorsFollowTheDocumentedRankOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GridShapes,
-                         ::testing::Values(zt::GridShape{0, 1, 1}, zt::GridShape{0, 2, 1}, zt::GridShape{0, 1, 2},
-                                           zt::GridShape{0, 2, 2}, zt::GridShape{0, 4, 1}),
+                         ::testing::Values(zt::GridShape{0, 1, 1}, zt::GridShape{0, 2, 1},
+                                           zt::GridShape{0, 1, 2}, zt::GridShape{0, 2, 2},
+                                           zt::GridShape{0, 4, 1}),
                          [](const auto& info) {
                            return "pp" + std::to_string(info.param.pipeline) + "_tp" +
                                   std::to_string(info.param.tensor);
@@ -119,10 +122,12 @@ TEST(ProcessGrid, WrongProductIsAClearError) {
     FAIL() << "accepted a grid larger than the world";
   } catch (const zt::Error& e) {
     const std::string text = e.what();
-    EXPECT_NE(text.find("data (" + std::to_string(runtime.world_size() + 1) + ") x pipeline (1) x tensor (1)"),
-              std::string::npos)
+    EXPECT_NE(
+        text.find("data (" + std::to_string(runtime.world_size() + 1) + ") x pipeline (1) x tensor (1)"),
+        std::string::npos)
         << text;
-    EXPECT_NE(text.find("the job has " + std::to_string(runtime.world_size()) + " ranks"), std::string::npos) << text;
+    EXPECT_NE(text.find("the job has " + std::to_string(runtime.world_size()) + " ranks"), std::string::npos)
+        << text;
   }
   EXPECT_THROW(zt::ProcessGrid(runtime, {0, runtime.world_size() + 1, 1}), zt::Error);
   EXPECT_THROW(zt::ProcessGrid(runtime, {1, 0, 1}), zt::Error);

@@ -36,13 +36,16 @@ TEST(HostBuffer, IsAlignedAndMovable) {
   EXPECT_TRUE(empty.empty());
 }
 
-TEST(HostBuffer, RejectsBadAlignment) { EXPECT_THROW(zt::Buffer(zt::Device::host(), 64, 48), zt::Error); }
+TEST(HostBuffer, RejectsBadAlignment) {
+  EXPECT_THROW(zt::Buffer(zt::Device::host(), 64, 48), zt::Error);
+}
 
 TEST(HostCopy, CopiesBytes) {
   std::vector<int> source(1000);
   std::iota(source.begin(), source.end(), 0);
   std::vector<int> destination(1000, -1);
-  zt::copy_bytes(destination.data(), zt::Device::host(), source.data(), zt::Device::host(), 1000 * sizeof(int));
+  zt::copy_bytes(destination.data(), zt::Device::host(), source.data(), zt::Device::host(),
+                 1000 * sizeof(int));
   EXPECT_EQ(destination, source);
   zt::Stream host_stream;
   host_stream.synchronize();
@@ -75,7 +78,8 @@ TEST(Cuda, DeviceRoundTrip) {
   std::iota(host.begin(), host.end(), 0.5f);
   zt::Stream stream(zt::Device::cuda(0));
   zt::Buffer device(zt::Device::cuda(0), host.size() * sizeof(float));
-  zt::Buffer pinned(zt::Device::host(), host.size() * sizeof(float), zt::kHostAlignment, zt::HostMemoryKind::pinned);
+  zt::Buffer pinned(zt::Device::host(), host.size() * sizeof(float), zt::kHostAlignment,
+                    zt::HostMemoryKind::pinned);
   zt::copy_bytes(device.data(), device.device(), host.data(), zt::Device::host(), device.size(), &stream);
   zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), device.device(), device.size(), &stream);
   stream.synchronize();
