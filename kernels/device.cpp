@@ -1,6 +1,7 @@
 // Host side of the device layer: aligned host allocation, buffers, streams and copies. The CUDA
 // side lives in kernels/cuda/device_cuda.cpp; without CUDA the cuda entry points below explain why
 // they cannot work.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -41,7 +42,77 @@ class HostAllocator final : public Allocator {
   Device device() const override { return Device::host(); }
 };
 
+/// Process-wide byte counters per device type and category. Atomic: buffers may be freed on
+/// other threads (I/O, communication).
+struct MemoryCounters {
+  std::atomic<std::size_t> current[kMemoryCategoryCount]{};
+  std::atomic<std::size_t> peak[kMemoryCategoryCount]{};
+  std::atomic<std::size_t> total_current{0};
+  std::atomic<std::size_t> total_peak{0};
+};
+
+MemoryCounters& counters_for(DeviceType type) {
+  static MemoryCounters host;
+  static MemoryCounters cuda;
+  return type == DeviceType::host ? host : cuda;
+}
+
+void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) {
+  std::size_t seen = peak.load(std::memory_order_relaxed);
+  while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+void count_allocation(DeviceType type, MemoryCategory category, std::size_t bytes) {
+  auto& counters = counters_for(type);
+  const auto index = static_cast<std::size_t>(category);
+  raise_peak(counters.peak[index], counters.current[index].fetch_add(bytes) + bytes);
+  raise_peak(counters.total_peak, counters.total_current.fetch_add(bytes) + bytes);
+}
+
+void count_release(DeviceType type, MemoryCategory category, std::size_t bytes) {
+  auto& counters = counters_for(type);
+  counters.current[static_cast<std::size_t>(category)].fetch_sub(bytes);
+  counters.total_current.fetch_sub(bytes);
+}
+
 }  // namespace
+
+std::string_view memory_category_name(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::parameters:
+      return "parameters";
+    case MemoryCategory::gradients:
+      return "gradients";
+    case MemoryCategory::optimizer_states:
+      return "optimizer_states";
+    case MemoryCategory::activations:
+      return "activations";
+    case MemoryCategory::comm_buffers:
+      return "comm_buffers";
+    case MemoryCategory::other:
+      return "other";
+  }
+  return "?";
+}
+
+MemorySnapshot memory_snapshot(DeviceType type) {
+  const auto& counters = counters_for(type);
+  MemorySnapshot snapshot;
+  for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
+    snapshot.by_category[i] = {counters.current[i].load(), counters.peak[i].load()};
+  }
+  snapshot.total = {counters.total_current.load(), counters.total_peak.load()};
+  return snapshot;
+}
+
+void reset_memory_peaks() {
+  for (DeviceType type : {DeviceType::host, DeviceType::cuda}) {
+    auto& counters = counters_for(type);
+    for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) counters.peak[i].store(counters.current[i].load());
+    counters.total_peak.store(counters.total_current.load());
+  }
+}
 
 Allocator& allocator_for(Device device, HostMemoryKind kind) {
   if (device.is_host()) {
@@ -52,15 +123,18 @@ Allocator& allocator_for(Device device, HostMemoryKind kind) {
   return detail::cuda_device_allocator(device.index);
 }
 
-Buffer::Buffer(Device device, std::size_t bytes, std::size_t alignment, HostMemoryKind kind)
-    : bytes_(bytes), device_(device), allocator_(&allocator_for(device, kind)) {
+Buffer::Buffer(Device device, std::size_t bytes, MemoryCategory category, std::size_t alignment,
+               HostMemoryKind kind)
+    : bytes_(bytes), device_(device), category_(category), allocator_(&allocator_for(device, kind)) {
   data_ = allocator_->allocate(bytes, alignment);
+  count_allocation(device_.type, category_, bytes_);
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       device_(other.device_),
+      category_(other.category_),
       allocator_(std::exchange(other.allocator_, nullptr)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -69,6 +143,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
+    category_ = other.category_;
     allocator_ = std::exchange(other.allocator_, nullptr);
   }
   return *this;
@@ -79,7 +154,10 @@ Buffer::~Buffer() {
 }
 
 void Buffer::release() noexcept {
-  if (data_ != nullptr && allocator_ != nullptr) allocator_->deallocate(data_, bytes_);
+  if (data_ != nullptr && allocator_ != nullptr) {
+    allocator_->deallocate(data_, bytes_);
+    count_release(device_.type, category_, bytes_);
+  }
   data_ = nullptr;
   bytes_ = 0;
 }

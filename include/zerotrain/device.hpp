@@ -4,9 +4,12 @@
 // compiled in but no usable GPU, the CUDA side reports why (cuda_status()) and the host side works.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace zt {
 
@@ -45,6 +48,37 @@ inline constexpr std::size_t kDirectIoAlignment = 4096;
 /// How host memory is obtained: plain aligned pages, or page-locked (pinned) for fast async copies.
 enum class HostMemoryKind { pageable, pinned };
 
+/// What an allocation is for. Every Buffer is counted under one category, so that memory per rank
+/// can be compared with the ZeRO formulas (parameters, gradients, optimizer states) and the rest.
+enum class MemoryCategory : std::uint8_t {
+  parameters,
+  gradients,
+  optimizer_states,
+  activations,
+  comm_buffers,
+  other,
+};
+inline constexpr std::size_t kMemoryCategoryCount = 6;
+std::string_view memory_category_name(MemoryCategory category);
+
+struct MemoryUsage {
+  std::size_t current = 0;
+  std::size_t peak = 0;
+};
+
+/// Bytes held by live Buffers on one kind of device, per category and in total. The total's peak
+/// is the peak of the sum (not the sum of the per-category peaks).
+struct MemorySnapshot {
+  std::array<MemoryUsage, kMemoryCategoryCount> by_category{};
+  MemoryUsage total{};
+  const MemoryUsage& operator[](MemoryCategory category) const {
+    return by_category[static_cast<std::size_t>(category)];
+  }
+};
+MemorySnapshot memory_snapshot(DeviceType type);
+/// Restart peak tracking from the current values (e.g. after initialization, before training).
+void reset_memory_peaks();
+
 /// Allocates and frees raw bytes on one device. One allocator per device, process-wide.
 class Allocator {
  public:
@@ -55,12 +89,13 @@ class Allocator {
 };
 Allocator& allocator_for(Device device, HostMemoryKind kind = HostMemoryKind::pageable);
 
-/// An owned, aligned, untyped block of bytes on one device. Move-only.
+/// An owned, aligned, untyped block of bytes on one device, counted under a memory category.
+/// Move-only. The contents are uninitialized.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Device device, std::size_t bytes, std::size_t alignment = kHostAlignment,
-         HostMemoryKind kind = HostMemoryKind::pageable);
+  Buffer(Device device, std::size_t bytes, MemoryCategory category = MemoryCategory::other,
+         std::size_t alignment = kHostAlignment, HostMemoryKind kind = HostMemoryKind::pageable);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -79,6 +114,7 @@ class Buffer {
   }
   std::size_t size() const { return bytes_; }
   Device device() const { return device_; }
+  MemoryCategory category() const { return category_; }
   bool empty() const { return bytes_ == 0; }
 
  private:
@@ -87,6 +123,7 @@ class Buffer {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   Device device_{};
+  MemoryCategory category_ = MemoryCategory::other;
   Allocator* allocator_ = nullptr;
 };
 

@@ -20,7 +20,7 @@ TEST(Device, Names) {
 
 TEST(HostBuffer, IsAlignedAndMovable) {
   for (std::size_t alignment : {zt::kHostAlignment, zt::kDirectIoAlignment}) {
-    zt::Buffer buffer(zt::Device::host(), 1000, alignment);
+    zt::Buffer buffer(zt::Device::host(), 1000, zt::MemoryCategory::other, alignment);
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % alignment, 0u);
     EXPECT_EQ(buffer.size(), 1000u);
     std::memset(buffer.data(), 7, buffer.size());
@@ -37,7 +37,7 @@ TEST(HostBuffer, IsAlignedAndMovable) {
 }
 
 TEST(HostBuffer, RejectsBadAlignment) {
-  EXPECT_THROW(zt::Buffer(zt::Device::host(), 64, 48), zt::Error);
+  EXPECT_THROW(zt::Buffer(zt::Device::host(), 64, zt::MemoryCategory::other, 48), zt::Error);
 }
 
 TEST(HostCopy, CopiesBytes) {
@@ -50,6 +50,26 @@ TEST(HostCopy, CopiesBytes) {
   zt::Stream host_stream;
   host_stream.synchronize();
   EXPECT_EQ(host_stream.native(), nullptr);
+}
+
+TEST(Memory, CountsEveryBufferByCategory) {
+  zt::reset_memory_peaks();
+  const auto before = zt::memory_snapshot(zt::DeviceType::host);
+  {
+    zt::Buffer params(zt::Device::host(), 1000, zt::MemoryCategory::parameters);
+    zt::Buffer grads(zt::Device::host(), 500, zt::MemoryCategory::gradients);
+    const auto during = zt::memory_snapshot(zt::DeviceType::host);
+    EXPECT_EQ(during[zt::MemoryCategory::parameters].current, before[zt::MemoryCategory::parameters].current + 1000);
+    EXPECT_EQ(during[zt::MemoryCategory::gradients].current, before[zt::MemoryCategory::gradients].current + 500);
+    EXPECT_EQ(during.total.current, before.total.current + 1500);
+    zt::Buffer moved = std::move(grads);  // moving does not count twice
+    EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).total.current, before.total.current + 1500);
+  }
+  const auto after = zt::memory_snapshot(zt::DeviceType::host);
+  EXPECT_EQ(after.total.current, before.total.current);
+  EXPECT_EQ(after.total.peak, before.total.current + 1500);
+  EXPECT_EQ(after[zt::MemoryCategory::parameters].peak, before[zt::MemoryCategory::parameters].current + 1000);
+  EXPECT_EQ(zt::memory_category_name(zt::MemoryCategory::optimizer_states), "optimizer_states");
 }
 
 TEST(Cuda, StatusExplainsItself) {
@@ -67,7 +87,8 @@ TEST(Cuda, StatusExplainsItself) {
           << e.what();
     }
     // Pinned host memory falls back to pageable memory when no GPU can pin it.
-    zt::Buffer pinned(zt::Device::host(), 4096, zt::kHostAlignment, zt::HostMemoryKind::pinned);
+    zt::Buffer pinned(zt::Device::host(), 4096, zt::MemoryCategory::other, zt::kHostAlignment,
+                      zt::HostMemoryKind::pinned);
     EXPECT_EQ(pinned.size(), 4096u);
   }
 }
