@@ -99,8 +99,8 @@ TEST(Cuda, DeviceRoundTrip) {
   std::iota(host.begin(), host.end(), 0.5f);
   zt::Stream stream(zt::Device::cuda(0));
   zt::Buffer device(zt::Device::cuda(0), host.size() * sizeof(float));
-  zt::Buffer pinned(zt::Device::host(), host.size() * sizeof(float), zt::kHostAlignment,
-                    zt::HostMemoryKind::pinned);
+  zt::Buffer pinned(zt::Device::host(), host.size() * sizeof(float), zt::MemoryCategory::other,
+                    zt::kHostAlignment, zt::HostMemoryKind::pinned);
   zt::copy_bytes(device.data(), device.device(), host.data(), zt::Device::host(), device.size(), &stream);
   zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), device.device(), device.size(), &stream);
   stream.synchronize();
