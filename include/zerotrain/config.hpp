@@ -1,0 +1,352 @@
+// The training configuration: a JSON file compatible with DeepSpeed's ds_config, parsed into typed
+// structs that carry DeepSpeed's code defaults, plus zerotrain's own sections (model, data, comm).
+// Wrong types or ranges throw zt::ConfigError naming the JSON path; unknown keys are warnings.
+// See docs/config.md for every key.
+//
+// The header does not include nlohmann/json: the raw document is kept as a JSON string, so code
+// that only reads the typed values needs no JSON library.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "zerotrain/dtype.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/lr_scheduler.hpp"  // the scheduler parameter structs and WarmupType
+
+namespace zt {
+
+// ---- enumerations ------------------------------------------------------------------------------
+
+enum class GradientReduceOp { mean, sum };
+enum class OptimizerType { adam, adamw, sgd };
+enum class SchedulerType { warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test };
+enum class OffloadDevice { none, cpu, nvme };
+enum class TagValidation { ignore, warn, fail };
+enum class ModelType { gpt, mlp };
+enum class MlpActivation { relu, gelu, tanh };
+/// automatic: a zerotrain token file if the file starts with its magic, else text.
+enum class DataFormat { automatic, tokens, text, builtin, synthetic };
+/// automatic: NCCL for device buffers when built with it, else MPI.
+enum class CommBackendChoice { automatic, mpi, nccl };
+
+/// The spelling used in the JSON file (e.g. "WarmupCosineLR", "nvme", "auto").
+std::string_view to_string(GradientReduceOp value);
+std::string_view to_string(OptimizerType value);
+std::string_view to_string(SchedulerType value);
+std::string_view to_string(WarmupType value);
+std::string_view to_string(OffloadDevice value);
+std::string_view to_string(TagValidation value);
+std::string_view to_string(ModelType value);
+std::string_view to_string(MlpActivation value);
+std::string_view to_string(DataFormat value);
+std::string_view to_string(CommBackendChoice value);
+
+// ---- DeepSpeed sections ------------------------------------------------------------------------
+// The scheduler parameter structs (WarmupLRParams, ..., LRSchedulerParams) come from
+// lr_scheduler.hpp, so that the parsed values feed make_lr_scheduler() directly.
+
+/// "optimizer": {"type": ..., "params": {...}}. Types are case-insensitive; zerotrain implements
+/// Adam, AdamW and SGD. Defaults are those of DeepSpeed's FusedAdam and torch.optim.SGD.
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::adamw;
+  double lr = 1e-3;
+  std::array<double, 2> betas{0.9, 0.999};  // Adam/AdamW
+  double eps = 1e-8;                        // Adam/AdamW
+  double weight_decay = 0.0;
+  /// Adam only: decoupled (AdamW-style) weight decay. DeepSpeed defaults it to true, so "Adam"
+  /// with weight decay behaves as AdamW unless this is set false. AdamW ignores it.
+  bool adam_w_mode = true;
+  bool bias_correction = true;  // Adam/AdamW
+  double momentum = 0.0;        // SGD
+  double dampening = 0.0;       // SGD
+  bool nesterov = false;        // SGD
+
+  /// Whether weight decay is applied to the weights directly (AdamW) rather than added to the gradient.
+  bool decoupled_weight_decay() const {
+    return type == OptimizerType::adamw || (type == OptimizerType::adam && adam_w_mode);
+  }
+};
+
+/// "scheduler": {"type": ..., "params": {...}}; the scheduler steps once per optimizer step.
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::warmup_lr;
+  /// The alternative matching `type`; the parser sets the required values (total_num_steps,
+  /// cycle_min_lr, cycle_max_lr), so those optionals always hold a value in a parsed config.
+  LRSchedulerParams params = WarmupLRParams{};
+  std::int64_t last_batch_iteration = -1;  // -1: start from the beginning
+};
+
+/// "fp16": mixed precision with a loss scaler (static when loss_scale > 0, dynamic when 0).
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  double loss_scale = 0.0;  // 0 = dynamic
+  int initial_scale_power = 16;
+  std::int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  bool fp16_master_weights_and_grads = false;  // ZeRO only
+
+  bool dynamic_loss_scale() const { return loss_scale == 0.0; }
+};
+
+/// "bf16" (alias "bfloat16").
+struct Bf16Config {
+  bool enabled = false;
+  bool immediate_grad_update = false;
+  bool check_grad_overflow = true;  // skip the step on inf/nan gradients
+  bool bf16_master_weights_and_grads = false;
+  bool bf16_optimizer_states = false;  // needs bf16_master_weights_and_grads and ZeRO 1-3
+};
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::optional<std::string> nvme_path;  // required for device nvme
+  bool pin_memory = true;
+  std::int64_t buffer_count = 4;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  bool fast_init = false;
+  double ratio = 1.0;  // fraction offloaded; < 1 only on stage 3
+  bool super_offload = false;
+  double cpuadam_cores_perc = 0.8;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::none;  // != none only on stage 3
+  std::optional<std::string> nvme_path;
+  bool pin_memory = true;
+  std::int64_t buffer_count = 5;
+  std::int64_t buffer_size = 100'000'000;
+  std::int64_t max_in_cpu = 1'000'000'000;
+};
+
+/// "zero_optimization". Sizes count elements, not bytes.
+struct ZeroConfig {
+  int stage = 0;
+  bool overlap_comm = false;  // default derived: true for stage 3, false otherwise
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  std::int64_t reduce_bucket_size = 500'000'000;
+  std::int64_t allgather_bucket_size = 500'000'000;  // a multiple of 2
+  bool allgather_partitions = true;
+  bool use_multi_rank_bucket_allreduce = true;
+  bool round_robin_gradients = false;
+  bool load_from_fp32_weights = true;
+  bool ignore_unused_parameters = true;
+  bool elastic_checkpoint = false;
+  std::int64_t sub_group_size = 1'000'000'000;
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;
+  std::int64_t stage3_param_persistence_threshold = 100'000;
+  std::int64_t stage3_model_persistence_threshold = INT64_MAX;  // sys.maxsize
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  std::int64_t stage3_module_granularity_threshold = 0;
+  bool stage3_use_all_reduce_for_fetch_params = false;
+  bool stage3_allgather_sequential = false;
+  std::int64_t zero_hpz_partition_size = 1;  // ZeRO++ hpZ: values > 1 are ignored (warning)
+  bool zero_quantized_weights = false;       // ZeRO++: true is rejected
+  bool zero_quantized_nontrainable_weights = false;
+  bool zero_quantized_gradients = false;
+  std::int64_t mics_shard_size = -1;  // MiCS: values > 0 are ignored (warning)
+  bool memory_efficient_linear = true;
+  bool override_module_apply = true;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+};
+
+/// "aio": asynchronous I/O for NVMe offload and swapping.
+struct AioConfig {
+  std::int64_t block_size = 1'048'576;
+  std::int64_t queue_depth = 8;
+  std::int64_t intra_op_parallelism = 1;  // formerly "thread_count"
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool contiguous_memory_optimization = false;
+  bool cpu_checkpointing = false;
+  std::optional<std::int64_t> number_checkpoints;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
+/// "checkpoint": DeepSpeed's keys plus zerotrain's own (save_dir .. dir_mode).
+struct CheckpointConfig {
+  TagValidation tag_validation = TagValidation::warn;
+  bool load_universal = false;
+  bool use_node_local_storage = false;
+  bool parallel_write_pipeline_stage = false;  // "parallel_write": {"pipeline_stage": ...}
+  // zerotrain:
+  std::optional<std::string> save_dir;  // nullopt: the engine saves only where asked
+  std::int64_t save_interval = 0;       // save every N optimizer steps; 0: no periodic saves
+  std::int64_t keep_last = 0;           // keep the newest N tags; 0: keep all
+  std::uint32_t file_mode = 0640;       // permission bits of files written ("0640" in JSON)
+  std::uint32_t dir_mode = 0750;        // permission bits of directories created
+};
+
+/// "data_types": dtypes of accumulated gradients etc.; nullopt = DeepSpeed's choice by precision.
+struct DataTypesConfig {
+  std::optional<DType> grad_accum_dtype;
+  std::optional<DType> param_dtype;
+  std::optional<DType> buffer_dtype;
+};
+
+struct PipelineConfig {
+  std::optional<std::int64_t> stages;  // nullopt: "auto"
+  std::string partition = "best";      // best | parameters | uniform | type:<regex>
+  bool seed_layers = false;
+  std::int64_t activation_checkpoint_interval = 0;
+  bool pipe_partitioned = true;
+  bool grad_partitioned = true;
+  bool use_reentrant = true;
+};
+
+// ---- zerotrain sections ------------------------------------------------------------------------
+
+/// "model": {"type": "gpt", ...}: a GPT-2 style decoder.
+struct GptModelConfig {
+  std::int64_t n_layer = 0;  // all five sizes required
+  std::int64_t n_head = 0;
+  std::int64_t d_model = 0;  // a multiple of n_head
+  std::int64_t seq_len = 0;
+  std::int64_t vocab_size = 0;
+  bool tie_embeddings = true;
+  double dropout = 0.0;
+};
+
+/// "model": {"type": "mlp", "sizes": [in, hidden..., out], "activation": ...}.
+struct MlpModelConfig {
+  std::vector<std::int64_t> sizes;  // at least two layer widths
+  MlpActivation activation = MlpActivation::relu;
+};
+
+using ModelConfig = std::variant<GptModelConfig, MlpModelConfig>;
+
+/// "data": the training data set.
+struct DataConfig {
+  std::optional<std::string> path;    // required unless format is builtin or synthetic
+  std::optional<std::uint64_t> seed;  // nullopt: the top-level seed
+  DataFormat format = DataFormat::automatic;
+};
+
+/// "comm": communication settings.
+struct CommConfig {
+  double timeout_s = 600.0;  // collective watchdog; 0 disables it
+  CommBackendChoice backend = CommBackendChoice::automatic;
+};
+
+// ---- the configuration ---------------------------------------------------------------------------
+
+/// The three batch values after applying DeepSpeed's rule for a data-parallel size.
+struct BatchSizes {
+  std::int64_t train_batch_size = 0;
+  std::int64_t train_micro_batch_size_per_gpu = 0;
+  std::int64_t gradient_accumulation_steps = 0;
+  int data_parallel_size = 0;
+};
+
+/// Receives each warning once, already formatted as one line (no trailing newline).
+using ConfigWarningSink = std::function<void(std::string_view line)>;
+
+/// The default sink: writes the line to stderr.
+void print_config_warning_to_stderr(std::string_view line);
+
+struct ConfigParseOptions {
+  /// Where warnings go as they are found; an empty function only collects them (Config::warnings()).
+  /// Engines pass a sink that prints on rank 0 only.
+  ConfigWarningSink warning_sink = print_config_warning_to_stderr;
+};
+
+class Config {
+ public:
+  /// All defaults, as if parsed from "{}".
+  Config() = default;
+
+  /// Parse a file; ConfigError names the file (and line and column for invalid JSON).
+  static Config from_file(const std::filesystem::path& path, const ConfigParseOptions& options = {});
+  /// Parse a file and resolve the batch sizes for this data-parallel size.
+  static Config from_file(const std::filesystem::path& path, int data_parallel_size,
+                          const ConfigParseOptions& options = {});
+  static Config from_string(std::string_view json_text, const ConfigParseOptions& options = {});
+  static Config from_string(std::string_view json_text, int data_parallel_size,
+                            const ConfigParseOptions& options = {});
+
+  /// Apply DeepSpeed's batch rule: derive the missing values of train_batch_size,
+  /// train_micro_batch_size_per_gpu and gradient_accumulation_steps by integer division and check
+  /// train_batch_size == micro * gas * data_parallel_size. Throws ConfigError otherwise. May be
+  /// called again with another size: it always starts from the values given in the file.
+  const BatchSizes& resolve_batch(int data_parallel_size);
+  bool batch_resolved() const { return resolved_batch_.has_value(); }
+  /// The resolved values; throws zt::ConfigError before resolve_batch().
+  const BatchSizes& batch() const;
+
+  /// Warnings found while parsing, in order, each "path: message".
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  /// The document as given (re-serialized, without comments or formatting).
+  const std::string& raw_json() const { return raw_json_; }
+  /// The file path, or "<string>".
+  const std::string& source() const { return source_; }
+
+  /// The effective configuration with every default filled in (resolved batch sizes when
+  /// resolved); parsing it again gives the same values and no warnings.
+  std::string to_json_string(int indent = 2) const;
+  /// A few human-readable lines for logs.
+  std::string summary() const;
+
+  // The values, named after their JSON keys. Validated when parsed; code that changes them
+  // bypasses validation.
+  std::optional<std::int64_t> train_batch_size;  // as given; see batch()
+  std::optional<std::int64_t> train_micro_batch_size_per_gpu;
+  std::optional<std::int64_t> gradient_accumulation_steps;
+  double gradient_clipping = 1.0;               // global-norm clip; 0 disables
+  std::optional<std::int64_t> steps_per_print;  // nullopt: no progress log
+  bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;
+  bool dump_state = false;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
+  GradientReduceOp gradient_allreduce_op = GradientReduceOp::mean;
+  std::optional<DType> communication_data_type;  // fp32 | fp16 | bf16; nullopt: the gradients' dtype
+  bool managed_gradient_accumulation = true;
+  bool dataloader_drop_last = false;
+  std::uint64_t seed = 1234;  // zerotrain: base seed for initialization and data order
+
+  std::optional<OptimizerConfig> optimizer;  // nullopt: the application supplies one
+  std::optional<SchedulerConfig> scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  ActivationCheckpointingConfig activation_checkpointing;
+  CheckpointConfig checkpoint;
+  DataTypesConfig data_types;
+  PipelineConfig pipeline;
+
+  std::optional<ModelConfig> model;  // zerotrain
+  std::optional<DataConfig> data;    // zerotrain
+  CommConfig comm;                   // zerotrain
+
+ private:
+  friend class ConfigParser;
+
+  std::optional<BatchSizes> resolved_batch_;
+  std::vector<std::string> warnings_;
+  std::string raw_json_ = "{}";
+  std::string source_ = "<string>";
+};
+
+}  // namespace zt

@@ -1,0 +1,933 @@
+// zt::Config: DeepSpeed defaults, validation errors, unknown-key warnings, the batch rule,
+// round trips through to_json_string, and file errors.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "zerotrain/config.hpp"
+
+namespace {
+
+using zt::Config;
+using zt::ConfigError;
+
+/// Parse without printing warnings (they are checked through warnings()).
+Config parse(const std::string& text) {
+  return Config::from_string(text, zt::ConfigParseOptions{.warning_sink = {}});
+}
+
+/// The message of the ConfigError that parsing `text` throws; fails the test if none is thrown.
+std::string parse_error(const std::string& text) {
+  try {
+    parse(text);
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no ConfigError for: " << text;
+  return {};
+}
+
+std::string batch_error(const std::string& text, int data_parallel_size) {
+  try {
+    Config config = parse(text);
+    config.resolve_batch(data_parallel_size);
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "no ConfigError for: " << text << " at data-parallel size " << data_parallel_size;
+  return {};
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+#define EXPECT_CONTAINS(haystack, needle) EXPECT_TRUE(contains(haystack, needle)) << "in: " << (haystack)
+
+/// A temporary directory removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "zt_config_test_XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  std::filesystem::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name) << text;
+    return path_ / name;
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// ---- defaults ------------------------------------------------------------------------------------
+
+TEST(ConfigDefaults, TopLevelMatchDeepSpeedCode) {
+  const Config c = parse("{}");
+  EXPECT_FALSE(c.train_batch_size);
+  EXPECT_FALSE(c.train_micro_batch_size_per_gpu);
+  EXPECT_FALSE(c.gradient_accumulation_steps);
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // PR #8068; the docs still say 0
+  EXPECT_FALSE(c.steps_per_print);      // the docs say 10
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_FALSE(c.memory_breakdown);
+  EXPECT_FALSE(c.dump_state);
+  EXPECT_FALSE(c.prescale_gradients);
+  EXPECT_EQ(c.gradient_predivide_factor, 1.0);
+  EXPECT_EQ(c.gradient_allreduce_op, zt::GradientReduceOp::mean);
+  EXPECT_FALSE(c.communication_data_type);
+  EXPECT_TRUE(c.managed_gradient_accumulation);
+  EXPECT_FALSE(c.dataloader_drop_last);
+  EXPECT_EQ(c.seed, 1234u);
+  EXPECT_FALSE(c.optimizer);
+  EXPECT_FALSE(c.scheduler);
+  EXPECT_FALSE(c.model);
+  EXPECT_FALSE(c.data);
+  EXPECT_EQ(c.comm.timeout_s, 600.0);
+  EXPECT_EQ(c.comm.backend, zt::CommBackendChoice::automatic);
+  EXPECT_TRUE(c.warnings().empty());
+  EXPECT_FALSE(c.batch_resolved());
+}
+
+TEST(ConfigDefaults, PrecisionSections) {
+  const Config c = parse("{}");
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_FALSE(c.fp16.auto_cast);
+  EXPECT_EQ(c.fp16.loss_scale, 0.0);
+  EXPECT_TRUE(c.fp16.dynamic_loss_scale());
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_FALSE(c.fp16.consecutive_hysteresis);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  EXPECT_FALSE(c.fp16.fp16_master_weights_and_grads);
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_FALSE(c.bf16.immediate_grad_update);
+  EXPECT_TRUE(c.bf16.check_grad_overflow);
+  EXPECT_FALSE(c.bf16.bf16_master_weights_and_grads);
+  EXPECT_FALSE(c.bf16.bf16_optimizer_states);
+}
+
+TEST(ConfigDefaults, ZeroOptimization) {
+  const zt::ZeroConfig z = parse("{}").zero_optimization;
+  EXPECT_EQ(z.stage, 0);
+  EXPECT_FALSE(z.overlap_comm);
+  EXPECT_TRUE(z.contiguous_gradients);
+  EXPECT_TRUE(z.reduce_scatter);
+  EXPECT_EQ(z.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(z.allgather_bucket_size, 500'000'000);
+  EXPECT_TRUE(z.allgather_partitions);
+  EXPECT_TRUE(z.use_multi_rank_bucket_allreduce);
+  EXPECT_FALSE(z.round_robin_gradients);
+  EXPECT_TRUE(z.load_from_fp32_weights);
+  EXPECT_TRUE(z.ignore_unused_parameters);
+  EXPECT_FALSE(z.elastic_checkpoint);
+  EXPECT_EQ(z.sub_group_size, 1'000'000'000);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size, 50'000'000);  // code 5e7; the docs say 5e8
+  EXPECT_EQ(z.stage3_param_persistence_threshold, 100'000);
+  EXPECT_EQ(z.stage3_model_persistence_threshold, std::numeric_limits<std::int64_t>::max());
+  EXPECT_EQ(z.stage3_max_live_parameters, 1'000'000'000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 1'000'000'000);
+  EXPECT_FALSE(z.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(z.stage3_module_granularity_threshold, 0);
+  EXPECT_FALSE(z.stage3_use_all_reduce_for_fetch_params);
+  EXPECT_FALSE(z.stage3_allgather_sequential);
+  EXPECT_EQ(z.zero_hpz_partition_size, 1);
+  EXPECT_FALSE(z.zero_quantized_weights);
+  EXPECT_FALSE(z.zero_quantized_nontrainable_weights);
+  EXPECT_FALSE(z.zero_quantized_gradients);
+  EXPECT_EQ(z.mics_shard_size, -1);
+  EXPECT_TRUE(z.memory_efficient_linear);
+  EXPECT_TRUE(z.override_module_apply);
+
+  EXPECT_EQ(z.offload_optimizer.device, zt::OffloadDevice::none);
+  EXPECT_FALSE(z.offload_optimizer.nvme_path);
+  EXPECT_TRUE(z.offload_optimizer.pin_memory);  // true since PR #8207
+  EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
+  EXPECT_FALSE(z.offload_optimizer.pipeline_read);
+  EXPECT_FALSE(z.offload_optimizer.pipeline_write);
+  EXPECT_FALSE(z.offload_optimizer.fast_init);
+  EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
+  EXPECT_FALSE(z.offload_optimizer.super_offload);
+  EXPECT_EQ(z.offload_optimizer.cpuadam_cores_perc, 0.8);
+
+  EXPECT_EQ(z.offload_param.device, zt::OffloadDevice::none);
+  EXPECT_FALSE(z.offload_param.nvme_path);
+  EXPECT_TRUE(z.offload_param.pin_memory);
+  EXPECT_EQ(z.offload_param.buffer_count, 5);
+  EXPECT_EQ(z.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 1'000'000'000);
+}
+
+TEST(ConfigDefaults, OverlapCommIsDerivedFromTheStage) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Config c = parse(R"({"zero_optimization": {"stage": )" + std::to_string(stage) + "}}");
+    EXPECT_EQ(c.zero_optimization.overlap_comm, stage == 3) << "stage " << stage;
+  }
+  EXPECT_FALSE(
+      parse(R"({"zero_optimization": {"stage": 3, "overlap_comm": false}})").zero_optimization.overlap_comm);
+  EXPECT_TRUE(
+      parse(R"({"zero_optimization": {"stage": 1, "overlap_comm": true}})").zero_optimization.overlap_comm);
+}
+
+TEST(ConfigDefaults, OtherDeepSpeedSections) {
+  const Config c = parse("{}");
+  EXPECT_EQ(c.aio.block_size, 1'048'576);
+  EXPECT_EQ(c.aio.queue_depth, 8);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 1);
+  EXPECT_FALSE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_FALSE(c.aio.use_gds);
+
+  EXPECT_FALSE(c.activation_checkpointing.partition_activations);
+  EXPECT_FALSE(c.activation_checkpointing.contiguous_memory_optimization);
+  EXPECT_FALSE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_FALSE(c.activation_checkpointing.number_checkpoints);
+  EXPECT_FALSE(c.activation_checkpointing.synchronize_checkpoint_boundary);
+  EXPECT_FALSE(c.activation_checkpointing.profile);
+
+  EXPECT_EQ(c.checkpoint.tag_validation, zt::TagValidation::warn);
+  EXPECT_FALSE(c.checkpoint.load_universal);
+  EXPECT_FALSE(c.checkpoint.use_node_local_storage);
+  EXPECT_FALSE(c.checkpoint.parallel_write_pipeline_stage);
+  EXPECT_FALSE(c.checkpoint.save_dir);
+  EXPECT_EQ(c.checkpoint.save_interval, 0);
+  EXPECT_EQ(c.checkpoint.keep_last, 0);
+  EXPECT_EQ(c.checkpoint.file_mode, 0640u);
+  EXPECT_EQ(c.checkpoint.dir_mode, 0750u);
+
+  EXPECT_FALSE(c.data_types.grad_accum_dtype);
+  EXPECT_FALSE(c.data_types.param_dtype);
+  EXPECT_FALSE(c.data_types.buffer_dtype);
+
+  EXPECT_FALSE(c.pipeline.stages);
+  EXPECT_EQ(c.pipeline.partition, "best");
+  EXPECT_FALSE(c.pipeline.seed_layers);
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 0);
+  EXPECT_TRUE(c.pipeline.pipe_partitioned);
+  EXPECT_TRUE(c.pipeline.grad_partitioned);
+  EXPECT_TRUE(c.pipeline.use_reentrant);
+}
+
+TEST(ConfigDefaults, OptimizerParams) {
+  const Config adam = parse(R"({"optimizer": {"type": "Adam"}})");
+  ASSERT_TRUE(adam.optimizer);
+  EXPECT_EQ(adam.optimizer->type, zt::OptimizerType::adam);
+  EXPECT_EQ(adam.optimizer->lr, 1e-3);
+  EXPECT_EQ(adam.optimizer->betas[0], 0.9);
+  EXPECT_EQ(adam.optimizer->betas[1], 0.999);
+  EXPECT_EQ(adam.optimizer->eps, 1e-8);
+  EXPECT_EQ(adam.optimizer->weight_decay, 0.0);
+  EXPECT_TRUE(adam.optimizer->adam_w_mode);
+  EXPECT_TRUE(adam.optimizer->bias_correction);
+  EXPECT_TRUE(adam.optimizer->decoupled_weight_decay());  // DeepSpeed's Adam defaults to AdamW mode
+
+  const Config plain_adam = parse(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})");
+  EXPECT_FALSE(plain_adam.optimizer->decoupled_weight_decay());
+
+  const Config sgd =
+      parse(R"({"optimizer": {"type": "sgd", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true}}})");
+  EXPECT_EQ(sgd.optimizer->type, zt::OptimizerType::sgd);
+  EXPECT_EQ(sgd.optimizer->lr, 0.1);
+  EXPECT_EQ(sgd.optimizer->momentum, 0.9);
+  EXPECT_EQ(sgd.optimizer->dampening, 0.0);
+  EXPECT_TRUE(sgd.optimizer->nesterov);
+  EXPECT_FALSE(sgd.optimizer->decoupled_weight_decay());
+}
+
+TEST(ConfigDefaults, OptimizerTypeIsCaseInsensitive) {
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "ADAMW"}})").optimizer->type, zt::OptimizerType::adamw);
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "AdamW"}})").optimizer->type, zt::OptimizerType::adamw);
+  EXPECT_EQ(parse(R"({"optimizer": {"type": "Sgd"}})").optimizer->type, zt::OptimizerType::sgd);
+}
+
+TEST(ConfigDefaults, SchedulerParams) {
+  const Config warmup = parse(R"({"scheduler": {"type": "WarmupLR"}})");
+  ASSERT_TRUE(warmup.scheduler);
+  EXPECT_EQ(warmup.scheduler->type, zt::SchedulerType::warmup_lr);
+  const auto& w = std::get<zt::WarmupLRParams>(warmup.scheduler->params);
+  EXPECT_EQ(w.warmup_min_lr, 0.0);
+  EXPECT_FALSE(w.warmup_max_lr);  // None: the optimizer's lr
+  EXPECT_EQ(w.warmup_num_steps, 1000);
+  EXPECT_EQ(w.warmup_type, zt::WarmupType::log);
+  EXPECT_EQ(warmup.scheduler->last_batch_iteration, -1);
+
+  const Config decay =
+      parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 5000}}})");
+  const auto& d = std::get<zt::WarmupDecayLRParams>(decay.scheduler->params);
+  EXPECT_EQ(d.total_num_steps, 5000);
+  EXPECT_EQ(d.warmup_min_lr, 0.0);
+  EXPECT_EQ(d.warmup_max_lr, 0.001);
+  EXPECT_EQ(d.warmup_num_steps, 1000);
+  EXPECT_EQ(d.warmup_type, zt::WarmupType::log);
+
+  const Config cosine = parse(
+      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5000, "warmup_type": "linear"}}})");
+  const auto& k = std::get<zt::WarmupCosineLRParams>(cosine.scheduler->params);
+  EXPECT_EQ(k.total_num_steps, 5000);
+  EXPECT_EQ(k.warmup_min_ratio, 0.0);
+  EXPECT_EQ(k.warmup_num_steps, 1000);
+  EXPECT_EQ(k.cos_min_ratio, 1e-4);
+  EXPECT_EQ(k.warmup_type, zt::WarmupType::linear);
+
+  const Config cycle =
+      parse(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}})");
+  const auto& o = std::get<zt::OneCycleParams>(cycle.scheduler->params);
+  EXPECT_EQ(o.cycle_min_lr, 1e-4);
+  EXPECT_EQ(o.cycle_max_lr, 1e-3);
+  EXPECT_EQ(o.decay_lr_rate, 0.0);
+  EXPECT_EQ(o.cycle_first_step_size, 2000);
+  EXPECT_FALSE(o.cycle_second_step_size);
+  EXPECT_EQ(o.cycle_first_stair_count, 0);
+  EXPECT_FALSE(o.cycle_second_stair_count);
+  EXPECT_EQ(o.decay_step_size, 0);
+  EXPECT_TRUE(o.cycle_momentum);
+  EXPECT_EQ(o.cycle_min_mom, 0.8);
+  EXPECT_EQ(o.cycle_max_mom, 0.9);
+  EXPECT_EQ(o.decay_mom_rate, 0.0);
+
+  const Config range = parse(R"({"scheduler": {"type": "LRRangeTest"}})");
+  const auto& r = std::get<zt::LRRangeTestParams>(range.scheduler->params);
+  EXPECT_EQ(r.lr_range_test_min_lr, 1e-3);
+  EXPECT_EQ(r.lr_range_test_step_size, 2000);
+  EXPECT_EQ(r.lr_range_test_step_rate, 1.0);
+  EXPECT_FALSE(r.lr_range_test_staircase);
+}
+
+// ---- values that are accepted ----------------------------------------------------------------------
+
+TEST(ConfigValues, IntegralFloatsAreAcceptedForIntegers) {
+  const Config c = parse(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8,
+                               "allgather_bucket_size": 2e8, "stage3_max_live_parameters": 1e9}})");
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(c.zero_optimization.allgather_bucket_size, 200'000'000);
+  EXPECT_EQ(c.zero_optimization.stage3_max_live_parameters, 1'000'000'000);
+  EXPECT_EQ(parse(R"({"train_batch_size": 32.0})").train_batch_size, 32);
+}
+
+TEST(ConfigValues, AllgatherBucketMultipleOfTwo) {
+  EXPECT_EQ(parse(R"({"zero_optimization": {"allgather_bucket_size": 1000}})")
+                .zero_optimization.allgather_bucket_size,
+            1000);
+  const std::string message = parse_error(R"({"zero_optimization": {"allgather_bucket_size": 1001}})");
+  EXPECT_CONTAINS(message, "zero_optimization.allgather_bucket_size: expected a multiple of 2");
+  EXPECT_CONTAINS(message, "got 1001");
+}
+
+TEST(ConfigValues, Stage3KeysAcceptTheirShortAliases) {
+  const Config c = parse(R"({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000,
+                               "max_live_parameters": 77}})");
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 1000);
+  EXPECT_EQ(c.zero_optimization.stage3_max_live_parameters, 77);
+  EXPECT_TRUE(c.warnings().empty());
+  EXPECT_CONTAINS(
+      parse_error(R"({"zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})"),
+      "give only 'stage3_prefetch_bucket_size'");
+}
+
+TEST(ConfigValues, Bfloat16AliasAndDtypes) {
+  const Config c = parse(R"({"bfloat16": {"enabled": true, "check_grad_overflow": false},
+                               "communication_data_type": "bf16",
+                               "data_types": {"grad_accum_dtype": "fp32", "param_dtype": "bfloat16"}})");
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_FALSE(c.bf16.check_grad_overflow);
+  EXPECT_EQ(c.communication_data_type, zt::DType::bf16);
+  EXPECT_EQ(c.data_types.grad_accum_dtype, zt::DType::fp32);
+  EXPECT_EQ(c.data_types.param_dtype, zt::DType::bf16);
+  EXPECT_FALSE(c.data_types.buffer_dtype);
+  EXPECT_TRUE(c.warnings().empty());
+}
+
+TEST(ConfigValues, OffloadAndCheckpointSections) {
+  const Config c = parse(R"({
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local/nvme", "pin_memory": false, "ratio": 0.5},
+      "offload_param": {"device": "cpu", "buffer_count": 7}},
+    "checkpoint": {"tag_validation": "fail", "save_dir": "/scratch/ckpt", "save_interval": 100, "keep_last": 3,
+                   "file_mode": "0600", "dir_mode": "0700", "parallel_write": {"pipeline_stage": true}},
+    "pipeline": {"stages": 2, "partition": "type:Block"}})");
+  const zt::ZeroConfig& z = c.zero_optimization;
+  EXPECT_EQ(z.offload_optimizer.device, zt::OffloadDevice::nvme);
+  EXPECT_EQ(z.offload_optimizer.nvme_path, "/local/nvme");
+  EXPECT_FALSE(z.offload_optimizer.pin_memory);
+  EXPECT_EQ(z.offload_optimizer.ratio, 0.5);
+  EXPECT_EQ(z.offload_param.device, zt::OffloadDevice::cpu);
+  EXPECT_EQ(z.offload_param.buffer_count, 7);
+  EXPECT_EQ(c.checkpoint.tag_validation, zt::TagValidation::fail);
+  EXPECT_EQ(c.checkpoint.save_dir, "/scratch/ckpt");
+  EXPECT_EQ(c.checkpoint.save_interval, 100);
+  EXPECT_EQ(c.checkpoint.keep_last, 3);
+  EXPECT_EQ(c.checkpoint.file_mode, 0600u);
+  EXPECT_EQ(c.checkpoint.dir_mode, 0700u);
+  EXPECT_TRUE(c.checkpoint.parallel_write_pipeline_stage);
+  EXPECT_EQ(c.pipeline.stages, 2);
+  EXPECT_EQ(c.pipeline.partition, "type:Block");
+  EXPECT_TRUE(c.warnings().empty());
+}
+
+TEST(ConfigValues, ZerotrainSections) {
+  const Config gpt = parse(R"({"model": {"type": "gpt", "n_layer": 12, "n_head": 12, "d_model": 768,
+                                 "seq_len": 1024, "vocab_size": 50257, "dropout": 0.1},
+                               "data": {"path": "/data/train.tokens", "format": "tokens", "seed": 7},
+                               "comm": {"timeout_s": 120, "backend": "mpi"}, "seed": 99})");
+  const auto& g = std::get<zt::GptModelConfig>(*gpt.model);
+  EXPECT_EQ(g.n_layer, 12);
+  EXPECT_EQ(g.n_head, 12);
+  EXPECT_EQ(g.d_model, 768);
+  EXPECT_EQ(g.seq_len, 1024);
+  EXPECT_EQ(g.vocab_size, 50257);
+  EXPECT_TRUE(g.tie_embeddings);
+  EXPECT_EQ(g.dropout, 0.1);
+  EXPECT_EQ(gpt.data->path, "/data/train.tokens");
+  EXPECT_EQ(gpt.data->format, zt::DataFormat::tokens);
+  EXPECT_EQ(gpt.data->seed, 7u);
+  EXPECT_EQ(gpt.comm.timeout_s, 120.0);
+  EXPECT_EQ(gpt.comm.backend, zt::CommBackendChoice::mpi);
+  EXPECT_EQ(gpt.seed, 99u);
+
+  const Config mlp = parse(R"({"model": {"type": "mlp", "sizes": [784, 256, 10], "activation": "gelu"},
+                               "data": {"format": "synthetic"}})");
+  const auto& m = std::get<zt::MlpModelConfig>(*mlp.model);
+  EXPECT_EQ(m.sizes, (std::vector<std::int64_t>{784, 256, 10}));
+  EXPECT_EQ(m.activation, zt::MlpActivation::gelu);
+  EXPECT_FALSE(mlp.data->path);
+  EXPECT_FALSE(mlp.data->seed);
+}
+
+// ---- validation errors ---------------------------------------------------------------------------
+
+TEST(ConfigErrors, WrongTypeNamesPathAndExpectation) {
+  const std::string message = parse_error(R"({"zero_optimization": {"stage": "two"}})");
+  EXPECT_CONTAINS(message, "zero_optimization.stage: expected an integer in 0..3, got \"two\"");
+  EXPECT_CONTAINS(message, "config string");
+  EXPECT_CONTAINS(parse_error(R"({"fp16": {"enabled": "yes"}})"),
+                  "fp16.enabled: expected a boolean (true or false), got \"yes\"");
+  EXPECT_CONTAINS(parse_error(R"({"gradient_clipping": "1.0"})"),
+                  "gradient_clipping: expected a number >= 0");
+  EXPECT_CONTAINS(parse_error(R"({"zero_optimization": 2})"),
+                  "zero_optimization: expected a JSON object, got 2");
+  EXPECT_CONTAINS(parse_error(R"([1, 2])"), "expected a JSON object");
+  EXPECT_CONTAINS(parse_error(R"({"train_batch_size": 1.5})"),
+                  "train_batch_size: expected a positive integer, got 1.5");
+}
+
+TEST(ConfigErrors, OutOfRange) {
+  EXPECT_CONTAINS(parse_error(R"({"zero_optimization": {"stage": 4}})"),
+                  "zero_optimization.stage: expected an integer in 0..3, got 4");
+  EXPECT_CONTAINS(parse_error(R"({"train_micro_batch_size_per_gpu": 0})"),
+                  "train_micro_batch_size_per_gpu: expected a positive integer, got 0");
+  EXPECT_CONTAINS(parse_error(R"({"gradient_clipping": -1})"),
+                  "gradient_clipping: expected a number >= 0, got -1");
+  EXPECT_CONTAINS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": 1.5}}})"),
+                  "zero_optimization.offload_optimizer.ratio: expected a number in [0, 1], got 1.5");
+  EXPECT_CONTAINS(parse_error(R"({"aio": {"queue_depth": 0}})"),
+                  "aio.queue_depth: expected a positive integer");
+  EXPECT_CONTAINS(
+      parse_error(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})"),
+      "zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", got \"gpu\"");
+  EXPECT_CONTAINS(parse_error(R"({"gradient_allreduce_op": "max"})"),
+                  "gradient_allreduce_op: expected one of \"mean\", \"sum\", got \"max\"");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"file_mode": 640}})"),
+                  "checkpoint.file_mode: expected an octal permission string such as \"0640\", got 640");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"tag_validation": "Sometimes"}})"),
+                  "checkpoint.tag_validation");
+}
+
+TEST(ConfigErrors, AutoPlaceholderIsExplained) {
+  EXPECT_CONTAINS(parse_error(R"({"train_micro_batch_size_per_gpu": "auto"})"), "Hugging Face");
+}
+
+TEST(ConfigErrors, Fp16Rules) {
+  EXPECT_CONTAINS(parse_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
+                  "fp16.enabled and bf16.enabled are both true");
+  EXPECT_CONTAINS(parse_error(R"({"fp16": {"enabled": true}, "bfloat16": {"enabled": true}})"),
+                  "fp16.enabled and bf16.enabled are both true");
+  EXPECT_CONTAINS(parse_error(R"({"fp16": {"loss_scale": -1}})"),
+                  "fp16.loss_scale: expected a number >= 0, got -1");
+  EXPECT_CONTAINS(parse_error(R"({"fp16": {"loss_scale_window": 0}})"),
+                  "fp16.loss_scale_window: expected a positive integer with a dynamic loss scale");
+  EXPECT_CONTAINS(parse_error(R"({"fp16": {"min_loss_scale": 0}})"),
+                  "fp16.min_loss_scale: expected a number > 0 with a dynamic loss scale");
+  // With a static scale the dynamic-only rules do not apply (as in DeepSpeed).
+  EXPECT_EQ(parse(R"({"fp16": {"loss_scale": 128, "loss_scale_window": 0}})").fp16.loss_scale, 128.0);
+  EXPECT_CONTAINS(parse_error(R"({"bf16": {}, "bfloat16": {}})"), "are both given");
+  EXPECT_CONTAINS(parse_error(R"({"bf16": {"bf16_optimizer_states": true}})"),
+                  "bf16.bf16_optimizer_states: needs bf16_master_weights_and_grads");
+}
+
+TEST(ConfigErrors, OffloadRules) {
+  EXPECT_CONTAINS(parse_error(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})"),
+                  "zero_optimization.offload_param: parameter offload needs ZeRO stage 3, but "
+                  "zero_optimization.stage is 2");
+  EXPECT_CONTAINS(
+      parse_error(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})"),
+      "optimizer offload needs ZeRO stage 1, 2 or 3");
+  EXPECT_CONTAINS(parse_error(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+                  "zero_optimization.offload_param.nvme_path: required when device is \"nvme\"");
+  EXPECT_CONTAINS(
+      parse_error(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})"),
+      "zero_optimization.offload_optimizer.device: \"nvme\" needs ZeRO stage 3");
+  EXPECT_CONTAINS(
+      parse_error(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"),
+      "partial offload (ratio < 1) needs ZeRO stage 3");
+  // A "none" device is harmless on any stage.
+  EXPECT_EQ(parse(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})")
+                .zero_optimization.stage,
+            1);
+}
+
+TEST(ConfigErrors, OptimizerTypes) {
+  const std::string lamb = parse_error(R"({"optimizer": {"type": "Lamb"}})");
+  EXPECT_CONTAINS(lamb, "optimizer.type: DeepSpeed optimizer 'Lamb' is not implemented by zerotrain");
+  EXPECT_CONTAINS(lamb, "Adam, AdamW, SGD");
+  EXPECT_CONTAINS(parse_error(R"({"optimizer": {"type": "OneBitAdam"}})"), "not implemented by zerotrain");
+  EXPECT_CONTAINS(parse_error(R"({"optimizer": {"type": "RMSprop"}})"), "unknown optimizer type 'RMSprop'");
+  EXPECT_CONTAINS(parse_error(R"({"optimizer": {"params": {"lr": 1}}})"), "optimizer.type: required");
+  EXPECT_CONTAINS(parse_error(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})"),
+                  "optimizer.params.betas: expected an array of two numbers in [0, 1), got [0.9]");
+  EXPECT_CONTAINS(parse_error(R"({"optimizer": {"type": "SGD", "params": {"nesterov": true}}})"),
+                  "optimizer.params.nesterov: Nesterov momentum needs momentum > 0");
+  EXPECT_CONTAINS(parse_error(R"({"optimizer": {"type": "Adam", "params": {"amsgrad": true}}})"),
+                  "optimizer.params.amsgrad: true is not supported");
+}
+
+TEST(ConfigErrors, SchedulerTypesAndRequiredParams) {
+  const std::string bad = parse_error(R"({"scheduler": {"type": "CosineAnnealingLR"}})");
+  EXPECT_CONTAINS(bad, "scheduler.type: unknown scheduler type 'CosineAnnealingLR'");
+  EXPECT_CONTAINS(bad, "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest");
+  EXPECT_CONTAINS(parse_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {}}})"),
+                  "scheduler.params.total_num_steps: required for scheduler WarmupDecayLR");
+  EXPECT_CONTAINS(parse_error(R"({"scheduler": {"type": "WarmupCosineLR"}})"),
+                  "scheduler.params.total_num_steps: required for scheduler WarmupCosineLR");
+  EXPECT_CONTAINS(parse_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 0.1}}})"),
+                  "scheduler.params.cycle_min_lr: required for scheduler OneCycle");
+  EXPECT_CONTAINS(parse_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1}}})"),
+                  "scheduler.params.cycle_max_lr: required for scheduler OneCycle");
+  EXPECT_CONTAINS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})"),
+                  "scheduler.params.warmup_type: expected one of \"log\", \"linear\", got \"cubic\"");
+  EXPECT_CONTAINS(parse_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})"),
+                  "scheduler.params.warmup_num_steps: expected a positive integer, got 0");
+  // A typo of the required key is pointed out.
+  EXPECT_CONTAINS(
+      parse_error(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"totl_num_steps": 10}}})"),
+      "found 'totl_num_steps': a typo?");
+}
+
+TEST(ConfigErrors, ZerotrainSections) {
+  EXPECT_CONTAINS(parse_error(R"({"model": {"type": "gpt", "n_layer": 2, "n_head": 3, "d_model": 8,
+                                            "seq_len": 4, "vocab_size": 10}})"),
+                  "model.d_model: expected a multiple of n_head (3), got 8");
+  EXPECT_CONTAINS(parse_error(R"({"model": {"type": "gpt", "n_layer": 2}})"),
+                  "model.n_head: required for a gpt model");
+  EXPECT_CONTAINS(parse_error(R"({"model": {"type": "mlp", "sizes": [4]}})"),
+                  "model.sizes: expected an array of at least two positive integers");
+  EXPECT_CONTAINS(parse_error(R"({"model": {"type": "cnn"}})"),
+                  "model.type: expected one of \"gpt\", \"mlp\"");
+  EXPECT_CONTAINS(parse_error(R"({"data": {"format": "tokens"}})"),
+                  "data.path: required unless data.format is");
+  EXPECT_CONTAINS(parse_error(R"({"data": {}})"), "data.path: required unless data.format is");
+  EXPECT_FALSE(parse(R"({"data": {"format": "builtin"}})").data->path);
+  EXPECT_CONTAINS(parse_error(R"({"comm": {"backend": "gloo"}})"),
+                  "comm.backend: expected one of \"auto\", \"mpi\"");
+  EXPECT_CONTAINS(parse_error(R"({"comm": {"timeout_s": -5}})"), "comm.timeout_s: expected a number >= 0");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"save_interval": 10}})"),
+                  "checkpoint.save_dir: required when save_interval > 0");
+}
+
+TEST(ConfigErrors, UnsupportedDeepSpeedFeaturesThatChangeResults) {
+  EXPECT_CONTAINS(parse_error(R"({"elasticity": {"enabled": true, "max_train_batch_size": 64}})"),
+                  "elasticity: DeepSpeed feature not supported by zerotrain");
+  EXPECT_CONTAINS(
+      parse_error(R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})"),
+      "zero_optimization.zero_quantized_gradients: ZeRO++ quantized communication is not supported");
+  EXPECT_CONTAINS(parse_error(R"({"zero_optimization": {"stage": 2, "zenflow": {"topk_ratio": 0.1}}})"),
+                  "zero_optimization.zenflow: DeepSpeed feature not supported");
+  EXPECT_CONTAINS(parse_error(R"({"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}})"),
+                  "\"sum\" is not supported with ZeRO stage 3");
+  EXPECT_CONTAINS(parse_error(R"({"sequence_parallel_size": 2})"), "sequence_parallel_size");
+  // Disabled forms are accepted silently.
+  const Config off = parse(R"({"elasticity": {"enabled": false}, "sequence_parallel_size": 1,
+                               "zero_optimization": {"zero_quantized_weights": false},
+                               "tensorboard": {"enabled": false}, "sparse_gradients": false})");
+  EXPECT_TRUE(off.warnings().empty());
+}
+
+// ---- warnings --------------------------------------------------------------------------------------
+
+TEST(ConfigWarnings, UnknownKeyWithSuggestion) {
+  const Config c = parse(R"({"zero_optimization": {"stgae": 2}, "train_batch_sise": 8})");
+  ASSERT_EQ(c.warnings().size(), 2u);
+  EXPECT_EQ(c.warnings()[0], "zero_optimization.stgae: unknown key; did you mean 'stage'? (ignored)");
+  EXPECT_EQ(c.warnings()[1], "train_batch_sise: unknown key; did you mean 'train_batch_size'? (ignored)");
+  EXPECT_EQ(c.zero_optimization.stage, 0);
+}
+
+TEST(ConfigWarnings, UnknownKeysInNestedSections) {
+  const Config c =
+      parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memry": true}},
+                             "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decai": 0.1}},
+                             "scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}},
+                             "completely_unrelated": 1})");
+  ASSERT_EQ(c.warnings().size(), 4u);
+  EXPECT_EQ(c.warnings()[0],
+            "optimizer.params.weight_decai: unknown key; did you mean 'weight_decay'? (ignored)");
+  EXPECT_EQ(c.warnings()[1],
+            "scheduler.params.warmup_num_step: unknown key; did you mean 'warmup_num_steps'? (ignored)");
+  EXPECT_EQ(c.warnings()[2],
+            "zero_optimization.offload_param.pin_memry: unknown key; did you mean 'pin_memory'? (ignored)");
+  EXPECT_EQ(c.warnings()[3], "completely_unrelated: unknown key (ignored)");
+}
+
+TEST(ConfigWarnings, ThreadCountIsTheOldNameOfIntraOpParallelism) {
+  const Config c = parse(R"({"aio": {"thread_count": 4}})");
+  EXPECT_EQ(c.aio.intra_op_parallelism, 4);
+  ASSERT_EQ(c.warnings().size(), 1u);
+  EXPECT_CONTAINS(c.warnings()[0], "aio.thread_count: renamed to intra_op_parallelism");
+  EXPECT_CONTAINS(parse_error(R"({"aio": {"thread_count": 4, "intra_op_parallelism": 2}})"),
+                  "give only intra_op_parallelism");
+}
+
+TEST(ConfigWarnings, UnsupportedFeaturesThatDoNotChangeResults) {
+  const Config c =
+      parse(R"({"tensorboard": {"enabled": true, "output_path": "/tmp"}, "sparse_gradients": true,
+                             "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 8},
+                             "optimizer": {"type": "Adam", "params": {"torch_adam": true}}})");
+  ASSERT_EQ(c.warnings().size(), 4u);
+  EXPECT_CONTAINS(c.warnings()[0], "sparse_gradients: DeepSpeed feature not supported by zerotrain; ignored");
+  EXPECT_CONTAINS(c.warnings()[1], "tensorboard: DeepSpeed feature not supported by zerotrain; ignored");
+  EXPECT_CONTAINS(c.warnings()[2], "optimizer.params.torch_adam: ignored");
+  EXPECT_CONTAINS(c.warnings()[3], "zero_optimization.zero_hpz_partition_size");
+  EXPECT_EQ(c.zero_optimization.zero_hpz_partition_size, 8);
+}
+
+TEST(ConfigWarnings, DeprecatedForms) {
+  const Config legacy = parse(R"({"zero_optimization": true})");
+  EXPECT_EQ(legacy.zero_optimization.stage, 1);
+  ASSERT_EQ(legacy.warnings().size(), 1u);
+  EXPECT_CONTAINS(legacy.warnings()[0], "the boolean form is deprecated");
+
+  const Config cpu_offload = parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})");
+  EXPECT_EQ(cpu_offload.zero_optimization.offload_optimizer.device, zt::OffloadDevice::cpu);
+  ASSERT_EQ(cpu_offload.warnings().size(), 1u);
+  EXPECT_CONTAINS(cpu_offload.warnings()[0], "zero_optimization.cpu_offload: deprecated");
+}
+
+TEST(ConfigWarnings, SinkReceivesEachWarningOnce) {
+  std::vector<std::string> lines;
+  zt::ConfigParseOptions options;
+  options.warning_sink = [&lines](std::string_view line) { lines.emplace_back(line); };
+  const Config c = Config::from_string(R"({"zero_optimization": {"stgae": 2}})", options);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "zerotrain: warning: config string: zero_optimization.stgae: unknown key; did you mean 'stage'? "
+            "(ignored)");
+  EXPECT_EQ(c.warnings().size(), 1u);
+
+  // Warnings found before an error still reach the sink: they often explain it.
+  lines.clear();
+  EXPECT_THROW(
+      Config::from_string(R"({"optimizer": {"type": "Adam", "params": {"lrr": 1}}, "fp16": {"enabled": 1}})",
+                          options),
+      ConfigError);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_CONTAINS(lines[0], "optimizer.params.lrr: unknown key; did you mean 'lr'?");
+}
+
+TEST(ConfigWarnings, EditDistanceSuggestsOnlyNearKeys) {
+  // One transposition or one missing letter is a typo; an unrelated word is not.
+  EXPECT_CONTAINS(parse(R"({"zero_optimization": {"overlapcomm": true}})").warnings().at(0),
+                  "did you mean 'overlap_comm'?");
+  EXPECT_CONTAINS(parse(R"({"fp16": {"Enabled": true}})").warnings().at(0), "did you mean 'enabled'?");
+  EXPECT_EQ(parse(R"({"fp16": {"xyz": true}})").warnings().at(0), "fp16.xyz: unknown key (ignored)");
+}
+
+// ---- the batch rule (DeepSpeed's runtime/test_ds_config_dict.py, world size 2) ---------------------
+
+std::string batch_json(std::optional<int> tb, std::optional<int> mb, std::optional<int> gas) {
+  std::string text = "{";
+  auto add = [&text](const char* key, std::optional<int> value) {
+    if (!value) return;
+    if (text.size() > 1) text += ", ";
+    text += "\"" + std::string(key) + "\": " + std::to_string(*value);
+  };
+  add("train_batch_size", tb);
+  add("train_micro_batch_size_per_gpu", mb);
+  add("gradient_accumulation_steps", gas);
+  return text + "}";
+}
+
+struct BatchCase {
+  std::optional<int> tb, mb, gas;
+  std::int64_t expected_tb, expected_mb, expected_gas;
+};
+
+TEST(ConfigBatch, ValidCombinationsAtWorldSizeTwo) {
+  const std::vector<BatchCase> cases = {
+      {32, 16, 1, 32, 16, 1},                       // all three, consistent
+      {32, 8, 2, 32, 8, 2},                         // all three, consistent
+      {32, 16, std::nullopt, 32, 16, 1},            // tb, mb -> gas = 32 / 2 / 16
+      {32, 8, std::nullopt, 32, 8, 2},              // tb, mb -> gas = 32 / 2 / 8
+      {32, std::nullopt, 2, 32, 8, 2},              // tb, gas -> mb = 32 / 2 / 2
+      {std::nullopt, 8, 2, 32, 8, 2},               // mb, gas -> tb = 8 * 2 * 2
+      {32, std::nullopt, std::nullopt, 32, 16, 1},  // tb only -> gas 1, mb = 32 / 2
+      {std::nullopt, 16, std::nullopt, 32, 16, 1},  // mb only -> gas 1, tb = 16 * 2
+  };
+  for (const BatchCase& c : cases) {
+    const std::string text = batch_json(c.tb, c.mb, c.gas);
+    Config config = parse(text);
+    const zt::BatchSizes& b = config.resolve_batch(2);
+    EXPECT_EQ(b.train_batch_size, c.expected_tb) << text;
+    EXPECT_EQ(b.train_micro_batch_size_per_gpu, c.expected_mb) << text;
+    EXPECT_EQ(b.gradient_accumulation_steps, c.expected_gas) << text;
+    EXPECT_EQ(b.data_parallel_size, 2) << text;
+    EXPECT_EQ(&config.batch(), &b);
+  }
+}
+
+TEST(ConfigBatch, MismatchNamesTheThreeKeysAndTheSize) {
+  EXPECT_CONTAINS(
+      batch_error(batch_json(33, 17, 2), 2),
+      "train_batch_size (33) != train_micro_batch_size_per_gpu (17) * gradient_accumulation_steps (2) "
+      "* data-parallel size (2) = 68");
+  EXPECT_CONTAINS(
+      batch_error(batch_json(32, 18, 1), 2),
+      "train_batch_size (32) != train_micro_batch_size_per_gpu (18) * gradient_accumulation_steps (1) "
+      "* data-parallel size (2) = 36");
+  // Derived values that do not multiply back fail the same check (DeepSpeed's integer division).
+  EXPECT_CONTAINS(
+      batch_error(batch_json(33, std::nullopt, std::nullopt), 2),
+      "train_batch_size (33) != train_micro_batch_size_per_gpu (16) * gradient_accumulation_steps (1) "
+      "* data-parallel size (2) = 32");
+  EXPECT_CONTAINS(
+      batch_error(batch_json(32, 6, std::nullopt), 2),
+      "train_batch_size (32) != train_micro_batch_size_per_gpu (6) * gradient_accumulation_steps (2) "
+      "* data-parallel size (2) = 24");
+}
+
+TEST(ConfigBatch, IntegerDivisionToZeroIsReported) {
+  EXPECT_CONTAINS(batch_error(batch_json(1, std::nullopt, std::nullopt), 2),
+                  "train_micro_batch_size_per_gpu must be > 0, got 0 (derived as train_batch_size (1) / "
+                  "data-parallel size (2)");
+  EXPECT_CONTAINS(batch_error(batch_json(4, 8, std::nullopt), 2),
+                  "gradient_accumulation_steps must be > 0, got 0 (derived as train_batch_size (4) / "
+                  "data-parallel size (2) / train_micro_batch_size_per_gpu (8)");
+  EXPECT_CONTAINS(batch_error(batch_json(8, std::nullopt, 8), 2),
+                  "train_micro_batch_size_per_gpu must be > 0, got 0");
+}
+
+TEST(ConfigBatch, OnlyGradientAccumulationOrNothing) {
+  EXPECT_CONTAINS(batch_error(batch_json(std::nullopt, std::nullopt, 4), 2),
+                  "either train_batch_size or train_micro_batch_size_per_gpu must be given (only "
+                  "gradient_accumulation_steps is)");
+  EXPECT_CONTAINS(batch_error("{}", 2),
+                  "either train_batch_size or train_micro_batch_size_per_gpu must be given");
+}
+
+TEST(ConfigBatch, ResolveAgainUsesTheGivenValues) {
+  Config config = parse(batch_json(32, std::nullopt, std::nullopt));
+  EXPECT_EQ(config.resolve_batch(2).train_micro_batch_size_per_gpu, 16);
+  EXPECT_EQ(config.resolve_batch(4).train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(config.batch().data_parallel_size, 4);
+  EXPECT_FALSE(config.train_micro_batch_size_per_gpu);  // still as given
+}
+
+TEST(ConfigBatch, ErrorsWithoutResolutionAndForBadSizes) {
+  const Config config = parse(batch_json(32, std::nullopt, std::nullopt));
+  EXPECT_THROW(config.batch(), ConfigError);
+  EXPECT_CONTAINS(batch_error(batch_json(32, std::nullopt, std::nullopt), 0),
+                  "data-parallel size must be positive");
+  const Config resolved = Config::from_string(batch_json(32, 8, std::nullopt), 4, {.warning_sink = {}});
+  EXPECT_EQ(resolved.batch().gradient_accumulation_steps, 1);
+}
+
+// ---- round trip ------------------------------------------------------------------------------------
+
+constexpr const char* kFullConfig = R"({
+  "train_batch_size": 64, "gradient_accumulation_steps": 4, "gradient_clipping": 0.5, "steps_per_print": 10,
+  "wall_clock_breakdown": true, "prescale_gradients": true, "gradient_predivide_factor": 2.0,
+  "communication_data_type": "fp16", "managed_gradient_accumulation": false, "seed": 42,
+  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-6, "weight_decay": 0.1}},
+  "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 3e-4,
+                "cycle_second_step_size": 500, "decay_step_size": 100, "decay_lr_rate": 0.01}},
+  "fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 1,
+           "consecutive_hysteresis": true, "min_loss_scale": 0.5},
+  "zero_optimization": {"stage": 3, "overlap_comm": false, "reduce_bucket_size": 2e8, "allgather_bucket_size": 1000,
+                        "stage3_param_persistence_threshold": 10, "sub_group_size": 100,
+                        "offload_optimizer": {"device": "cpu", "ratio": 0.25},
+                        "offload_param": {"device": "nvme", "nvme_path": "/nvme", "max_in_cpu": 1000}},
+  "aio": {"block_size": 262144, "queue_depth": 16, "intra_op_parallelism": 2, "use_gds": true},
+  "activation_checkpointing": {"partition_activations": true, "number_checkpoints": 4},
+  "checkpoint": {"tag_validation": "Ignore", "load_universal": true, "save_dir": "/ckpt", "save_interval": 50,
+                 "keep_last": 2, "file_mode": "0600"},
+  "data_types": {"grad_accum_dtype": "fp32"},
+  "pipeline": {"stages": 2, "partition": "uniform", "activation_checkpoint_interval": 1},
+  "model": {"type": "gpt", "n_layer": 2, "n_head": 4, "d_model": 64, "seq_len": 32, "vocab_size": 100,
+            "tie_embeddings": false, "dropout": 0.1},
+  "data": {"path": "/data/x.txt", "format": "text", "seed": 3},
+  "comm": {"timeout_s": 30.5, "backend": "nccl"}
+})";
+
+void expect_same_values(const Config& a, const Config& b) {
+  EXPECT_EQ(a.to_json_string(), b.to_json_string());
+  EXPECT_EQ(a.train_batch_size, b.train_batch_size);
+  EXPECT_EQ(a.gradient_clipping, b.gradient_clipping);
+  EXPECT_EQ(a.steps_per_print, b.steps_per_print);
+  EXPECT_EQ(a.communication_data_type, b.communication_data_type);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.optimizer->lr, b.optimizer->lr);
+  EXPECT_EQ(a.optimizer->betas, b.optimizer->betas);
+  EXPECT_EQ(a.fp16.min_loss_scale, b.fp16.min_loss_scale);
+  EXPECT_EQ(a.zero_optimization.stage3_model_persistence_threshold,
+            b.zero_optimization.stage3_model_persistence_threshold);
+  EXPECT_EQ(a.zero_optimization.offload_param.nvme_path, b.zero_optimization.offload_param.nvme_path);
+  EXPECT_EQ(a.zero_optimization.offload_optimizer.ratio, b.zero_optimization.offload_optimizer.ratio);
+  EXPECT_EQ(a.checkpoint.file_mode, b.checkpoint.file_mode);
+  EXPECT_EQ(a.pipeline.stages, b.pipeline.stages);
+  EXPECT_EQ(a.comm.timeout_s, b.comm.timeout_s);
+}
+
+TEST(ConfigRoundTrip, EffectiveConfigParsesToTheSameValues) {
+  const Config original = parse(kFullConfig);
+  EXPECT_TRUE(original.warnings().empty()) << original.warnings().at(0);
+  const Config again = parse(original.to_json_string());
+  EXPECT_TRUE(again.warnings().empty()) << again.warnings().at(0);
+  expect_same_values(original, again);
+  EXPECT_EQ(again.zero_optimization.offload_param.max_in_cpu, 1000);
+  EXPECT_EQ(std::get<zt::OneCycleParams>(again.scheduler->params).cycle_second_step_size, 500);
+  EXPECT_EQ(std::get<zt::GptModelConfig>(*again.model).tie_embeddings, false);
+  EXPECT_EQ(again.data->format, zt::DataFormat::text);
+}
+
+TEST(ConfigRoundTrip, DefaultsAndEachSchedulerAndModel) {
+  for (
+      const char* text : {
+          "{}",
+          R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}, "bf16": {"enabled": true}})",
+          R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_type": "linear"}}})",
+          R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 2000}}})",
+          R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 2000}}})",
+          R"({"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_staircase": true}}})",
+          R"({"model": {"type": "mlp", "sizes": [3, 5, 2]}, "data": {"format": "synthetic"}})",
+      }) {
+    const Config original = parse(text);
+    const Config again = parse(original.to_json_string());
+    EXPECT_TRUE(again.warnings().empty()) << text << ": " << again.warnings().at(0);
+    EXPECT_EQ(original.to_json_string(), again.to_json_string()) << text;
+  }
+}
+
+TEST(ConfigRoundTrip, ResolvedBatchIsWrittenOut) {
+  Config config = parse(batch_json(32, std::nullopt, std::nullopt));
+  config.resolve_batch(2);
+  Config again = parse(config.to_json_string());
+  EXPECT_EQ(again.train_batch_size, 32);
+  EXPECT_EQ(again.train_micro_batch_size_per_gpu, 16);
+  EXPECT_EQ(again.gradient_accumulation_steps, 1);
+  EXPECT_EQ(again.resolve_batch(2).train_batch_size, 32);
+}
+
+TEST(ConfigSummary, MentionsTheEssentials) {
+  Config config = parse(kFullConfig);
+  config.resolve_batch(4);
+  const std::string summary = config.summary();
+  EXPECT_CONTAINS(summary, "batch: 64 = micro 4 x accumulation 4 x data-parallel 4");
+  EXPECT_CONTAINS(summary, "fp16, dynamic loss scale 2^12");
+  EXPECT_CONTAINS(summary, "zero: stage 3");
+  EXPECT_CONTAINS(summary, "optimizer offload cpu");
+  EXPECT_CONTAINS(summary, "AdamW lr 0.0003");
+  EXPECT_CONTAINS(summary, "scheduler: OneCycle");
+  EXPECT_CONTAINS(summary, "backend nccl");
+}
+
+TEST(ConfigRaw, KeepsTheDocumentAsGiven) {
+  const Config config = parse(R"({"zero_optimization": {"stage": 2, "custom": [1, 2]}})");
+  EXPECT_EQ(config.raw_json(), R"({"zero_optimization":{"custom":[1,2],"stage":2}})");
+  EXPECT_EQ(config.source(), "<string>");
+}
+
+// ---- files -----------------------------------------------------------------------------------------
+
+TEST(ConfigFile, ReadsAFileAndResolves) {
+  TempDir dir;
+  const auto path = dir.write("ds.json", batch_json(32, 8, std::nullopt));
+  const Config config = Config::from_file(path, 2, {.warning_sink = {}});
+  EXPECT_EQ(config.batch().gradient_accumulation_steps, 2);
+  EXPECT_EQ(config.source(), path.string());
+}
+
+TEST(ConfigFile, MissingFileIsNamed) {
+  TempDir dir;
+  const auto path = dir.path() / "nope.json";
+  try {
+    Config::from_file(path);
+    FAIL() << "no error for a missing file";
+  } catch (const ConfigError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "config file '" + path.string() + "': cannot open");
+  }
+  try {
+    Config::from_file(dir.path());
+    FAIL() << "no error for a directory";
+  } catch (const ConfigError& error) {
+    EXPECT_CONTAINS(std::string(error.what()), "is a directory");
+  }
+}
+
+TEST(ConfigFile, InvalidJsonNamesFileAndLine) {
+  TempDir dir;
+  const auto path = dir.write("bad.json", "{\n  \"train_batch_size\": 8,\n  \"fp16\": {enabled: true}\n}\n");
+  try {
+    Config::from_file(path);
+    FAIL() << "no error for invalid JSON";
+  } catch (const ConfigError& error) {
+    const std::string message = error.what();
+    EXPECT_CONTAINS(message, "config file '" + path.string() + "': invalid JSON");
+    EXPECT_CONTAINS(message, "line 3");
+    EXPECT_CONTAINS(message, "column");
+  }
+}
+
+TEST(ConfigFile, ValidationErrorsNameTheFile) {
+  TempDir dir;
+  const auto path = dir.write("stage.json", R"({"zero_optimization": {"stage": 5}})");
+  try {
+    Config::from_file(path);
+    FAIL() << "no error for stage 5";
+  } catch (const ConfigError& error) {
+    EXPECT_CONTAINS(
+        std::string(error.what()),
+        "config file '" + path.string() + "': zero_optimization.stage: expected an integer in 0..3, got 5");
+  }
+}
+
+TEST(ConfigFile, ExampleConfigsParseWithoutWarnings) {
+  // This file is tests/unit/test_config.cpp; the examples are in examples/configs.
+  const std::filesystem::path examples =
+      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "examples" / "configs";
+  ASSERT_TRUE(std::filesystem::is_directory(examples)) << examples;
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(examples)) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().string());
+    Config config = Config::from_file(entry.path(), {.warning_sink = {}});
+    EXPECT_TRUE(config.warnings().empty()) << config.warnings().at(0);
+    EXPECT_NO_THROW(config.resolve_batch(2));
+    ++count;
+  }
+  EXPECT_GE(count, 2);
+}
+
+}  // namespace
