@@ -1,0 +1,435 @@
+// Neural-network modules with explicit forward and backward passes (no autograd).
+//
+// A Module computes `run_forward(x)` and, afterwards, `run_backward(grad_output)`:
+//   - forward saves what backward needs (one forward per backward; a second forward overwrites);
+//   - backward ACCUMULATES into every parameter's `grad` (so micro-batches accumulate) and returns
+//     the gradient of the input (an undefined tensor when the input is integer tokens);
+//   - run_forward/run_backward call the module's hooks around the virtual forward/backward, so an
+//     engine can gather parameters before a module runs and release them after (ZeRO-3).
+// Modules read `param.value` and `param.grad` at every call and never keep raw pointers across
+// calls: the engine may re-point both to views into flat buffers or to gathered buffers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zerotrain/tensor.hpp"
+
+namespace zt::nn {
+
+/// A trainable tensor and its gradient (same shape and dtype). `name` is the dotted path from the
+/// root module ("h.0.attn.qkv.weight"); it is updated when the owner is registered into a parent.
+struct Parameter {
+  std::string name;
+  Tensor value;
+  Tensor grad;
+};
+
+class Module;
+
+using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+using ForwardPostHook = std::function<void(Module& module, const Tensor& input, const Tensor& output)>;
+using BackwardPreHook = std::function<void(Module& module, const Tensor& grad_output)>;
+using BackwardPostHook = std::function<void(Module& module, const Tensor& grad_input)>;
+
+/// Identifies one hook for remove_hook().
+struct HookHandle {
+  std::uint64_t id = 0;
+};
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Module(Module&&) = delete;
+  Module& operator=(Module&&) = delete;
+
+  /// Pre-forward hooks, forward, post-forward hooks. Always call modules through this.
+  Tensor run_forward(const Tensor& input);
+  /// Pre-backward hooks, backward, post-backward hooks.
+  Tensor run_backward(const Tensor& grad_output);
+
+  /// "Linear", "GPT", ...
+  const std::string& type_name() const { return type_name_; }
+  /// Dotted path from the root ("" for the root itself, "h.0.attn" for a descendant).
+  const std::string& name() const { return name_; }
+
+  /// Every parameter of this module and its descendants, depth-first in registration order.
+  std::vector<Parameter*> parameters();
+  /// This module's own parameters (not its children's).
+  std::vector<Parameter*> direct_parameters();
+  /// Parameters this module's forward/backward use but another module owns (a tied lm_head uses the
+  /// token embedding). A hook that gathers a module's parameters must gather these too.
+  virtual std::vector<Parameter*> borrowed_parameters() { return {}; }
+  /// Direct children in registration order.
+  std::vector<Module*> children();
+  /// This module and all its descendants, pre-order.
+  std::vector<Module*> modules();
+  /// The parameter or module with this dotted name, or nullptr.
+  Parameter* find_parameter(const std::string& dotted_name);
+  Module* find_module(const std::string& dotted_name);
+  /// Total number of elements over parameters().
+  std::int64_t parameter_count();
+
+  /// Training mode (dropout active) or evaluation mode; applies to all descendants.
+  void train(bool training = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+  /// Zero every parameter gradient (recursively).
+  void zero_grad();
+
+  HookHandle add_forward_pre_hook(ForwardPreHook hook);
+  HookHandle add_forward_post_hook(ForwardPostHook hook);
+  HookHandle add_backward_pre_hook(BackwardPreHook hook);
+  HookHandle add_backward_post_hook(BackwardPostHook hook);
+  /// Remove one hook of this module; false when it is not (or no longer) registered here.
+  bool remove_hook(HookHandle handle);
+
+ protected:
+  virtual Tensor forward(const Tensor& input) = 0;
+  virtual Tensor backward(const Tensor& grad_output) = 0;
+
+  /// A parameter named `local_name` holding `value` (category parameters), with a zero gradient of
+  /// the same shape and dtype (category gradients). The reference stays valid for the module's life.
+  Parameter& register_parameter(const std::string& local_name, Tensor value);
+  /// Take ownership of a child; its modules' and parameters' names get the prefix `local_name.`.
+  template <typename ModuleType>
+  ModuleType& register_module(const std::string& local_name, std::unique_ptr<ModuleType> child) {
+    ModuleType& reference = *child;
+    adopt_child(local_name, std::unique_ptr<Module>(std::move(child)));
+    return reference;
+  }
+
+ private:
+  void adopt_child(const std::string& local_name, std::unique_ptr<Module> child);
+  void add_name_prefix(const std::string& prefix);
+
+  template <typename Hook>
+  struct Registered {
+    std::uint64_t id;
+    Hook hook;
+  };
+
+  std::string type_name_;
+  std::string name_;
+  bool training_ = true;
+  std::vector<std::unique_ptr<Parameter>> parameters_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::vector<Registered<ForwardPreHook>> forward_pre_hooks_;
+  std::vector<Registered<ForwardPostHook>> forward_post_hooks_;
+  std::vector<Registered<BackwardPreHook>> backward_pre_hooks_;
+  std::vector<Registered<BackwardPostHook>> backward_post_hooks_;
+  std::uint64_t next_hook_id_ = 1;
+};
+
+// ---- layers -----------------------------------------------------------------------------------
+// Layers are built on the host in `dtype` (fp32, fp64, bf16 or fp16). Linear and Embedding weights
+// start at zero, LayerNorm at weight 1 / bias 0; models (Gpt, Mlp) initialize from a seed, and
+// init_normal() fills any parameter.
+
+/// Runs its children in order; backward in reverse order.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  /// Append a child named by its index ("0", "1", ...).
+  template <typename ModuleType>
+  ModuleType& append(std::unique_ptr<ModuleType> child) {
+    return register_module(std::to_string(size_++), std::move(child));
+  }
+  std::size_t size() const { return size_; }
+
+ protected:
+  explicit Sequential(std::string type_name) : Module(std::move(type_name)) {}
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  std::size_t size_ = 0;
+};
+
+/// y = x . W^T + b over the last dimension; W is [out_features, in_features] (PyTorch layout).
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, DType dtype = DType::fp32);
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+  std::int64_t in_features() const { return in_features_; }
+  std::int64_t out_features() const { return out_features_; }
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  std::int64_t in_features_, out_features_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor saved_input_;
+};
+
+/// Token lookup: int32 indices [...] -> [..., dim]. backward accumulates into the table and returns an
+/// undefined tensor (integer inputs have no gradient).
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t num_embeddings, std::int64_t dim, DType dtype = DType::fp32);
+  Parameter& weight() { return *weight_; }
+
+ protected:
+  Tensor forward(const Tensor& tokens) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  std::int64_t num_embeddings_, dim_;
+  Parameter* weight_;
+  Tensor saved_tokens_;
+};
+
+/// Learned absolute positions: x [B, T, C] -> x + weight[:T] (T <= max_positions).
+class PositionalEmbedding : public Module {
+ public:
+  PositionalEmbedding(std::int64_t max_positions, std::int64_t dim, DType dtype = DType::fp32);
+  Parameter& weight() { return *weight_; }
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  std::int64_t max_positions_, dim_;
+  Parameter* weight_;
+};
+
+/// Normalizes the last dimension: (x - mean) / sqrt(var + eps) * weight + bias.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(std::int64_t dim, DType dtype = DType::fp32, double eps = 1e-5);
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  std::int64_t dim_;
+  double eps_;
+  Parameter* weight_;
+  Parameter* bias_;
+  Tensor saved_input_, saved_mean_, saved_rstd_;
+};
+
+enum class ActivationKind : std::uint8_t { gelu, relu, tanh };  // gelu: tanh approximation (GPT-2)
+std::string_view activation_name(ActivationKind kind);
+
+/// Element-wise activation without parameters.
+class Activation : public Module {
+ public:
+  explicit Activation(ActivationKind kind);
+  ActivationKind kind() const { return kind_; }
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  ActivationKind kind_;
+  Tensor saved_input_;
+};
+
+/// GELU with the tanh approximation, as in GPT-2.
+class GELU : public Activation {
+ public:
+  GELU() : Activation(ActivationKind::gelu) {}
+};
+
+/// Inverted dropout with a counter-based mask: element i of forward call n is kept iff
+/// hash(seed, n, i) >= p, so masks are reproducible on any thread count and are never stored.
+/// Identity in eval mode or when p == 0.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p, std::uint64_t seed = 0);
+  double p() const { return p_; }
+  /// The mask stream the next training forward uses; each training forward advances it by one.
+  std::uint64_t next_stream() const { return next_stream_; }
+  void set_next_stream(std::uint64_t stream) { next_stream_ = stream; }
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  double p_;
+  std::uint64_t seed_;
+  std::uint64_t next_stream_ = 0;
+  std::uint64_t last_stream_ = 0;
+  bool last_was_identity_ = true;
+};
+
+/// Causal multi-head self-attention: qkv = Linear(C, 3C); softmax(q k^T / sqrt(C/n_head)) v per
+/// head with a causal mask; proj = Linear(C, C); then dropout. Input and output [B, T, C].
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(std::int64_t d_model, std::int64_t n_head, DType dtype = DType::fp32,
+                      double dropout = 0, std::uint64_t dropout_seed = 0);
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  std::int64_t d_model_, n_head_;
+  Linear* qkv_;
+  Linear* proj_;
+  Dropout* dropout_;
+  Tensor saved_qkv_, saved_probabilities_;
+};
+
+/// Transformer MLP: fc = Linear(C, 4C), GELU, proj = Linear(4C, C), dropout.
+class MLPBlock : public Module {
+ public:
+  MLPBlock(std::int64_t d_model, DType dtype = DType::fp32, double dropout = 0,
+           std::uint64_t dropout_seed = 0);
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  Linear* fc_;
+  GELU* gelu_;
+  Linear* proj_;
+  Dropout* dropout_;
+};
+
+/// Pre-LayerNorm transformer block: x = x + attn(ln1(x)); x = x + mlp(ln2(x)).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(std::int64_t d_model, std::int64_t n_head, DType dtype = DType::fp32, double dropout = 0,
+                   std::uint64_t dropout_seed = 0);
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  LayerNorm* ln1_;
+  CausalSelfAttention* attn_;
+  LayerNorm* ln2_;
+  MLPBlock* mlp_;
+};
+
+/// Language-model head: logits = x . W^T without bias. W is the token embedding when tied (the head
+/// then owns no parameter and its gradient accumulates into the embedding's), its own weight otherwise.
+class LmHead : public Module {
+ public:
+  /// Tied to `embedding_weight` ([vocab, C]), which must outlive the head.
+  explicit LmHead(Parameter& embedding_weight);
+  /// Untied, with its own weight [vocab, C].
+  LmHead(std::int64_t d_model, std::int64_t vocab_size, DType dtype);
+  Parameter& weight() { return *weight_; }
+  bool tied() const { return tied_; }
+  std::vector<Parameter*> borrowed_parameters() override;
+
+ protected:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  Parameter* weight_;
+  bool tied_;
+  Tensor saved_input_;
+};
+
+// ---- models -----------------------------------------------------------------------------------
+
+struct GptConfig {
+  std::int64_t n_layer = 12;
+  std::int64_t n_head = 12;
+  std::int64_t d_model = 768;
+  std::int64_t seq_len = 1024;  // maximum sequence length (rows of wpe)
+  std::int64_t vocab_size = 50257;
+  bool tie_embeddings = true;
+  double dropout = 0;
+};
+
+/// Parameters of a Gpt with this config, counted without building it (GPT-2 124M: 124,439,808).
+std::int64_t gpt_parameter_count(const GptConfig& config);
+
+/// GPT-2: tokens int32 [B, T] -> logits [B, T, vocab]. Children wte, wpe, drop, h (blocks h.0 ...),
+/// ln_f, lm_head. Initialized like GPT-2 from `seed` (deterministic): weights normal(0, 0.02), the
+/// residual projections (attn.proj, mlp.proj) normal(0, 0.02 / sqrt(2 n_layer)), biases 0,
+/// LayerNorm weight 1 and bias 0. backward(grad_logits) returns an undefined tensor.
+class Gpt : public Module {
+ public:
+  explicit Gpt(const GptConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0);
+  const GptConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+
+ protected:
+  Tensor forward(const Tensor& tokens) override;
+  Tensor backward(const Tensor& grad_output) override;
+
+ private:
+  GptConfig config_;
+  DType dtype_;
+  Embedding* wte_;
+  PositionalEmbedding* wpe_;
+  Dropout* drop_;
+  Sequential* blocks_;
+  LayerNorm* ln_f_;
+  LmHead* lm_head_;
+};
+
+struct MlpConfig {
+  std::vector<std::int64_t> sizes;  // input, hidden..., output (at least two)
+  ActivationKind activation = ActivationKind::gelu;
+};
+
+/// Linear layers with an activation between consecutive ones (none after the last):
+/// children "0" (Linear), "1" (activation), "2" (Linear), ... Weights normal(0, 1/sqrt(fan_in))
+/// from `seed`, biases 0.
+class Mlp : public Sequential {
+ public:
+  explicit Mlp(const MlpConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0);
+};
+
+/// Fill `parameter.value` with normal(0, stddev) from a generator keyed by `seed` and the parameter's
+/// name (so the result does not depend on construction order or thread count).
+void init_normal(Parameter& parameter, double stddev, std::uint64_t seed);
+
+// ---- losses -----------------------------------------------------------------------------------
+// Losses return the scalar in fp64 (computed in the accumulation type, summed in a fixed order) and
+// give the gradient of (scale * loss): the engine folds loss scaling and 1/accumulation steps into
+// `scale`.
+
+/// Mean softmax cross-entropy of logits [..., V] against int32 targets [...] (rows whose target is
+/// ignore_index do not count).
+class SoftmaxCrossEntropy {
+ public:
+  explicit SoftmaxCrossEntropy(std::int32_t ignore_index = -100) : ignore_index_(ignore_index) {}
+  double forward(const Tensor& logits, const Tensor& targets);
+  /// Gradient of scale * mean loss with respect to the logits of the last forward.
+  Tensor backward(double scale = 1.0);
+  std::int64_t counted_rows() const { return counted_rows_; }
+
+ private:
+  std::int32_t ignore_index_;
+  Tensor saved_logits_, saved_targets_, saved_logsumexp_;
+  std::int64_t counted_rows_ = 0;
+};
+
+/// Mean squared error over all elements.
+class MseLoss {
+ public:
+  double forward(const Tensor& prediction, const Tensor& target);
+  Tensor backward(double scale = 1.0);
+
+ private:
+  Tensor saved_prediction_, saved_target_;
+};
+
+}  // namespace zt::nn

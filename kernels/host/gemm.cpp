@@ -1,0 +1,145 @@
+// Row-major GEMM for every floating dtype on top of OpenBLAS; 16-bit inputs accumulate in fp32.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/host/host_common.hpp"
+
+namespace zt::kernels::host {
+namespace {
+
+CBLAS_TRANSPOSE blas_transpose(bool transpose) {
+  return transpose ? CblasTrans : CblasNoTrans;
+}
+
+/// One single-threaded BLAS call.
+void blas_gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               double alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, double beta,
+               float* c, std::int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, blas_transpose(transpose_a), blas_transpose(transpose_b), blas_int(m, "m"),
+              blas_int(n, "n"), blas_int(k, "k"), static_cast<float>(alpha), a, blas_int(lda, "lda"), b,
+              blas_int(ldb, "ldb"), static_cast<float>(beta), c, blas_int(ldc, "ldc"));
+}
+
+void blas_gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               double alpha, const double* a, std::int64_t lda, const double* b, std::int64_t ldb,
+               double beta, double* c, std::int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, blas_transpose(transpose_a), blas_transpose(transpose_b), blas_int(m, "m"),
+              blas_int(n, "n"), blas_int(k, "k"), alpha, a, blas_int(lda, "lda"), b, blas_int(ldb, "ldb"),
+              beta, c, blas_int(ldc, "ldc"));
+}
+
+/// Rows of C per task. Fixed (not derived from the thread count), so every element of C is computed
+/// by the same BLAS call whatever the number of threads.
+constexpr std::int64_t kGemmRowBlock = 32;
+/// Below this many multiply-adds a GEMM runs as one call (threading would cost more than it saves).
+constexpr std::int64_t kParallelGemmWork = 1 << 18;
+
+/// OpenBLAS's own threads (a pthread pool) and our OpenMP team would fight over the same cores
+/// (measured: 7x slower on 2 cores). So OpenBLAS runs single-threaded and we split C into row blocks
+/// over OpenMP; calls from inside a parallel region (attention heads) run as they are.
+void use_single_threaded_blas() {
+  static const bool done = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)done;
+}
+
+template <typename T>
+void blocked_gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  double alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, double beta, T* c,
+                  std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  use_single_threaded_blas();
+  if (omp_in_parallel() || m * n * k < kParallelGemmWork || m <= kGemmRowBlock) {
+    blas_gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const std::int64_t blocks = (m + kGemmRowBlock - 1) / kGemmRowBlock;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const std::int64_t first_row = block * kGemmRowBlock;
+    const std::int64_t rows = std::min(kGemmRowBlock, m - first_row);
+    // Row r of op(A) starts at a + r * lda when A is not transposed, at column r when it is.
+    const T* a_block = transpose_a ? a + first_row : a + first_row * lda;
+    blas_gemm(transpose_a, transpose_b, rows, n, k, alpha, a_block, lda, b, ldb, beta, c + first_row * ldc,
+              ldc);
+  }
+}
+
+/// Elements spanned by a row-major operand with `rows` rows of `columns` used entries and stride `ld`.
+std::int64_t span(std::int64_t rows, std::int64_t columns, std::int64_t ld) {
+  return rows == 0 ? 0 : (rows - 1) * ld + columns;
+}
+
+/// Widen a strided 16-bit operand to fp32 with the same leading dimension.
+template <typename T>
+void widen(const T* source, std::int64_t rows, std::int64_t columns, std::int64_t ld, float* destination) {
+#pragma omp parallel for schedule(static) if (rows * columns > 65536)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < columns; ++c)
+      destination[r * ld + c] = static_cast<float>(source[r * ld + c]);
+  }
+}
+
+/// The 16-bit GEMM: fp32 copies of A and B (and C when beta != 0), sgemm, then one rounding per element.
+/// (Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16, so cblas_sbgemm is not available; on
+/// AVX2 without AVX512-BF16 it would widen internally anyway.)
+template <typename T>
+void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                double alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, double beta, T* c,
+                std::int64_t ldc) {
+  thread_local std::vector<float> a_storage, b_storage, c_storage;
+  float* c32 = scratch(c_storage, static_cast<std::size_t>(m * n));  // dense [m, n]
+  if (beta != 0) {
+    for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t col = 0; col < n; ++col) c32[r * n + col] = static_cast<float>(c[r * ldc + col]);
+    }
+  }
+  const std::int64_t a_rows = transpose_a ? k : m, a_columns = transpose_a ? m : k;
+  const std::int64_t b_rows = transpose_b ? n : k, b_columns = transpose_b ? k : n;
+  float* a32 = scratch(a_storage, static_cast<std::size_t>(span(a_rows, a_columns, lda)));
+  float* b32 = scratch(b_storage, static_cast<std::size_t>(span(b_rows, b_columns, ldb)));
+  widen(a, a_rows, a_columns, lda, a32);
+  widen(b, b_rows, b_columns, ldb, b32);
+  gemm(transpose_a, transpose_b, m, n, k, alpha, a32, lda, b32, ldb, beta, c32, n);
+#pragma omp parallel for schedule(static) if (m * n > 65536)
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t col = 0; col < n; ++col) c[r * ldc + col] = T(c32[r * n + col]);
+  }
+}
+
+}  // namespace
+
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, double beta, float* c,
+          std::int64_t ldc) {
+  blocked_gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c,
+          std::int64_t ldc) {
+  blocked_gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, double beta, bf16* c,
+          std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  gemm_16bit(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const fp16* a, std::int64_t lda, const fp16* b, std::int64_t ldb, double beta, fp16* c,
+          std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  gemm_16bit(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace zt::kernels::host

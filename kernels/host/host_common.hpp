@@ -1,0 +1,117 @@
+// Shared pieces of the host kernels: dtype dispatch to templates, widening loads and rounding
+// stores for 16-bit types, a row-major GEMM over every floating dtype, deterministic sums and the
+// counter-based random numbers.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "zerotrain/dtype.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::kernels::host {
+
+/// Compute (accumulation) type for a storage type: double for double, float for everything else.
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+inline acc_t<T> load(T value) {
+  return static_cast<acc_t<T>>(value);
+}
+template <typename T>
+inline T store(acc_t<T> value) {
+  return T(value);
+}
+
+/// Call `body(T{})` with T the storage type of a floating dtype; throws for integer dtypes.
+template <typename Body>
+decltype(auto) with_floating_type(DType dtype, const char* kernel_name, Body&& body) {
+  switch (dtype) {
+    case DType::fp32:
+      return body(float{});
+    case DType::fp64:
+      return body(double{});
+    case DType::bf16:
+      return body(bf16{});
+    case DType::fp16:
+      return body(fp16{});
+    default:
+      break;
+  }
+  ZT_THROW("kernel '", kernel_name, "' got dtype ", dtype_name(dtype), ": expected fp32, fp64, bf16 or fp16");
+}
+
+inline int blas_int(std::int64_t value, const char* what) {
+  ZT_CHECK(value >= 0 && value <= INT_MAX, "BLAS dimension ", what, " = ", value,
+           " does not fit a 32-bit int");
+  return static_cast<int>(value);
+}
+
+/// Per-thread scratch that grows and is reused, so hot loops do not allocate each call.
+template <typename T>
+T* scratch(std::vector<T>& storage, std::size_t count) {
+  if (storage.size() < count) storage.resize(count);
+  return storage.data();
+}
+
+/// Row-major C[m, n] = alpha * op(A)[m, k] . op(B)[k, n] + beta * C, any floating T.
+/// 16-bit inputs go through widened fp32 copies and sgemm,
+/// so products always accumulate in fp32; the result is rounded once when stored.
+/// OpenBLAS splits GEMMs over rows and columns, never over k, so results do not depend on its
+/// thread count.
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, double beta, float* c,
+          std::int64_t ldc);
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c,
+          std::int64_t ldc);
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, double beta, bf16* c,
+          std::int64_t ldc);
+void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const fp16* a, std::int64_t lda, const fp16* b, std::int64_t ldb, double beta, fp16* c,
+          std::int64_t ldc);
+
+/// Elements per chunk of a deterministic sum: chunks are summed in parallel, then in order.
+inline constexpr std::int64_t kSumChunk = 4096;
+
+/// sum over i in [0, count) of term(i), in double, independent of the thread count.
+template <typename Term>
+double deterministic_sum(std::int64_t count, Term&& term) {
+  const std::int64_t chunks = (count + kSumChunk - 1) / kSumChunk;
+  std::vector<double> partial(static_cast<std::size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const std::int64_t end = std::min(count, (chunk + 1) * kSumChunk);
+    double sum = 0;
+    for (std::int64_t i = chunk * kSumChunk; i < end; ++i) sum += term(i);
+    partial[static_cast<std::size_t>(chunk)] = sum;
+  }
+  double total = 0;
+  for (double value : partial) total += value;
+  return total;
+}
+
+/// splitmix64's finalizer: a bijective 64-bit mix with good avalanche.
+inline std::uint64_t mix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+/// 64 random bits for counter `index` of the stream keyed by (seed, stream).
+inline std::uint64_t counter_random(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  return mix64(mix64(seed ^ mix64(stream)) + index);
+}
+/// Uniform in [0, 1) with 53 random bits.
+inline double to_unit_double(std::uint64_t bits) {
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+}  // namespace zt::kernels::host

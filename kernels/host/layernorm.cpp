@@ -1,0 +1,110 @@
+// Layer normalization on the host: rows in parallel for the input gradient, column blocks in
+// parallel (rows in order) for the weight and bias gradients.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/host/host_common.hpp"
+#include "kernels/host/nn_host.hpp"
+
+namespace zt::kernels::host {
+namespace {
+constexpr std::int64_t kColumnBlock = 64;
+}  // namespace
+
+void layernorm_forward(DType dtype, const void* input, const void* weight, const void* bias, void* output,
+                       void* mean, void* rstd, std::int64_t rows, std::int64_t channels, double eps) {
+  with_floating_type(dtype, "layernorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = acc_t<T>;
+    const T* x = static_cast<const T*>(input);
+    const T* w = static_cast<const T*>(weight);
+    const T* b = static_cast<const T*>(bias);
+    T* y = static_cast<T*>(output);
+    C* saved_mean = static_cast<C*>(mean);
+    C* saved_rstd = static_cast<C*>(rstd);
+#pragma omp parallel for schedule(static)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * channels;
+      C sum = 0;
+      for (std::int64_t c = 0; c < channels; ++c) sum += load(row[c]);
+      const C row_mean = sum / C(channels);
+      C squares = 0;
+      for (std::int64_t c = 0; c < channels; ++c) {
+        const C centered = load(row[c]) - row_mean;
+        squares += centered * centered;
+      }
+      const C row_rstd = C(1) / std::sqrt(squares / C(channels) + C(eps));
+      T* out = y + r * channels;
+      for (std::int64_t c = 0; c < channels; ++c) {
+        out[c] = store<T>((load(row[c]) - row_mean) * row_rstd * load(w[c]) + load(b[c]));
+      }
+      saved_mean[r] = row_mean;
+      saved_rstd[r] = row_rstd;
+    }
+  });
+}
+
+void layernorm_backward(DType dtype, const void* grad_output, const void* input, const void* weight,
+                        const void* mean, const void* rstd, void* grad_input, void* grad_weight,
+                        void* grad_bias, std::int64_t rows, std::int64_t channels) {
+  with_floating_type(dtype, "layernorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = acc_t<T>;
+    const T* dy = static_cast<const T*>(grad_output);
+    const T* x = static_cast<const T*>(input);
+    const T* w = static_cast<const T*>(weight);
+    const C* saved_mean = static_cast<const C*>(mean);
+    const C* saved_rstd = static_cast<const C*>(rstd);
+    if (grad_input != nullptr) {
+      T* dx = static_cast<T*>(grad_input);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* x_row = x + r * channels;
+        const T* dy_row = dy + r * channels;
+        const C row_mean = saved_mean[r], row_rstd = saved_rstd[r];
+        // dx = rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = w * dy.
+        C dnorm_sum = 0, dnorm_norm_sum = 0;
+        for (std::int64_t c = 0; c < channels; ++c) {
+          const C norm = (load(x_row[c]) - row_mean) * row_rstd;
+          const C dnorm = load(w[c]) * load(dy_row[c]);
+          dnorm_sum += dnorm;
+          dnorm_norm_sum += dnorm * norm;
+        }
+        const C dnorm_mean = dnorm_sum / C(channels), dnorm_norm_mean = dnorm_norm_sum / C(channels);
+        T* dx_row = dx + r * channels;
+        for (std::int64_t c = 0; c < channels; ++c) {
+          const C norm = (load(x_row[c]) - row_mean) * row_rstd;
+          const C dnorm = load(w[c]) * load(dy_row[c]);
+          dx_row[c] = store<T>((dnorm - dnorm_mean - norm * dnorm_norm_mean) * row_rstd);
+        }
+      }
+    }
+    if (grad_weight == nullptr && grad_bias == nullptr) return;
+    T* dw = static_cast<T*>(grad_weight);
+    T* db = static_cast<T*>(grad_bias);
+    const std::int64_t blocks = (channels + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t block = 0; block < blocks; ++block) {
+      const std::int64_t begin = block * kColumnBlock;
+      const std::int64_t width = std::min(kColumnBlock, channels - begin);
+      C weight_sum[kColumnBlock] = {}, bias_sum[kColumnBlock] = {};
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* x_row = x + r * channels + begin;
+        const T* dy_row = dy + r * channels + begin;
+        const C row_mean = saved_mean[r], row_rstd = saved_rstd[r];
+        for (std::int64_t c = 0; c < width; ++c) {
+          const C g = load(dy_row[c]);
+          weight_sum[c] += g * (load(x_row[c]) - row_mean) * row_rstd;
+          bias_sum[c] += g;
+        }
+      }
+      for (std::int64_t c = 0; c < width; ++c) {
+        if (dw != nullptr) dw[begin + c] = store<T>(load(dw[begin + c]) + weight_sum[c]);
+        if (db != nullptr) db[begin + c] = store<T>(load(db[begin + c]) + bias_sum[c]);
+      }
+    }
+  });
+}
+
+}  // namespace zt::kernels::host

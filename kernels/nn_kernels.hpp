@@ -1,0 +1,156 @@
+// Neural-network kernels: one entry point per operation, dispatched by device (kernels/dispatch.hpp).
+//
+// Conventions shared by every kernel here:
+//   - Tensors are raw pointers to contiguous row-major data of the given floating `dtype`
+//     (fp32, fp64, bf16, fp16). 16-bit types are computed in fp32 (loads widen, stores round);
+//     fp64 is computed in fp64. Token and target indices are int32.
+//   - "Statistics" (layernorm mean/rstd, attention probabilities, cross-entropy log-sum-exp) are
+//     kept in the accumulation type: fp64 for fp64 tensors, fp32 otherwise (see stat_dtype()).
+//   - Gradients of parameters ACCUMULATE (+=), gradients of activations are OVERWRITTEN.
+//   - Every kernel is deterministic: the result does not depend on the number of OpenMP threads
+//     (each output element is reduced by one thread in a fixed order; sums over many elements go
+//     through fixed-size chunks added in order).
+//   - Thread count: set_host_threads() in kernels/optimizer_kernels.hpp.
+//   - Linear layers follow PyTorch: weight is [out_features, in_features].
+// The CUDA slot of every entry point is no_cuda_kernel for now.
+#pragma once
+
+#include <cstdint>
+
+#include "zerotrain/device.hpp"
+#include "zerotrain/dtype.hpp"
+
+namespace zt::kernels {
+
+/// The type statistics are kept in for tensors of `dtype`: fp64 for fp64, fp32 otherwise.
+constexpr DType stat_dtype(DType dtype) {
+  return dtype == DType::fp64 ? DType::fp64 : DType::fp32;
+}
+
+// ---- element-wise utilities -------------------------------------------------------------------
+
+/// destination[i] = source[i] converted; any pair of floating dtypes, or equal integer dtypes.
+void convert(Device device, const void* source, DType source_dtype, void* destination,
+             DType destination_dtype, std::int64_t count);
+/// data[i] = value (rounded to the dtype).
+void fill(Device device, DType dtype, void* data, std::int64_t count, double value);
+/// data[i] = normal(mean, stddev) drawn from a counter-based generator keyed by (seed, i): the same
+/// values for the same seed whatever the thread count.
+void fill_normal(Device device, DType dtype, void* data, std::int64_t count, double mean, double stddev,
+                 std::uint64_t seed);
+/// output = a + b (output may alias a or b).
+void add(Device device, DType dtype, const void* a, const void* b, void* output, std::int64_t count);
+/// target += source.
+void accumulate(Device device, DType dtype, void* target, const void* source, std::int64_t count);
+
+// ---- matmul (Linear) ----------------------------------------------------------------------------
+
+struct MatmulShape {
+  std::int64_t rows = 0;          // batch * sequence positions
+  std::int64_t in_features = 0;   // columns of the input
+  std::int64_t out_features = 0;  // columns of the output
+};
+/// output[rows, out] = input[rows, in] . weight[out, in]^T + bias[out] (bias may be null).
+void matmul_forward(Device device, DType dtype, const void* input, const void* weight, const void* bias,
+                    void* output, const MatmulShape& shape);
+/// grad_input = grad_output . weight (overwritten; skipped when null);
+/// grad_weight += grad_output^T . input and grad_bias += column sums of grad_output (each skipped when null).
+void matmul_backward(Device device, DType dtype, const void* grad_output, const void* input,
+                     const void* weight, void* grad_input, void* grad_weight, void* grad_bias,
+                     const MatmulShape& shape);
+
+// ---- embedding --------------------------------------------------------------------------------
+
+struct EmbeddingShape {
+  std::int64_t batch = 0;
+  std::int64_t seq_len = 0;
+  std::int64_t vocab_size = 0;  // rows of the token table; tokens must lie in [0, vocab_size)
+  std::int64_t channels = 0;
+};
+/// output[b, t, :] = token_table[tokens[b, t], :] (+ position_table[t, :] when not null).
+/// Throws naming the position of a token outside [0, vocab_size).
+void embedding_forward(Device device, DType dtype, const std::int32_t* tokens, const void* token_table,
+                       const void* position_table, void* output, const EmbeddingShape& shape);
+/// grad_token_table[tokens[b, t], :] += grad_output[b, t, :]; grad_position_table[t, :] += sum over b.
+/// Either table gradient may be null.
+void embedding_backward(Device device, DType dtype, const std::int32_t* tokens, const void* grad_output,
+                        void* grad_token_table, void* grad_position_table, const EmbeddingShape& shape);
+
+// ---- layer norm -------------------------------------------------------------------------------
+
+/// Per row: output = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps) (biased variance).
+/// mean and rstd ([rows], stat_dtype) are saved for the backward pass.
+void layernorm_forward(Device device, DType dtype, const void* input, const void* weight, const void* bias,
+                       void* output, void* mean, void* rstd, std::int64_t rows, std::int64_t channels,
+                       double eps);
+/// grad_input overwritten; grad_weight and grad_bias accumulate.
+void layernorm_backward(Device device, DType dtype, const void* grad_output, const void* input,
+                        const void* weight, const void* mean, const void* rstd, void* grad_input,
+                        void* grad_weight, void* grad_bias, std::int64_t rows, std::int64_t channels);
+
+// ---- activations ------------------------------------------------------------------------------
+
+enum class Activation : std::uint8_t {
+  gelu,  // tanh approximation, as GPT-2: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  relu,
+  tanh,
+};
+void activation_forward(Device device, DType dtype, Activation activation, const void* input, void* output,
+                        std::int64_t count);
+/// grad_input (overwritten) = activation'(input) * grad_output.
+void activation_backward(Device device, DType dtype, Activation activation, const void* input,
+                         const void* grad_output, void* grad_input, std::int64_t count);
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+/// Whether element `index` survives dropout with probability `p` of being dropped, for the mask
+/// keyed by (seed, stream). Counter-based: no state, identical on any thread count.
+bool dropout_keeps(std::uint64_t seed, std::uint64_t stream, std::int64_t index, double p);
+/// output = input * keep / (1 - p). The mask is never stored: backward recomputes it from the key.
+void dropout_forward(Device device, DType dtype, const void* input, void* output, std::int64_t count,
+                     double p, std::uint64_t seed, std::uint64_t stream);
+void dropout_backward(Device device, DType dtype, const void* grad_output, void* grad_input,
+                      std::int64_t count, double p, std::uint64_t seed, std::uint64_t stream);
+
+// ---- causal self-attention --------------------------------------------------------------------
+
+struct AttentionShape {
+  std::int64_t batch = 0;
+  std::int64_t seq_len = 0;
+  std::int64_t n_head = 0;
+  std::int64_t head_dim = 0;  // channels = n_head * head_dim
+};
+/// qkv: [B, T, 3C] (q, k, v side by side, head h at columns h*head_dim of each); output: [B, T, C];
+/// probabilities: [B, n_head, T, T] (stat_dtype), the causal softmax of q.k^T / sqrt(head_dim), saved
+/// for backward (zeros above the diagonal).
+void attention_forward(Device device, DType dtype, const void* qkv, void* output, void* probabilities,
+                       const AttentionShape& shape);
+/// grad_qkv [B, T, 3C] overwritten.
+void attention_backward(Device device, DType dtype, const void* grad_output, const void* qkv,
+                        const void* probabilities, void* grad_qkv, const AttentionShape& shape);
+
+// ---- losses -----------------------------------------------------------------------------------
+
+struct CrossEntropyResult {
+  double loss = 0;                // mean over counted rows
+  std::int64_t counted_rows = 0;  // rows whose target is not ignore_index
+};
+/// Softmax cross-entropy of logits [rows, vocab] against targets [rows]; rows whose target equals
+/// ignore_index are skipped. row_logsumexp ([rows], stat_dtype) is saved for backward. Throws on a
+/// target outside [0, vocab) other than ignore_index.
+CrossEntropyResult cross_entropy_forward(Device device, DType dtype, const void* logits,
+                                         const std::int32_t* targets, void* row_logsumexp, std::int64_t rows,
+                                         std::int64_t vocab, std::int32_t ignore_index);
+/// grad_logits (overwritten) = scale * (softmax(logits) - onehot(target)) for counted rows, 0 for
+/// ignored rows. For the gradient of the mean loss pass scale = factor / counted_rows.
+void cross_entropy_backward(Device device, DType dtype, const void* logits, const std::int32_t* targets,
+                            const void* row_logsumexp, void* grad_logits, std::int64_t rows,
+                            std::int64_t vocab, std::int32_t ignore_index, double scale);
+/// mean((prediction - target)^2) over `count` elements.
+double mse_forward(Device device, DType dtype, const void* prediction, const void* target,
+                   std::int64_t count);
+/// grad_prediction (overwritten) = scale * 2 (prediction - target) / count.
+void mse_backward(Device device, DType dtype, const void* prediction, const void* target,
+                  void* grad_prediction, std::int64_t count, double scale);
+
+}  // namespace zt::kernels

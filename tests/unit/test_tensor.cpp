@@ -1,0 +1,174 @@
+// Tensors: allocation and memory accounting, views and slices, dtype conversion, errors.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "zerotrain/device.hpp"
+#include "zerotrain/tensor.hpp"
+
+namespace {
+
+using zt::DType;
+using zt::MemoryCategory;
+using zt::Tensor;
+
+/// Run `body` and return the message of the zt::Error it throws (fails the test if none).
+template <typename Body>
+std::string error_of(Body&& body) {
+  try {
+    body();
+  } catch (const zt::Error& error) {
+    return error.what();
+  }
+  ADD_FAILURE() << "expected a zt::Error";
+  return {};
+}
+
+std::size_t current_bytes(MemoryCategory category) {
+  return zt::memory_snapshot(zt::DeviceType::host)[category].current;
+}
+
+TEST(Tensor, EmptyAndZerosHaveShapeDtypeAndAlignment) {
+  Tensor t = Tensor::empty({2, 3, 4}, DType::bf16);
+  EXPECT_TRUE(t.defined());
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.nbytes(), 48u);
+  EXPECT_EQ(t.ndim(), 3);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_EQ(t.size(0), 2);
+  EXPECT_EQ(t.dtype(), DType::bf16);
+  EXPECT_TRUE(t.device().is_host());
+  EXPECT_TRUE(t.owns_memory());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.raw_data()) % zt::kHostAlignment, 0u);
+  EXPECT_EQ(t.description(), "bf16[2, 3, 4] on host");
+
+  Tensor z = Tensor::zeros({5}, DType::fp64);
+  for (std::int64_t i = 0; i < 5; ++i) EXPECT_EQ(z.data<double>()[i], 0.0);
+  Tensor scalar = Tensor::zeros({}, DType::fp32);
+  EXPECT_EQ(scalar.numel(), 1);
+  EXPECT_FALSE(Tensor().defined());
+}
+
+TEST(Tensor, MemoryIsAccountedByCategoryAndReleasedWithTheLastHandle) {
+  const std::size_t parameters_before = current_bytes(MemoryCategory::parameters);
+  const std::size_t gradients_before = current_bytes(MemoryCategory::gradients);
+  {
+    Tensor weights = Tensor::empty({1000}, DType::fp32, zt::Device::host(), MemoryCategory::parameters);
+    Tensor grads = Tensor::zeros({500}, DType::fp64, zt::Device::host(), MemoryCategory::gradients);
+    EXPECT_EQ(current_bytes(MemoryCategory::parameters), parameters_before + 4000);
+    EXPECT_EQ(current_bytes(MemoryCategory::gradients), gradients_before + 4000);
+    EXPECT_EQ(weights.category(), MemoryCategory::parameters);
+    // A view shares the buffer: no new bytes, and it keeps the buffer alive.
+    Tensor slice = weights.flat_slice(10, 20);
+    EXPECT_EQ(slice.category(), MemoryCategory::parameters);
+    weights = Tensor();
+    EXPECT_EQ(current_bytes(MemoryCategory::parameters), parameters_before + 4000);
+    slice = Tensor();
+    EXPECT_EQ(current_bytes(MemoryCategory::parameters), parameters_before);
+    // An external view is not counted.
+    std::vector<float> external(100);
+    Tensor view = Tensor::view_of(external.data(), {10, 10}, DType::fp32);
+    EXPECT_FALSE(view.owns_memory());
+    EXPECT_EQ(current_bytes(MemoryCategory::parameters), parameters_before);
+  }
+  EXPECT_EQ(current_bytes(MemoryCategory::gradients), gradients_before);
+}
+
+TEST(Tensor, ViewOfExternalMemoryReadsAndWritesIt) {
+  std::vector<float> flat(12, 0.0f);
+  Tensor view = Tensor::view_of(flat.data(), {3, 4}, DType::fp32);
+  view.data<float>()[5] = 2.5f;
+  EXPECT_EQ(flat[5], 2.5f);
+  view.fill_(1.0);
+  EXPECT_EQ(flat[11], 1.0f);
+  view.zero_();
+  EXPECT_EQ(flat[0], 0.0f);
+}
+
+TEST(Tensor, FlatSlicesPartitionAFlatBuffer) {
+  // The ZeRO layout: every parameter is a view into one flat buffer.
+  Tensor flat = Tensor::zeros({10}, DType::fp32, zt::Device::host(), MemoryCategory::parameters);
+  Tensor first = flat.flat_slice(0, 6).reshape({2, 3});
+  Tensor second = flat.flat_slice(6, 4).reshape({2, -1});
+  EXPECT_EQ(second.shape(), (zt::Shape{2, 2}));
+  first.fill_(1.0);
+  second.fill_(2.0);
+  const float* values = flat.data<float>();
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(values[i], 1.0f);
+  for (int i = 6; i < 10; ++i) EXPECT_EQ(values[i], 2.0f);
+  EXPECT_EQ(second.raw_data(), static_cast<void*>(flat.data<float>() + 6));
+  // Slices of slices.
+  EXPECT_EQ(flat.flat_slice(2, 8).flat_slice(3, 2).raw_data(), static_cast<void*>(flat.data<float>() + 5));
+}
+
+TEST(Tensor, ReshapeSharesMemory) {
+  Tensor t = Tensor::zeros({4, 6}, DType::fp32);
+  Tensor r = t.reshape({2, -1, 3});
+  EXPECT_EQ(r.shape(), (zt::Shape{2, 4, 3}));
+  EXPECT_EQ(r.raw_data(), t.raw_data());
+  EXPECT_EQ(t.view({24}).numel(), 24);
+}
+
+TEST(Tensor, CopyAndConvertBetweenFloatingDtypes) {
+  const std::vector<float> values{0.0f, 1.0f, -2.5f, 3.140625f, 1e-3f, 65504.0f, -0.1f};
+  const Tensor source = Tensor::from_vector(values, {7});
+  for (DType dtype : {DType::fp64, DType::bf16, DType::fp16, DType::fp32}) {
+    const Tensor converted = source.to(dtype);
+    EXPECT_EQ(converted.dtype(), dtype);
+    const Tensor back = converted.to(DType::fp32);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      float expected = values[i];
+      if (dtype == DType::bf16) expected = static_cast<float>(zt::bf16(values[i]));
+      if (dtype == DType::fp16) expected = static_cast<float>(zt::fp16(values[i]));
+      EXPECT_EQ(back.data<float>()[i], expected) << zt::dtype_name(dtype) << " element " << i;
+    }
+  }
+  // fp64 -> fp32 rounds once; copy_from accepts another shape with the same element count.
+  Tensor doubles = Tensor::from_vector<double>({1.0 / 3.0, 2.0, 3.0, 4.0}, {2, 2});
+  Tensor floats = Tensor::empty({4}, DType::fp32);
+  floats.copy_from(doubles);
+  EXPECT_EQ(floats.data<float>()[0], static_cast<float>(1.0 / 3.0));
+  EXPECT_EQ(floats.item_as_double(3), 4.0);
+  // clone is a deep copy.
+  Tensor copy = floats.clone();
+  copy.data<float>()[1] = 9.0f;
+  EXPECT_EQ(floats.data<float>()[1], 2.0f);
+  // Integer tensors copy between themselves.
+  Tensor ints = Tensor::from_vector<std::int32_t>({1, -2, 3}, {3});
+  EXPECT_EQ(ints.to(DType::int64).data<std::int64_t>()[1], -2);
+  EXPECT_EQ(ints.item_as_double(2), 3.0);
+}
+
+TEST(Tensor, ErrorsNameTheTensorAndWhatWasExpected) {
+  Tensor t = Tensor::zeros({2, 3}, DType::fp32);
+  std::string message = error_of([&] { t.data<double>(); });
+  EXPECT_NE(message.find("data<fp64>()"), std::string::npos) << message;
+  EXPECT_NE(message.find("fp32[2, 3]"), std::string::npos) << message;
+
+  message = error_of([&] { t.reshape({4, 2}); });
+  EXPECT_NE(message.find("expected a shape with 6 elements"), std::string::npos) << message;
+  message = error_of([&] { t.reshape({-1, -1}); });
+  EXPECT_NE(message.find("at most one extent may be -1"), std::string::npos) << message;
+  message = error_of([&] { t.flat_slice(4, 3); });
+  EXPECT_NE(message.find("flat_slice(4, 3)"), std::string::npos) << message;
+  message = error_of([&] { t.size(2); });
+  EXPECT_NE(message.find("dimension 2"), std::string::npos) << message;
+
+  Tensor other = Tensor::zeros({5}, DType::fp32);
+  message = error_of([&] { t.copy_from(other); });
+  EXPECT_NE(message.find("expected the same number of elements"), std::string::npos) << message;
+  Tensor ints = Tensor::zeros({6}, DType::int32);
+  message = error_of([&] { t.copy_from(ints); });
+  EXPECT_NE(message.find("int32"), std::string::npos) << message;
+  message = error_of([&] { Tensor::empty({2, -3}, DType::fp32); });
+  EXPECT_NE(message.find("negative extent"), std::string::npos) << message;
+  message = error_of([&] { Tensor::view_of(nullptr, {3}, DType::fp32); });
+  EXPECT_NE(message.find("null pointer"), std::string::npos) << message;
+  message = error_of([&] { Tensor().data<float>(); });
+  EXPECT_NE(message.find("undefined tensor"), std::string::npos) << message;
+}
+
+}  // namespace
