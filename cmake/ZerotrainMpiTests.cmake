@@ -19,6 +19,6 @@ function(zt_add_mpi_test name target)
                      ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${target}> ${MPIEXEC_POSTFLAGS} ${ARG_ARGS})
     set_tests_properties(${name}.np${ranks} PROPERTIES
       LABELS "mpi;np${ranks};${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} PROCESSORS ${ranks}
-      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
+      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMP_WAIT_POLICY=passive")
   endforeach()
 endfunction()

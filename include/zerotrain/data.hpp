@@ -290,4 +290,24 @@ const std::vector<std::uint32_t>& builtin_corpus_tokens();
 /// A TokenView of builtin_corpus_tokens() with source "builtin corpus".
 TokenView builtin_corpus_view();
 
+// ---- synthetic regression --------------------------------------------------------------------
+
+/// Synthetic data for MLP runs (data.format "synthetic"): sample i has inputs x uniform in [-1, 1)
+/// drawn from (seed, i), and targets y = tanh(W x) for a fixed teacher matrix W ~ N(0, 1/input_dim)
+/// drawn from the seed. A function of the sample id alone, so it shards like the token data.
+class SyntheticRegression {
+ public:
+  SyntheticRegression(std::uint64_t input_dim, std::uint64_t output_dim, std::uint64_t seed,
+                      std::uint64_t num_samples = 65536);
+  [[nodiscard]] std::uint64_t num_samples() const { return num_samples_; }
+  [[nodiscard]] std::uint64_t input_dim() const { return input_dim_; }
+  [[nodiscard]] std::uint64_t output_dim() const { return output_dim_; }
+  /// Rows of inputs [ids.size(), input_dim] and targets [ids.size(), output_dim], row-major.
+  void fill(std::span<const std::uint64_t> sample_ids, std::span<float> inputs, std::span<float> targets) const;
+
+ private:
+  std::uint64_t input_dim_, output_dim_, seed_, num_samples_;
+  std::vector<float> teacher_;  // [output_dim, input_dim]
+};
+
 }  // namespace zt

@@ -1,23 +1,71 @@
 // The `zerotrain` command.
-//   zerotrain report          what this build and machine offer (run it first when something is off)
+//   zerotrain report                         what this build and machine offer
+//   zerotrain train --config FILE [...]      train the model a config describes
+//   zerotrain data convert IN OUT            text file -> byte-token file
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/error.hpp"
 #include "zerotrain/report.hpp"
 #include "zerotrain/runtime.hpp"
+#include "zerotrain/trainer.hpp"
 
 namespace {
 
-void print_usage(std::FILE* out) {
-  std::fputs(
-      "usage: zerotrain <command> [options]\n"
-      "commands:\n"
-      "  report    print MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine\n"
-      "  help      this text\n",
-      out);
-}
+constexpr const char* kUsage =
+    "usage: zerotrain <command> [options]\n"
+    "commands:\n"
+    "  report                     MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine\n"
+    "  train --config FILE [--data PATH] [--steps N] [--metrics PATH] [--print-every N]\n"
+    "                             train the model of the config's \"model\" section (run under mpirun/srun\n"
+    "                             for data parallelism); --steps: train until global step N (default 100)\n"
+    "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
+    "  help                       this text\n";
+
+/// Command-line flags of the form --name VALUE.
+class Flags {
+ public:
+  Flags(int argc, char** argv, int first) {
+    for (int i = first; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      ZT_CHECK_AS(zt::ConfigError, arg.starts_with("--") && i + 1 < argc, "unexpected argument '", arg,
+                  "': expected --name VALUE (see `zerotrain help`)");
+      values_.emplace_back(std::string(arg.substr(2)), argv[++i]);
+    }
+  }
+  std::optional<std::string> take(std::string_view name) {
+    for (auto it = values_.begin(); it != values_.end(); ++it) {
+      if (it->first == name) {
+        std::string value = it->second;
+        values_.erase(it);
+        return value;
+      }
+    }
+    return std::nullopt;
+  }
+  std::optional<std::int64_t> take_integer(std::string_view name) {
+    const auto text = take(name);
+    if (!text) return std::nullopt;
+    char* end = nullptr;
+    const long long value = std::strtoll(text->c_str(), &end, 10);
+    ZT_CHECK_AS(zt::ConfigError, end != text->c_str() && *end == '\0', "--", name,
+                " expects an integer, got '", *text, "'");
+    return value;
+  }
+  void require_all_used() const {
+    if (!values_.empty())
+      ZT_THROW_AS(zt::ConfigError, "unknown option --", values_.front().first, " (see `zerotrain help`)");
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> values_;
+};
 
 int report_command(zt::Runtime& runtime) {
   zt::Report report;
@@ -37,6 +85,38 @@ int report_command(zt::Runtime& runtime) {
   return 0;
 }
 
+int train_command(zt::Runtime& runtime, int argc, char** argv) {
+  Flags flags(argc, argv, 2);
+  const auto config_path = flags.take("config");
+  ZT_CHECK_AS(zt::ConfigError, config_path.has_value(),
+              "zerotrain train needs --config FILE (examples/configs/)");
+  zt::TrainOptions options;
+  options.steps = flags.take_integer("steps").value_or(options.steps);
+  options.data_path = flags.take("data");
+  options.metrics_path = flags.take("metrics");
+  options.print_every = flags.take_integer("print-every");
+  flags.require_all_used();
+  // Config warnings once, from rank 0.
+  zt::ConfigParseOptions parse;
+  if (runtime.world_rank() != 0) parse.warning_sink = {};
+  zt::Config config = zt::Config::from_file(*config_path, parse);
+  zt::train(runtime, std::move(config), options);
+  return 0;
+}
+
+int data_command(zt::Runtime& runtime, int argc, char** argv) {
+  ZT_CHECK_AS(zt::ConfigError, argc == 5 && std::string_view(argv[2]) == "convert",
+              "usage: zerotrain data convert INPUT.txt OUTPUT.bin");
+  if (runtime.world_rank() == 0) {
+    const zt::ConvertStats stats = zt::convert_text_file(argv[3], argv[4]);
+    std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", argv[3],
+                static_cast<unsigned long long>(stats.input_bytes),
+                static_cast<unsigned long long>(stats.tokens), argv[4]);
+  }
+  runtime.world().barrier();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,13 +124,14 @@ int main(int argc, char** argv) {
   return zt::run_and_report([&]() -> int {
     const std::string_view command = argc > 1 ? argv[1] : "help";
     if (command == "report") return report_command(runtime);
+    if (command == "train") return train_command(runtime, argc, argv);
+    if (command == "data") return data_command(runtime, argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
-      if (runtime.world_rank() == 0) print_usage(stdout);
+      if (runtime.world_rank() == 0) std::fputs(kUsage, stdout);
       return 0;
     }
     if (runtime.world_rank() == 0) {
-      std::fprintf(stderr, "zerotrain: unknown command '%s'\n", std::string(command).c_str());
-      print_usage(stderr);
+      std::fprintf(stderr, "zerotrain: unknown command '%s'\n%s", std::string(command).c_str(), kUsage);
     }
     return 2;
   });

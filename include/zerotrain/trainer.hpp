@@ -1,0 +1,57 @@
+// The training driver behind `zerotrain train`: data from the config (or a path), the engine, the
+// loop to a target step, progress lines and JSON-lines metrics. Usable in-process as well.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "zerotrain/config.hpp"
+#include "zerotrain/data.hpp"
+#include "zerotrain/engine.hpp"
+
+namespace zt {
+
+class Runtime;
+
+/// Where a run's micro-batches come from. Rank-local: each rank loads its share of global batch k.
+class TrainingData {
+ public:
+  virtual ~TrainingData() = default;
+  /// Micro-batch `micro_step` (0 .. gradient_accumulation_steps-1) of the current global batch.
+  virtual Batch load(std::uint64_t micro_step) = 0;
+  /// Move to the next global batch (once per optimizer step, on every rank).
+  virtual void advance() = 0;
+  virtual DataPosition position() const = 0;
+  virtual void restore(const DataPosition& position) = 0;
+  /// "builtin corpus (1500172 tokens)", "tokens file data/x.bin (...)", ...
+  virtual std::string description() const = 0;
+  /// Tokens per sample (seq_len for a GPT, 1 for MLP samples), for throughput figures.
+  virtual std::uint64_t tokens_per_sample() const = 0;
+};
+
+/// The data a config (and an optional path override) describes, sharded for this engine's
+/// data-parallel rank: token files, text files (byte tokens), the built-in corpus for a GPT, and
+/// synthetic regression samples for an MLP.
+std::unique_ptr<TrainingData> make_training_data(const Config& config, const Engine& engine,
+                                                 const std::optional<std::string>& path_override);
+
+struct TrainOptions {
+  std::int64_t steps = 100;                 // train until the global optimizer step reaches this
+  std::optional<std::string> data_path;     // overrides the config's data.path
+  std::optional<std::string> metrics_path;  // JSON lines, written by rank 0
+  std::optional<std::int64_t> print_every;  // progress line interval; default: steps_per_print or 10
+};
+
+struct TrainSummary {
+  std::int64_t steps = 0;
+  double first_loss = 0.0;
+  double last_loss = 0.0;
+  double mean_step_seconds = 0.0;
+};
+
+/// Build the model and engine from the config and train. Collective: every rank calls it.
+TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options);
+
+}  // namespace zt

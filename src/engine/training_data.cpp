@@ -1,0 +1,184 @@
+// The data sources of `zerotrain train`.
+#include <cstring>
+#include <fstream>
+#include <variant>
+
+#include "zerotrain/error.hpp"
+#include "zerotrain/trainer.hpp"
+
+namespace zt {
+namespace {
+
+std::uint64_t data_seed(const Config& config) {
+  return config.data.value_or(DataConfig{}).seed.value_or(config.seed);
+}
+
+/// Token windows for a GPT from a token file, a text file or the built-in corpus.
+class TokenTrainingData final : public TrainingData {
+ public:
+  TokenTrainingData(const Config& config, const Engine& engine,
+                    const std::optional<std::string>& path_override) {
+    const auto& model = std::get<GptModelConfig>(*config.model);
+    const DataConfig data = config.data.value_or(DataConfig{});
+    const std::optional<std::string> path = path_override ? path_override : data.path;
+    DataFormat format = data.format;
+    if (path_override && (format == DataFormat::builtin || format == DataFormat::synthetic)) {
+      format = DataFormat::automatic;  // --data PATH wins over a config that names no file
+    }
+    if (format == DataFormat::synthetic) {
+      ZT_THROW_AS(ConfigError,
+                  "data.format \"synthetic\" is for MLP models; a GPT trains on tokens: use \"builtin\", "
+                  "\"tokens\" or \"text\"");
+    }
+    if (format == DataFormat::automatic) format = path ? detect_format(*path) : DataFormat::builtin;
+    switch (format) {
+      case DataFormat::builtin:
+        tokens_ = builtin_corpus_view();
+        description_ = "built-in corpus";
+        break;
+      case DataFormat::tokens:
+        dataset_ = std::make_unique<TokenDataset>(TokenDataset::open(require_path(path)));
+        tokens_ = dataset_->view();
+        description_ = "token file " + *path;
+        break;
+      case DataFormat::text: {
+        std::ifstream in(require_path(path), std::ios::binary);
+        ZT_CHECK_AS(IoError, in.good(), "cannot open text file '", *path, "': ", std::strerror(errno));
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        text_tokens_ = tokenize_bytes(text);
+        tokens_ = TokenView(std::span<const std::uint32_t>(text_tokens_), kByteVocabSize, *path);
+        description_ = "text file " + *path + " (bytes as tokens)";
+        break;
+      }
+      default:
+        ZT_THROW_AS(ConfigError, "data.format: unexpected value");
+    }
+    ZT_CHECK_AS(ConfigError, tokens_.vocab_size() <= static_cast<std::uint64_t>(model.vocab_size),
+                "the data (", description_, ") has a vocabulary of ", tokens_.vocab_size(),
+                " tokens but model.vocab_size is ", model.vocab_size,
+                "; set model.vocab_size >= ", tokens_.vocab_size());
+    const BatchSizes& batch = engine.batch();
+    windows_ = SampleWindows{static_cast<std::uint64_t>(model.seq_len), 0};
+    ZT_CHECK_AS(ConfigError, windows_.count(tokens_.size()) > 0, "the data (", description_, ") has ",
+                tokens_.size(), " tokens: not one sample of seq_len ", model.seq_len, " + 1");
+    loader_ = std::make_unique<BatchLoader>(
+        tokens_, windows_,
+        BatchShape{static_cast<std::uint64_t>(batch.train_micro_batch_size_per_gpu),
+                   static_cast<std::uint64_t>(batch.gradient_accumulation_steps),
+                   static_cast<std::uint64_t>(batch.data_parallel_size)},
+        static_cast<std::uint64_t>(engine.data_parallel_rank()), data_seed(config));
+    description_ += " (" + std::to_string(tokens_.size()) + " tokens, " +
+                    std::to_string(loader_->num_samples()) + " samples of " + std::to_string(model.seq_len) +
+                    ")";
+    micro_batch_ = batch.train_micro_batch_size_per_gpu;
+  }
+
+  Batch load(std::uint64_t micro_step) override {
+    const auto seq_len = static_cast<std::int64_t>(windows_.seq_len);
+    Batch batch{
+        Tensor::empty({micro_batch_, seq_len}, DType::int32, Device::host(), MemoryCategory::activations),
+        Tensor::empty({micro_batch_, seq_len}, DType::int32, Device::host(), MemoryCategory::activations)};
+    const auto count = static_cast<std::size_t>(micro_batch_ * seq_len);
+    loader_->load(micro_step, {batch.inputs.data<std::int32_t>(), count},
+                  {batch.targets.data<std::int32_t>(), count});
+    return batch;
+  }
+  void advance() override { loader_->advance(); }
+  DataPosition position() const override { return loader_->position(); }
+  void restore(const DataPosition& position) override { loader_->restore(position); }
+  std::string description() const override { return description_; }
+  std::uint64_t tokens_per_sample() const override { return windows_.seq_len; }
+
+ private:
+  static DataFormat detect_format(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    ZT_CHECK_AS(IoError, in.good(), "cannot open data file '", path, "': ", std::strerror(errno));
+    char magic[8] = {};
+    in.read(magic, sizeof magic);
+    return std::memcmp(magic, "ZTTOKENS", 8) == 0 ? DataFormat::tokens : DataFormat::text;
+  }
+  static const std::string& require_path(const std::optional<std::string>& path) {
+    ZT_CHECK_AS(ConfigError, path.has_value(), "data.format needs a file: set data.path or pass --data PATH");
+    return *path;
+  }
+
+  std::unique_ptr<TokenDataset> dataset_;
+  std::vector<std::uint32_t> text_tokens_;
+  TokenView tokens_;
+  SampleWindows windows_;
+  std::unique_ptr<BatchLoader> loader_;
+  std::string description_;
+  std::int64_t micro_batch_ = 1;
+};
+
+/// Synthetic regression samples for an MLP, sharded with the same sampler rule as tokens.
+class SyntheticTrainingData final : public TrainingData {
+ public:
+  SyntheticTrainingData(const Config& config, const Engine& engine)
+      : sizes_(std::get<MlpModelConfig>(*config.model).sizes),
+        data_(static_cast<std::uint64_t>(sizes_.front()), static_cast<std::uint64_t>(sizes_.back()),
+              data_seed(config)),
+        sampler_(data_.num_samples(), data_seed(config)),
+        dtype_(engine.compute_dtype()),
+        rank_(static_cast<std::uint64_t>(engine.data_parallel_rank())) {
+    const BatchSizes& batch = engine.batch();
+    shape_ = BatchShape{static_cast<std::uint64_t>(batch.train_micro_batch_size_per_gpu),
+                        static_cast<std::uint64_t>(batch.gradient_accumulation_steps),
+                        static_cast<std::uint64_t>(batch.data_parallel_size)};
+  }
+
+  Batch load(std::uint64_t micro_step) override {
+    const auto ids = sampler_.sample_ids_at(batch_start_, shape_, rank_, micro_step);
+    const auto rows = static_cast<std::int64_t>(ids.size());
+    Tensor inputs =
+        Tensor::empty({rows, sizes_.front()}, DType::fp32, Device::host(), MemoryCategory::activations);
+    Tensor targets =
+        Tensor::empty({rows, sizes_.back()}, DType::fp32, Device::host(), MemoryCategory::activations);
+    data_.fill(ids, {inputs.data<float>(), static_cast<std::size_t>(inputs.numel())},
+               {targets.data<float>(), static_cast<std::size_t>(targets.numel())});
+    if (dtype_ == DType::fp32) return {inputs, targets};
+    return {inputs.to(dtype_, MemoryCategory::activations), targets.to(dtype_, MemoryCategory::activations)};
+  }
+  void advance() override { batch_start_ += shape_.global_batch(); }
+  DataPosition position() const override { return sampler_.position_at(batch_start_); }
+  void restore(const DataPosition& position) override {
+    ZT_CHECK_AS(ConfigError,
+                position.seed == sampler_.seed() && position.num_samples == sampler_.num_samples(),
+                "cannot resume synthetic data: saved seed/samples ", position.seed, "/", position.num_samples,
+                " differ from ", sampler_.seed(), "/", sampler_.num_samples());
+    batch_start_ = position.stream_position();
+  }
+  std::string description() const override {
+    return "synthetic regression (" + std::to_string(data_.input_dim()) + " -> " +
+           std::to_string(data_.output_dim()) + ", tanh teacher, " + std::to_string(data_.num_samples()) +
+           " samples)";
+  }
+  std::uint64_t tokens_per_sample() const override { return 1; }
+
+ private:
+  std::vector<std::int64_t> sizes_;
+  SyntheticRegression data_;
+  DataSampler sampler_;
+  DType dtype_;
+  std::uint64_t rank_;
+  BatchShape shape_;
+  std::uint64_t batch_start_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainingData> make_training_data(const Config& config, const Engine& engine,
+                                                 const std::optional<std::string>& path_override) {
+  ZT_CHECK_AS(ConfigError, config.model.has_value(), "the config has no \"model\" section");
+  if (std::holds_alternative<GptModelConfig>(*config.model)) {
+    return std::make_unique<TokenTrainingData>(config, engine, path_override);
+  }
+  const DataFormat format = config.data.value_or(DataConfig{}).format;
+  ZT_CHECK_AS(
+      ConfigError, !path_override && (format == DataFormat::automatic || format == DataFormat::synthetic),
+      "an MLP model trains on synthetic regression data (data.format \"synthetic\"); token or text files "
+      "are for GPT models");
+  return std::make_unique<SyntheticTrainingData>(config, engine);
+}
+
+}  // namespace zt
