@@ -46,7 +46,8 @@ struct TrafficCounter {
   /// (whole) input, all_gather the (whole) output, send/recv the message.
   std::uint64_t bytes = 0;
   /// Bytes this rank sends under a ring/bandwidth-optimal algorithm: bytes times the bus
-  /// factor (2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter and all_gather, 1 otherwise).
+  /// factor (2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter, all_gather and all_gather_v,
+  /// 1 otherwise; 0 for a broadcast on a single rank, which sends nothing).
   std::uint64_t wire_bytes = 0;
   /// Wall time from the start of the call until its completion was observed.
   double seconds = 0.0;

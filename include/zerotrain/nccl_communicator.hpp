@@ -1,0 +1,44 @@
+// The NCCL backend of zt::Communicator: buffers on one CUDA device, operations on the
+// communicator's own stream.
+//
+// Semantics differ from the MPI backend where NCCL differs from MPI:
+//   - Operations are ordered on the communicator's stream (a non-blocking CUDA stream it owns).
+//     Blocking calls enqueue and then synchronize that stream; non-blocking calls enqueue and return
+//     a Work that waits for (or polls) a CUDA event recorded after the operation.
+//   - Buffers must be memory of `device()` (cudaMalloc'd, or managed). They are not checked per call.
+//   - bf16/fp16 are reduced by NCCL natively (16-bit on the wire). avg is ncclAvg: floating types
+//     are pre-multiplied by 1/n before the sum (so 16-bit results may differ from the MPI backend's
+//     sum-then-divide in the last bit unless n is a power of two); integers are summed then divided,
+//     truncating, as in the MPI backend.
+//   - NCCL has no tags: messages between two ranks match in the order they were posted, and `tag`
+//     is ignored. A receive cannot check the length of what was sent; both sides must agree.
+//   - barrier() is a one-element all_reduce followed by a stream synchronize.
+//
+// Built only with CUDA (ZT_HAVE_CUDA, see zerotrain/build_info.hpp). Without it the function still
+// exists and throws zt::CommError "zerotrain was built without CUDA", so callers need no #if.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "zerotrain/build_info.hpp"
+#include "zerotrain/communicator.hpp"
+#include "zerotrain/device.hpp"
+
+namespace zt {
+
+/// Whether this build contains the NCCL backend.
+inline constexpr bool kHaveNccl = ZT_HAVE_CUDA != 0;
+
+/// A NCCL communicator over the ranks of `bootstrap_mpi` (an MPI-backend communicator; a collective
+/// call over it): rank 0 creates the NCCL unique id and broadcasts it, then every rank joins with
+/// ncclCommInitRank on `cuda_device`, which must be usable in this process. Each rank passes its own
+/// device; ranks may not share one.
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap_mpi, Device cuda_device,
+                                                     std::string name);
+
+/// The cudaStream_t (as an opaque pointer) on which a NCCL-backend communicator runs its operations,
+/// so that callers can order their own kernels against it. Throws for other backends.
+void* nccl_stream(const Communicator& communicator);
+
+}  // namespace zt

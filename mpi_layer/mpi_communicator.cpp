@@ -1,0 +1,608 @@
+// The MPI backend of zt::Communicator.
+//
+// Blocking operations call the blocking MPI collective directly (no copies, no extra
+// synchronization) so that they run at the speed of raw MPI; non-blocking ones start MPI_I* calls
+// and hand back a Request that completes them. MPI counts are int: larger operations are split into
+// chunks where the operation allows it (all_reduce, broadcast, send/recv) and otherwise run as a
+// sequence of per-root reduces or broadcasts (reduce_scatter, all_gather, all_gather_v).
+#include "zerotrain/mpi_communicator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "mpi_layer/mpi_check.hpp"
+#include "mpi_layer/mpi_communicator_testing.hpp"
+#include "mpi_layer/mpi_datatypes.hpp"
+
+namespace zt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+std::byte* at(void* pointer, std::size_t bytes) {
+  return static_cast<std::byte*>(pointer) + bytes;
+}
+const std::byte* at(const void* pointer, std::size_t bytes) {
+  return static_cast<const std::byte*>(pointer) + bytes;
+}
+
+/// Owns a duplicated MPI_Comm. MPI objects cannot be freed after MPI_Finalize, so a communicator
+/// that outlives MPI (a static, say) leaves its handle to MPI's own teardown.
+class OwnedMpiComm {
+ public:
+  explicit OwnedMpiComm(MPI_Comm comm) : comm_(comm) {}
+  OwnedMpiComm(OwnedMpiComm&& other) noexcept : comm_(std::exchange(other.comm_, MPI_COMM_NULL)) {}
+  OwnedMpiComm& operator=(OwnedMpiComm&&) = delete;
+  OwnedMpiComm(const OwnedMpiComm&) = delete;
+  OwnedMpiComm& operator=(const OwnedMpiComm&) = delete;
+  ~OwnedMpiComm() {
+    if (comm_ != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm_);
+  }
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+// Errors raised by the backend itself use the same prefix as the argument checks.
+#define ZT_MPI_COMM_CHECK(op, condition, ...)                                                         \
+  ZT_CHECK_AS(::zt::CommError, condition, comm_op_name(op), " on communicator '", name(), "' (rank ", \
+              rank(), " of ", size(), "): ", __VA_ARGS__)
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(OwnedMpiComm comm, int rank, int size, int tag_upper_bound, std::string name)
+      : Communicator(rank, size, std::move(name)),
+        comm_(std::move(comm)),
+        tag_upper_bound_(tag_upper_bound) {}
+
+  CommBackend backend() const override { return CommBackend::mpi; }
+  Device device() const override { return Device::host(); }
+  MPI_Comm comm() const { return comm_.get(); }
+  void set_max_chunk_elements(std::size_t elements) {
+    max_chunk_ = std::clamp<std::size_t>(elements, 1, static_cast<std::size_t>(INT_MAX));
+  }
+
+ protected:
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override;
+  void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                         ReduceOp op) override;
+  void do_all_gather(const void* send, void* recv, std::size_t send_count, DType type) override;
+  void do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                       std::span<const std::size_t> recv_counts, DType type) override;
+  void do_broadcast(void* buffer, std::size_t count, DType type, int root) override;
+  void do_send(const void* buffer, std::size_t count, DType type, int peer, int tag) override;
+  void do_recv(void* buffer, std::size_t count, DType type, int peer, int tag) override;
+  void do_barrier() override;
+
+  Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override;
+  Work do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                          ReduceOp op) override;
+  Work do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) override;
+  Work do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
+                        std::span<const std::size_t> recv_counts, DType type) override;
+  Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) override;
+  Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) override;
+  Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) override;
+
+ private:
+  class Request;
+
+  /// f(offset, n) for consecutive pieces of at most max_chunk_ elements; nothing for count 0
+  /// (every rank of a collective passes the same count, so every rank skips alike).
+  template <typename Function>
+  void for_each_chunk(std::size_t count, Function&& function) const {
+    for (std::size_t offset = 0; offset < count; offset += max_chunk_) {
+      function(offset, static_cast<int>(std::min(max_chunk_, count - offset)));
+    }
+  }
+  /// Like for_each_chunk, but at least one (possibly empty) message: a zero-length send still has
+  /// to match its receive.
+  template <typename Function>
+  void for_each_message(std::size_t count, Function&& function) const {
+    std::size_t offset = 0;
+    do {
+      const std::size_t length = std::min(max_chunk_, count - offset);
+      function(offset, static_cast<int>(length));
+      offset += length;
+    } while (offset < count);
+  }
+
+  std::unique_ptr<Request> start_request(CommOp op, std::size_t payload_bytes);
+  std::unique_ptr<Request> start_reduce_scatter_by_reduces(const void* send, void* recv,
+                                                           std::size_t recv_count, DType type, ReduceOp op);
+  std::unique_ptr<Request> start_gather_by_broadcasts(CommOp op, const void* send, std::size_t send_count,
+                                                      void* recv, std::span<const std::size_t> recv_counts,
+                                                      DType type);
+  void check_tag_bound(CommOp op, int tag) const {
+    ZT_MPI_COMM_CHECK(op, tag <= tag_upper_bound_, "tag ", tag,
+                      " exceeds this MPI's MPI_TAG_UB; expected 0 <= tag <= ", tag_upper_bound_);
+  }
+  void check_received(const MPI_Status& status, int expected, MPI_Datatype datatype, int peer, int tag) const;
+
+  OwnedMpiComm comm_;
+  int tag_upper_bound_;
+  std::size_t max_chunk_ = static_cast<std::size_t>(INT_MAX);
+};
+
+// ---- non-blocking operations ---------------------------------------------------------------
+
+/// The MPI requests of one non-blocking operation, plus what must happen once they complete
+/// (the division of an average, a copy out of scratch space, checking received counts) and the
+/// memory MPI reads until then (count/displacement arrays, scratch buffers).
+class MpiCommunicator::Request final : public Work::State {
+ public:
+  using Completion = std::function<void(Request&)>;
+
+  Request(MpiCommunicator& comm, CommOp op, std::size_t payload_bytes)
+      : comm_(comm), op_(op), payload_bytes_(payload_bytes), start_(Clock::now()) {}
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  /// Only reached with requests pending when starting or completing the operation threw: wait
+  /// for what was started, so MPI never writes into buffers the caller believes are free.
+  ~Request() override {
+    if (finished_ || mpi_finalized()) return;
+    for (MPI_Request& request : requests_) {
+      if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
+  }
+
+  /// A new slot for the next MPI_I* call to fill.
+  MPI_Request* add() {
+    requests_.push_back(MPI_REQUEST_NULL);
+    statuses_.emplace_back();
+    return &requests_.back();
+  }
+  void on_completion(Completion completion) { completion_ = std::move(completion); }
+  std::vector<std::byte>& scratch() { return scratch_; }
+  std::vector<int>& int_scratch() { return int_scratch_; }
+  std::span<const MPI_Status> statuses() const { return statuses_; }
+
+  // One MPI_Wait/MPI_Test per request rather than MPI_Waitall/MPI_Testall: Open MPI 4.1 with
+  // MPI_THREAD_MULTIPLE hangs in MPI_Waitall when a request fails (e.g. MPI_ERR_TRUNCATE on a
+  // self-message), and completing the requests one by one is otherwise equivalent. A request
+  // completed here becomes MPI_REQUEST_NULL; its status is kept for the completion step.
+  void wait() override {
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] != MPI_REQUEST_NULL) check(MPI_Wait(&requests_[i], &statuses_[i]), "MPI_Wait");
+    }
+    complete();
+  }
+
+  bool test() override {
+    bool all_done = true;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      check(MPI_Test(&requests_[i], &done, &statuses_[i]), "MPI_Test");
+      all_done = all_done && done != 0;
+    }
+    if (!all_done) return false;
+    complete();
+    return true;
+  }
+
+ private:
+  void check(int code, std::string_view call) const {
+    if (code == MPI_SUCCESS) return;
+    detail::raise_mpi_error(__FILE__, __LINE__,
+                            std::string(call) + " completing " + std::string(comm_op_name(op_)), comm_.name(),
+                            code);
+  }
+
+  void complete() {
+    finished_ = true;
+    if (completion_) completion_(*this);
+    comm_.record(op_, payload_bytes_, seconds_since(start_));
+  }
+
+  MpiCommunicator& comm_;
+  CommOp op_;
+  std::size_t payload_bytes_;
+  Clock::time_point start_;
+  bool finished_ = false;
+  std::vector<MPI_Request> requests_;
+  std::vector<MPI_Status> statuses_;
+  Completion completion_;
+  std::vector<std::byte> scratch_;
+  std::vector<int> int_scratch_;
+};
+
+std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::start_request(CommOp op,
+                                                                         std::size_t payload_bytes) {
+  return std::make_unique<Request>(*this, op, payload_bytes);
+}
+
+void MpiCommunicator::check_received(const MPI_Status& status, int expected, MPI_Datatype datatype, int peer,
+                                     int tag) const {
+  int received = 0;
+  ZT_CHECK_MPI(MPI_Get_count(&status, datatype, &received), name());
+  ZT_MPI_COMM_CHECK(CommOp::recv, received == expected, "expected ", expected, " elements from peer ", peer,
+                    " with tag ", tag, " but the message had ", received,
+                    "; send and recv must pass the same count");
+}
+
+namespace {
+
+/// MPI_IN_PLACE when the caller passed the documented in-place form.
+const void* send_or_in_place(const void* send, const void* in_place_position) {
+  return send == in_place_position ? MPI_IN_PLACE : send;
+}
+
+/// [counts..., displacements...] as MPI's int arrays; the caller checked that the total fits.
+void int_counts_and_displacements(std::span<const std::size_t> counts, std::vector<int>& out) {
+  out.resize(2 * counts.size());
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    out[r] = static_cast<int>(counts[r]);
+    out[counts.size() + r] = static_cast<int>(offset);
+    offset += counts[r];
+  }
+}
+
+std::size_t sum_of(std::span<const std::size_t> counts) {
+  std::size_t total = 0;
+  for (std::size_t count : counts) total += count;
+  return total;
+}
+
+std::size_t offset_of_rank(std::span<const std::size_t> counts, int rank) {
+  std::size_t offset = 0;
+  for (int r = 0; r < rank; ++r) offset += counts[static_cast<std::size_t>(r)];
+  return offset;
+}
+
+}  // namespace
+
+// ---- all_reduce ------------------------------------------------------------------------------
+
+void MpiCommunicator::do_all_reduce(const void* send, void* recv, std::size_t count, DType type,
+                                    ReduceOp op) {
+  const auto start = Clock::now();
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const MPI_Op reduction = detail::mpi_reduce_op(type, op);
+  const std::size_t element = dtype_size(type);
+  const bool in_place = send == recv;
+  for_each_chunk(count, [&](std::size_t offset, int length) {
+    ZT_CHECK_MPI(MPI_Allreduce(in_place ? MPI_IN_PLACE : at(send, offset * element),
+                               at(recv, offset * element), length, datatype, reduction, comm()),
+                 name());
+  });
+  if (op == ReduceOp::avg) detail::divide_for_average(recv, count, type, size());
+  record(CommOp::all_reduce, count * element, seconds_since(start));
+}
+
+Work MpiCommunicator::do_iall_reduce(const void* send, void* recv, std::size_t count, DType type,
+                                     ReduceOp op) {
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const MPI_Op reduction = detail::mpi_reduce_op(type, op);
+  const std::size_t element = dtype_size(type);
+  const bool in_place = send == recv;
+  auto request = start_request(CommOp::all_reduce, count * element);
+  for_each_chunk(count, [&](std::size_t offset, int length) {
+    ZT_CHECK_MPI(
+        MPI_Iallreduce(in_place ? MPI_IN_PLACE : at(send, offset * element), at(recv, offset * element),
+                       length, datatype, reduction, comm(), request->add()),
+        name());
+  });
+  if (op == ReduceOp::avg) {
+    request->on_completion([recv, count, type, ranks = size()](Request&) {
+      detail::divide_for_average(recv, count, type, ranks);
+    });
+  }
+  return Work(std::move(request));
+}
+
+// ---- reduce_scatter --------------------------------------------------------------------------
+
+void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                                        ReduceOp op) {
+  const std::size_t total = recv_count * static_cast<std::size_t>(size());
+  if (total > max_chunk_) {
+    start_reduce_scatter_by_reduces(send, recv, recv_count, type, op)->wait();
+    return;
+  }
+  const auto start = Clock::now();
+  ZT_CHECK_MPI(MPI_Reduce_scatter_block(send_or_in_place(send, recv), recv, static_cast<int>(recv_count),
+                                        detail::mpi_datatype(type), detail::mpi_reduce_op(type, op), comm()),
+               name());
+  if (op == ReduceOp::avg) detail::divide_for_average(recv, recv_count, type, size());
+  record(CommOp::reduce_scatter, total * dtype_size(type), seconds_since(start));
+}
+
+Work MpiCommunicator::do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                                         ReduceOp op) {
+  const std::size_t total = recv_count * static_cast<std::size_t>(size());
+  if (total > max_chunk_) return Work(start_reduce_scatter_by_reduces(send, recv, recv_count, type, op));
+  auto request = start_request(CommOp::reduce_scatter, total * dtype_size(type));
+  ZT_CHECK_MPI(MPI_Ireduce_scatter_block(send_or_in_place(send, recv), recv, static_cast<int>(recv_count),
+                                         detail::mpi_datatype(type), detail::mpi_reduce_op(type, op), comm(),
+                                         request->add()),
+               name());
+  if (op == ReduceOp::avg) {
+    request->on_completion([recv, recv_count, type, ranks = size()](Request&) {
+      detail::divide_for_average(recv, recv_count, type, ranks);
+    });
+  }
+  return Work(std::move(request));
+}
+
+/// reduce_scatter beyond MPI's int counts: block r is reduced to rank r with chunked MPI_Ireduce
+/// calls. The roots run concurrently, so an in-place call receives into scratch memory (its result
+/// would otherwise overwrite block 0 while rank 0's reduce still reads it) and copies at the end.
+std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::start_reduce_scatter_by_reduces(
+    const void* send, void* recv, std::size_t recv_count, DType type, ReduceOp op) {
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const MPI_Op reduction = detail::mpi_reduce_op(type, op);
+  const std::size_t element = dtype_size(type);
+  auto request =
+      start_request(CommOp::reduce_scatter, recv_count * static_cast<std::size_t>(size()) * element);
+  const bool in_place = send == recv;
+  if (in_place) request->scratch().resize(recv_count * element);
+  void* target = in_place ? static_cast<void*>(request->scratch().data()) : recv;
+  for (int root = 0; root < size(); ++root) {
+    const std::byte* block = at(send, static_cast<std::size_t>(root) * recv_count * element);
+    for_each_chunk(recv_count, [&](std::size_t offset, int length) {
+      void* result = root == rank() ? static_cast<void*>(at(target, offset * element)) : nullptr;
+      ZT_CHECK_MPI(MPI_Ireduce(at(block, offset * element), result, length, datatype, reduction, root, comm(),
+                               request->add()),
+                   name());
+    });
+  }
+  request->on_completion([recv, recv_count, type, op, ranks = size()](Request& self) {
+    if (!self.scratch().empty()) std::memcpy(recv, self.scratch().data(), self.scratch().size());
+    if (op == ReduceOp::avg) detail::divide_for_average(recv, recv_count, type, ranks);
+  });
+  return request;
+}
+
+// ---- all_gather and all_gather_v -------------------------------------------------------------
+
+void MpiCommunicator::do_all_gather(const void* send, void* recv, std::size_t send_count, DType type) {
+  const std::size_t total = send_count * static_cast<std::size_t>(size());
+  const std::size_t element = dtype_size(type);
+  if (total > max_chunk_) {
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), send_count);
+    start_gather_by_broadcasts(CommOp::all_gather, send, send_count, recv, counts, type)->wait();
+    return;
+  }
+  const auto start = Clock::now();
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const int count = static_cast<int>(send_count);
+  ZT_CHECK_MPI(
+      MPI_Allgather(send_or_in_place(send, at(recv, static_cast<std::size_t>(rank()) * send_count * element)),
+                    count, datatype, recv, count, datatype, comm()),
+      name());
+  record(CommOp::all_gather, total * element, seconds_since(start));
+}
+
+Work MpiCommunicator::do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) {
+  const std::size_t total = send_count * static_cast<std::size_t>(size());
+  const std::size_t element = dtype_size(type);
+  if (total > max_chunk_) {
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(size()), send_count);
+    return Work(start_gather_by_broadcasts(CommOp::all_gather, send, send_count, recv, counts, type));
+  }
+  auto request = start_request(CommOp::all_gather, total * element);
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const int count = static_cast<int>(send_count);
+  ZT_CHECK_MPI(MPI_Iallgather(
+                   send_or_in_place(send, at(recv, static_cast<std::size_t>(rank()) * send_count * element)),
+                   count, datatype, recv, count, datatype, comm(), request->add()),
+               name());
+  return Work(std::move(request));
+}
+
+void MpiCommunicator::do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                                      std::span<const std::size_t> recv_counts, DType type) {
+  const std::size_t total = sum_of(recv_counts);
+  if (total > max_chunk_) {  // some count or displacement would not fit MPI's int
+    start_gather_by_broadcasts(CommOp::all_gather_v, send, send_count, recv, recv_counts, type)->wait();
+    return;
+  }
+  const auto start = Clock::now();
+  const std::size_t element = dtype_size(type);
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  std::vector<int> layout;
+  int_counts_and_displacements(recv_counts, layout);
+  const void* in_place_position = at(recv, offset_of_rank(recv_counts, rank()) * element);
+  ZT_CHECK_MPI(MPI_Allgatherv(send_or_in_place(send, in_place_position), static_cast<int>(send_count),
+                              datatype, recv, layout.data(), layout.data() + size(), datatype, comm()),
+               name());
+  record(CommOp::all_gather_v, total * element, seconds_since(start));
+}
+
+Work MpiCommunicator::do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
+                                       std::span<const std::size_t> recv_counts, DType type) {
+  const std::size_t total = sum_of(recv_counts);
+  if (total > max_chunk_) {
+    return Work(start_gather_by_broadcasts(CommOp::all_gather_v, send, send_count, recv, recv_counts, type));
+  }
+  const std::size_t element = dtype_size(type);
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  auto request = start_request(CommOp::all_gather_v, total * element);
+  std::vector<int>& layout = request->int_scratch();  // MPI reads it until completion
+  int_counts_and_displacements(recv_counts, layout);
+  const void* in_place_position = at(recv, offset_of_rank(recv_counts, rank()) * element);
+  ZT_CHECK_MPI(
+      MPI_Iallgatherv(send_or_in_place(send, in_place_position), static_cast<int>(send_count), datatype, recv,
+                      layout.data(), layout.data() + size(), datatype, comm(), request->add()),
+      name());
+  return Work(std::move(request));
+}
+
+/// all_gather(_v) beyond MPI's int counts and displacements: each rank broadcasts its block,
+/// in chunks, straight into its place in recv.
+std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::start_gather_by_broadcasts(
+    CommOp op, const void* send, std::size_t send_count, void* recv, std::span<const std::size_t> recv_counts,
+    DType type) {
+  const std::size_t element = dtype_size(type);
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  auto request = start_request(op, sum_of(recv_counts) * element);
+  std::size_t offset = 0;
+  for (int root = 0; root < size(); ++root) {
+    std::byte* block = at(recv, offset * element);
+    if (root == rank() && send != block && send_count > 0) std::memcpy(block, send, send_count * element);
+    const std::size_t count = recv_counts[static_cast<std::size_t>(root)];
+    for_each_chunk(count, [&](std::size_t chunk_offset, int length) {
+      ZT_CHECK_MPI(
+          MPI_Ibcast(at(block, chunk_offset * element), length, datatype, root, comm(), request->add()),
+          name());
+    });
+    offset += count;
+  }
+  return request;
+}
+
+// ---- broadcast -------------------------------------------------------------------------------
+
+void MpiCommunicator::do_broadcast(void* buffer, std::size_t count, DType type, int root) {
+  const auto start = Clock::now();
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const std::size_t element = dtype_size(type);
+  for_each_chunk(count, [&](std::size_t offset, int length) {
+    ZT_CHECK_MPI(MPI_Bcast(at(buffer, offset * element), length, datatype, root, comm()), name());
+  });
+  record(CommOp::broadcast, count * element, seconds_since(start));
+}
+
+Work MpiCommunicator::do_ibroadcast(void* buffer, std::size_t count, DType type, int root) {
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const std::size_t element = dtype_size(type);
+  auto request = start_request(CommOp::broadcast, count * element);
+  for_each_chunk(count, [&](std::size_t offset, int length) {
+    ZT_CHECK_MPI(MPI_Ibcast(at(buffer, offset * element), length, datatype, root, comm(), request->add()),
+                 name());
+  });
+  return Work(std::move(request));
+}
+
+// ---- send and recv ---------------------------------------------------------------------------
+// Messages above the chunk size travel as several messages with the same tag; MPI keeps their
+// order (non-overtaking), and both sides must pass the same count. A receive checks that the
+// message had exactly the count it asked for.
+
+void MpiCommunicator::do_send(const void* buffer, std::size_t count, DType type, int peer, int tag) {
+  check_tag_bound(CommOp::send, tag);
+  const auto start = Clock::now();
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const std::size_t element = dtype_size(type);
+  for_each_message(count, [&](std::size_t offset, int length) {
+    ZT_CHECK_MPI(MPI_Send(at(buffer, offset * element), length, datatype, peer, tag, comm()), name());
+  });
+  record(CommOp::send, count * element, seconds_since(start));
+}
+
+void MpiCommunicator::do_recv(void* buffer, std::size_t count, DType type, int peer, int tag) {
+  check_tag_bound(CommOp::recv, tag);
+  const auto start = Clock::now();
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const std::size_t element = dtype_size(type);
+  for_each_message(count, [&](std::size_t offset, int length) {
+    MPI_Status status;
+    ZT_CHECK_MPI(MPI_Recv(at(buffer, offset * element), length, datatype, peer, tag, comm(), &status),
+                 name());
+    check_received(status, length, datatype, peer, tag);
+  });
+  record(CommOp::recv, count * element, seconds_since(start));
+}
+
+Work MpiCommunicator::do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) {
+  check_tag_bound(CommOp::send, tag);
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const std::size_t element = dtype_size(type);
+  auto request = start_request(CommOp::send, count * element);
+  for_each_message(count, [&](std::size_t offset, int length) {
+    ZT_CHECK_MPI(MPI_Isend(at(buffer, offset * element), length, datatype, peer, tag, comm(), request->add()),
+                 name());
+  });
+  return Work(std::move(request));
+}
+
+Work MpiCommunicator::do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) {
+  check_tag_bound(CommOp::recv, tag);
+  const MPI_Datatype datatype = detail::mpi_datatype(type);
+  const std::size_t element = dtype_size(type);
+  auto request = start_request(CommOp::recv, count * element);
+  std::vector<int>& expected = request->int_scratch();
+  for_each_message(count, [&](std::size_t offset, int length) {
+    expected.push_back(length);
+    ZT_CHECK_MPI(MPI_Irecv(at(buffer, offset * element), length, datatype, peer, tag, comm(), request->add()),
+                 name());
+  });
+  request->on_completion([this, datatype, peer, tag](Request& self) {
+    for (std::size_t i = 0; i < self.statuses().size(); ++i) {
+      check_received(self.statuses()[i], self.int_scratch()[i], datatype, peer, tag);
+    }
+  });
+  return Work(std::move(request));
+}
+
+void MpiCommunicator::do_barrier() {
+  const auto start = Clock::now();
+  ZT_CHECK_MPI(MPI_Barrier(comm()), name());
+  record(CommOp::barrier, 0, seconds_since(start));
+}
+
+// ---- construction ----------------------------------------------------------------------------
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string name) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  ZT_CHECK_AS(CommError, initialized != 0 && !mpi_finalized(), "make_mpi_communicator('", name,
+              "'): MPI is not initialized (or already finalized); create a zt::Runtime first");
+  ZT_CHECK_AS(CommError, comm != MPI_COMM_NULL, "make_mpi_communicator('", name,
+              "'): the MPI communicator is MPI_COMM_NULL; expected a valid communicator");
+  MPI_Comm duplicate = MPI_COMM_NULL;
+  ZT_CHECK_MPI(MPI_Comm_dup(comm, &duplicate), name);
+  OwnedMpiComm owned(duplicate);
+  ZT_CHECK_MPI(MPI_Comm_set_errhandler(duplicate, MPI_ERRORS_RETURN), name);
+  // The name shows up in MPI's own error reports and in tools (truncated to what MPI allows).
+  const std::string mpi_name = name.substr(0, MPI_MAX_OBJECT_NAME - 1);
+  ZT_CHECK_MPI(MPI_Comm_set_name(duplicate, mpi_name.c_str()), name);
+  int rank = 0;
+  int size = 0;
+  ZT_CHECK_MPI(MPI_Comm_rank(duplicate, &rank), name);
+  ZT_CHECK_MPI(MPI_Comm_size(duplicate, &size), name);
+  int* tag_upper_bound = nullptr;
+  int found = 0;
+  ZT_CHECK_MPI(MPI_Comm_get_attr(duplicate, MPI_TAG_UB, &tag_upper_bound, &found), name);
+  const int tag_limit =
+      (found != 0 && tag_upper_bound != nullptr) ? *tag_upper_bound : 32767;  // MPI's minimum
+  return std::make_unique<MpiCommunicator>(std::move(owned), rank, size, tag_limit, std::move(name));
+}
+
+MPI_Comm native_mpi_comm(const Communicator& communicator) {
+  const auto* mpi = dynamic_cast<const MpiCommunicator*>(&communicator);
+  ZT_CHECK_AS(CommError, mpi != nullptr, "native_mpi_comm: communicator '", communicator.name(),
+              "' uses the ", comm_backend_name(communicator.backend()),
+              " backend; expected an MPI communicator");
+  return mpi->comm();
+}
+
+void detail::set_mpi_max_chunk_elements(Communicator& communicator, std::size_t elements) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&communicator);
+  ZT_CHECK_AS(CommError, mpi != nullptr, "set_mpi_max_chunk_elements: communicator '", communicator.name(),
+              "' is not an MPI communicator");
+  mpi->set_max_chunk_elements(elements);
+}
+
+}  // namespace zt

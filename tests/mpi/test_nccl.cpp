@@ -1,0 +1,330 @@
+// The NCCL communicator: every collective x dtype x op, blocking and non-blocking, on cudaMalloc'd
+// buffers, against the same references as the MPI tests (collective_reference.hpp).
+//
+// They run when every rank has a usable GPU of its own (NCCL refuses two ranks on one device);
+// otherwise every rank skips, visibly, with the reason. Skipping is decided collectively so that no
+// rank waits in a collective that the others skipped.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective_reference.hpp"
+#include "mpi_test_main.hpp"
+#include "zerotrain/build_info.hpp"
+#include "zerotrain/device.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/mpi_communicator.hpp"
+#include "zerotrain/nccl_communicator.hpp"
+
+namespace {
+
+using namespace zt::testing;  // NOLINT: the shared test vocabulary
+using zt::DType;
+using zt::ReduceOp;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+/// Why this job cannot run the NCCL tests ("" when it can), the same on every rank.
+std::string skip_reason() {
+  if (!zt::build_info::have_cuda) return "built without CUDA";
+  const zt::CudaStatus& status = zt::cuda_status();
+  std::string reason;
+  if (!status.usable()) {
+    reason = "no usable GPU: " + status.reason;
+  } else if (zt::testing::runtime().local_size() > status.device_count) {
+    reason = "more ranks on this node (" + std::to_string(zt::testing::runtime().local_size()) +
+             ") than GPUs (" + std::to_string(status.device_count) + "); NCCL needs one GPU per rank";
+  }
+  int unable_here = reason.empty() ? 0 : 1;
+  int unable_anywhere = 0;
+  MPI_Allreduce(&unable_here, &unable_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (unable_anywhere != 0 && reason.empty()) reason = "another rank has no usable GPU of its own";
+  return reason;
+}
+
+#define ZT_SKIP_WITHOUT_NCCL()                                       \
+  do {                                                               \
+    if (const std::string reason = skip_reason(); !reason.empty()) { \
+      GTEST_SKIP() << reason;                                        \
+    }                                                                \
+  } while (0)
+
+/// The device of this rank: one per local rank.
+zt::Device my_device() {
+  return zt::Device::cuda(zt::testing::runtime().local_rank());
+}
+
+/// A device copy of host values, and back.
+class DeviceValues {
+ public:
+  explicit DeviceValues(const Values& host)
+      : type_(host.type()),
+        count_(host.size()),
+        buffer_(my_device(), std::max<std::size_t>(1, host.size() * zt::dtype_size(host.type()))) {
+    zt::copy_bytes(buffer_.data(), buffer_.device(), host.bytes(), zt::Device::host(), bytes());
+  }
+  void* data() { return buffer_.data(); }
+  std::byte* at(std::size_t index) {
+    return static_cast<std::byte*>(buffer_.data()) + index * zt::dtype_size(type_);
+  }
+  std::size_t bytes() const { return count_ * zt::dtype_size(type_); }
+  Values to_host() {
+    Values host(type_, count_);
+    zt::copy_bytes(host.bytes(), zt::Device::host(), buffer_.data(), buffer_.device(), bytes());
+    return host;
+  }
+
+ private:
+  DType type_;
+  std::size_t count_;
+  zt::Buffer buffer_;
+};
+
+Values host_input(DType type, std::size_t count, int rank) {
+  Values values(type, count);
+  values.fill([&](std::size_t i) { return input_value(type, rank, i); });
+  return values;
+}
+
+Values host_filled(DType type, std::size_t count, double value) {
+  Values values(type, count);
+  values.fill([&](std::size_t) { return value; });
+  return values;
+}
+
+bool power_of_two(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
+
+/// The reference, but NCCL's float avg multiplies by 1/n before summing: exact for these inputs when
+/// n is a power of two; otherwise within a few units in the last place, which we allow.
+::testing::AssertionResult reduction_matches(const Values& got, std::size_t offset, std::size_t count,
+                                             DType type, ReduceOp op, int ranks, std::size_t first_index) {
+  if (op != ReduceOp::avg || !zt::dtype_is_floating(type) || power_of_two(ranks)) {
+    return matches(got, offset, count, [&](std::size_t i) {
+      return reference_reduction(type, op, ranks,
+                                 [&](int r) { return input_value(type, r, first_index + i); });
+    });
+  }
+  const double unit = type == DType::bf16   ? 0x1.0p-8
+                      : type == DType::fp16 ? 0x1.0p-11
+                      : type == DType::fp32 ? 0x1.0p-24
+                                            : 0x1.0p-53;
+  for (std::size_t i = 0; i < count; ++i) {
+    const double want =
+        reference_reduction(type, op, ranks, [&](int r) { return input_value(type, r, first_index + i); });
+    if (std::abs(got.get(offset + i) - want) > 4 * unit * (std::abs(want) + 1)) {
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got.get(offset + i) << ", expected " << want;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const std::vector<std::size_t> kSizes = {0, 1, 7, 1000, 100003};
+
+class Nccl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZT_SKIP_WITHOUT_NCCL();
+    mpi_ = zt::make_mpi_communicator(MPI_COMM_WORLD, "nccl-bootstrap");
+    nccl_ = zt::make_nccl_communicator(*mpi_, my_device(), "nccl");
+  }
+  void TearDown() override {
+    nccl_.reset();
+    mpi_.reset();
+  }
+
+  /// Run one operation blocking or non-blocking (then wait; every other one by polling).
+  template <typename Blocking, typename NonBlocking>
+  void run(bool nonblocking, Blocking&& blocking, NonBlocking&& start) {
+    if (!nonblocking) {
+      blocking();
+      return;
+    }
+    zt::Work work = start();
+    if (++polls_ % 2 == 0) {
+      while (!work.test()) {
+      }
+    } else {
+      work.wait();
+    }
+  }
+
+  std::unique_ptr<zt::Communicator> mpi_;
+  std::unique_ptr<zt::Communicator> nccl_;
+  int polls_ = 0;
+};
+
+TEST(NcclAvailability, MissingGpuOrCudaIsAClearError) {
+  auto mpi = zt::make_mpi_communicator(MPI_COMM_WORLD, "nccl-bootstrap");
+  if (zt::build_info::have_cuda && zt::cuda_status().usable()) GTEST_SKIP() << "a GPU is usable here";
+  // Fails on every rank before any communication, so it is safe to call collectively.
+  try {
+    auto nccl = zt::make_nccl_communicator(*mpi, zt::Device::cuda(0), "nccl");
+    ADD_FAILURE() << "expected zt::CommError";
+  } catch (const zt::CommError& error) {
+    const std::string message = error.what();
+    EXPECT_TRUE(contains(message, "make_nccl_communicator('nccl')")) << message;
+    EXPECT_TRUE(contains(message, zt::build_info::have_cuda ? "no usable CUDA device" : "built without CUDA"))
+        << message;
+  }
+}
+
+TEST_F(Nccl, AllReduce) {
+  const int n = nccl_->size();
+  for (DType type : zt::kAllDTypes) {
+    for (ReduceOp op : kAllOps) {
+      for (std::size_t count : kSizes) {
+        for (bool nonblocking : {false, true}) {
+          for (bool in_place : {false, true}) {
+            SCOPED_TRACE(
+                describe(*nccl_, "all_reduce", type, count, nonblocking, in_place, zt::reduce_op_name(op)));
+            DeviceValues send(host_input(type, count, nccl_->rank()));
+            DeviceValues recv(host_filled(type, count, 99));
+            void* out = in_place ? send.data() : recv.data();
+            run(
+                nonblocking, [&] { nccl_->all_reduce(send.data(), out, count, type, op); },
+                [&] { return nccl_->iall_reduce(send.data(), out, count, type, op); });
+            const Values got = in_place ? send.to_host() : recv.to_host();
+            EXPECT_TRUE(reduction_matches(got, 0, count, type, op, n, 0));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Nccl, ReduceScatter) {
+  const int n = nccl_->size();
+  const int rank = nccl_->rank();
+  for (DType type : zt::kAllDTypes) {
+    for (ReduceOp op : kAllOps) {
+      for (std::size_t recv_count : {0, 1, 7, 1000, 25001}) {
+        for (bool nonblocking : {false, true}) {
+          for (bool in_place : {false, true}) {
+            SCOPED_TRACE(describe(*nccl_, "reduce_scatter", type, recv_count, nonblocking, in_place,
+                                  zt::reduce_op_name(op)));
+            DeviceValues send(host_input(type, recv_count * static_cast<std::size_t>(n), rank));
+            DeviceValues recv(host_filled(type, recv_count, 99));
+            void* out = in_place ? send.data() : recv.data();
+            run(
+                nonblocking, [&] { nccl_->reduce_scatter(send.data(), out, recv_count, type, op); },
+                [&] { return nccl_->ireduce_scatter(send.data(), out, recv_count, type, op); });
+            const Values got = in_place ? send.to_host() : recv.to_host();
+            EXPECT_TRUE(reduction_matches(got, 0, recv_count, type, op, n,
+                                          static_cast<std::size_t>(rank) * recv_count));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Nccl, AllGatherAndAllGatherV) {
+  const int n = nccl_->size();
+  const auto rank = static_cast<std::size_t>(nccl_->rank());
+  for (DType type : zt::kAllDTypes) {
+    for (std::size_t base : {0, 1, 7, 1000, 25001}) {
+      for (bool variable : {false, true}) {
+        const std::vector<std::size_t> counts =
+            variable ? uneven_counts(base, n) : std::vector<std::size_t>(static_cast<std::size_t>(n), base);
+        std::size_t total = 0;
+        std::size_t my_offset = 0;
+        for (std::size_t r = 0; r < counts.size(); ++r) {
+          if (r == rank) my_offset = total;
+          total += counts[r];
+        }
+        for (bool nonblocking : {false, true}) {
+          for (bool in_place : {false, true}) {
+            SCOPED_TRACE(describe(*nccl_, variable ? "all_gather_v" : "all_gather", type, base, nonblocking,
+                                  in_place));
+            Values initial = host_filled(type, total, 99);
+            for (std::size_t i = 0; i < counts[rank]; ++i)
+              initial.set(my_offset + i, input_value(type, nccl_->rank(), i));
+            DeviceValues send(host_input(type, counts[rank], nccl_->rank()));
+            DeviceValues recv(initial);
+            const void* source = in_place ? static_cast<const void*>(recv.at(my_offset)) : send.data();
+            run(
+                nonblocking,
+                [&] {
+                  if (variable) {
+                    nccl_->all_gather_v(source, counts[rank], recv.data(), counts, type);
+                  } else {
+                    nccl_->all_gather(source, recv.data(), counts[rank], type);
+                  }
+                },
+                [&] {
+                  return variable ? nccl_->iall_gather_v(source, counts[rank], recv.data(), counts, type)
+                                  : nccl_->iall_gather(source, recv.data(), counts[rank], type);
+                });
+            EXPECT_TRUE(blocks_match(recv.to_host(), counts));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Nccl, BroadcastFromEveryRoot) {
+  for (DType type : zt::kAllDTypes) {
+    for (std::size_t count : kSizes) {
+      for (int root = nccl_->size() - 1; root >= 0; --root) {
+        for (bool nonblocking : {false, true}) {
+          SCOPED_TRACE(
+              describe(*nccl_, "broadcast", type, count, nonblocking, false, "root " + std::to_string(root)));
+          DeviceValues buffer(nccl_->rank() == root ? host_input(type, count, root)
+                                                    : host_filled(type, count, 99));
+          run(
+              nonblocking, [&] { nccl_->broadcast(buffer.data(), count, type, root); },
+              [&] { return nccl_->ibroadcast(buffer.data(), count, type, root); });
+          EXPECT_TRUE(
+              matches(buffer.to_host(), 0, count, [&](std::size_t i) { return input_value(type, root, i); }));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Nccl, SendRecvRing) {
+  const int n = nccl_->size();
+  const int rank = nccl_->rank();
+  const int next = (rank + 1) % n;
+  const int previous = (rank + n - 1) % n;
+  for (DType type : zt::kAllDTypes) {
+    for (std::size_t count : kSizes) {
+      SCOPED_TRACE(describe(*nccl_, "isend + irecv", type, count, true, false));
+      DeviceValues out(host_input(type, count, rank));
+      DeviceValues in(host_filled(type, count, 99));
+      // Both posted before either is waited for: NCCL matches them in order, also with oneself.
+      zt::Work receiving = nccl_->irecv(in.data(), count, type, previous);
+      zt::Work sending = nccl_->isend(out.data(), count, type, next);
+      sending.wait();
+      receiving.wait();
+      EXPECT_TRUE(
+          matches(in.to_host(), 0, count, [&](std::size_t i) { return input_value(type, previous, i); }));
+    }
+  }
+}
+
+TEST_F(Nccl, BarrierAndTraffic) {
+  nccl_->barrier();
+  EXPECT_EQ(nccl_->traffic()[zt::CommOp::barrier].calls, 1u);
+  EXPECT_EQ(nccl_->backend(), zt::CommBackend::nccl);
+  EXPECT_EQ(nccl_->device(), my_device());
+  EXPECT_NE(zt::nccl_stream(*nccl_), nullptr);
+  DeviceValues data(host_input(DType::fp32, 1000, nccl_->rank()));
+  nccl_->all_reduce(data.data(), data.data(), 1000, DType::fp32, ReduceOp::sum);
+  const auto n = static_cast<std::uint64_t>(nccl_->size());
+  EXPECT_EQ(nccl_->traffic()[zt::CommOp::all_reduce].bytes, 4000u);
+  EXPECT_EQ(nccl_->traffic()[zt::CommOp::all_reduce].wire_bytes, 4000u * 2 * (n - 1) / n);
+}
+
+}  // namespace
