@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -153,6 +154,55 @@ TEST(Engine, Fp16WithDynamicLossScaleTrains) {
       8, nullptr);
   for (double loss : fp16.losses) EXPECT_TRUE(std::isfinite(loss));
   EXPECT_LT(fp16.losses.back(), fp16.losses.front());
+}
+
+TEST(Engine, OverflowOnOneRankSkipsTheStepEverywhere) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  const zt::Config config = parse(gpt_config(
+      kGlobalBatch / world / 2, 2,
+      R"(, "fp16": {"enabled": true, "initial_scale_power": 10, "loss_scale_window": 1000, "hysteresis": 1})"));
+  auto model = zt::build_model(config);
+  zt::Engine engine(runtime, *model, config);
+  auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+  // Rank 0 writes +inf, -inf or nan into one gradient element after the backward of step 2, 3, 4.
+  int injections_left = 0;
+  float injected = 0;
+  model->add_backward_post_hook([&](zt::nn::Module& module, const zt::Tensor&) {
+    if (injections_left == 0 || runtime.world_rank() != 0) return;
+    zt::nn::Parameter* parameter = module.find_parameter("h.0.mlp.fc.weight");
+    ASSERT_NE(parameter, nullptr);
+    static_cast<zt::fp16*>(parameter->grad.raw_data())[7] = zt::fp16(injected);
+    --injections_left;
+  });
+  auto train_step = [&] {
+    for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+      engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+      engine.backward();
+      engine.step();
+    }
+    data->advance();
+  };
+  train_step();
+  EXPECT_FALSE(engine.last_step().skipped);
+  EXPECT_EQ(engine.loss_scale(), 1024.0);
+  for (float value : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+    const std::vector<float> before(engine.master_parameters().begin(), engine.master_parameters().end());
+    const double scale_before = engine.loss_scale();
+    injected = value;
+    injections_left = 1;
+    train_step();
+    EXPECT_TRUE(engine.last_step().skipped) << value;
+    EXPECT_EQ(engine.loss_scale(), scale_before / 2) << value;  // hysteresis 1: halve at once
+    const std::vector<float> after(engine.master_parameters().begin(), engine.master_parameters().end());
+    EXPECT_EQ(after, before) << "a skipped step must not move the parameters";
+  }
+  EXPECT_EQ(engine.skipped_steps(), 3);
+  EXPECT_EQ(engine.global_steps(), 4);
+  train_step();
+  EXPECT_FALSE(engine.last_step().skipped);
+  EXPECT_EQ(engine.loss_scale(), 128.0);
 }
 
 TEST(Engine, CommunicationDataTypeBf16StaysClose) {
