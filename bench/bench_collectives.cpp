@@ -10,7 +10,8 @@
 // Sizes and bandwidths follow NCCL-tests: S is the all_reduce/broadcast buffer, the whole
 // reduce_scatter input and the whole all_gather output; algbw = S / t; busbw = algbw times
 // 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter, all_gather) or 1 (broadcast). The ratio column is
-// zerotrain busbw / raw busbw (= raw time / zerotrain time).
+// zerotrain busbw / raw busbw = raw time / zerotrain time, taken per block (both sides of a block
+// ran interleaved, under the same load) and then the median over blocks.
 //
 //   mpirun -n 4 zt_bench_collectives [--quick] [--min-bytes 4K] [--max-bytes 64M] [--iters N]
 //                                    [--blocks B] [--ops all_reduce,broadcast] [--json PATH]
@@ -38,7 +39,7 @@ struct Options {
   std::size_t min_bytes = 4 << 10;
   std::size_t max_bytes = 64 << 20;
   int fixed_iterations = 0;  // 0: adapt to the size
-  int blocks = 7;
+  int blocks = 5;
   double block_seconds = 0.06;  // aim per block when adapting iterations
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
   std::string json_path;
@@ -147,30 +148,35 @@ struct Result {
   int iterations = 0;
   double zerotrain_seconds = 0;
   double raw_seconds = 0;
+  double ratio = 1;  // median over blocks of raw time / zerotrain time, both from the same block
   double bus_factor = 1;
 };
 
-/// Seconds per call of `iterations` back-to-back raw calls, the slowest rank's (sizes the blocks).
-double time_raw(const Benchmark& bench, int iterations, MPI_Comm comm) {
-  MPI_Barrier(comm);
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) bench.raw();
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iterations;
-  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return seconds;
+/// The fastest of `calls` individually timed raw calls, the slowest rank's (sizes the blocks; the
+/// minimum, because on a shared machine a single slow call would otherwise shrink every block).
+double fastest_raw_call(const Benchmark& bench, int calls, MPI_Comm comm) {
+  double fastest = 1e30;
+  for (int i = 0; i < calls; ++i) {
+    MPI_Barrier(comm);
+    const auto start = std::chrono::steady_clock::now();
+    bench.raw();
+    fastest =
+        std::min(fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &fastest, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return fastest;
 }
 
 /// One block: `iterations` pairs of calls, zerotrain and raw alternating (which goes first
-/// alternates too), each call timed on its own, so both sides see the same machine load at the
-/// finest grain. Returns {zerotrain, raw} seconds per call, each the slowest rank's.
-std::pair<double, double> time_block(const Benchmark& bench, int iterations, MPI_Comm comm) {
+/// alternates from pair to pair and from block to block), each call timed on its own, so both sides see the
+/// same machine load at the finest grain. Returns {zerotrain, raw} seconds per call, each the slowest rank's.
+std::pair<double, double> time_block(const Benchmark& bench, int iterations, int block, MPI_Comm comm) {
   using Clock = std::chrono::steady_clock;
   MPI_Barrier(comm);
   double sums[2] = {0.0, 0.0};  // zerotrain, raw
   for (int i = 0; i < iterations; ++i) {
     for (int half = 0; half < 2; ++half) {
-      const bool zerotrain_now = (half == 0) == (i % 2 == 0);
+      const bool zerotrain_now = (half == 0) == ((i + block) % 2 == 0);
       const auto start = Clock::now();
       if (zerotrain_now) {
         bench.zerotrain();
@@ -199,20 +205,30 @@ Result measure(const Benchmark& bench, const Options& options, MPI_Comm comm) {
   }
   int iterations = options.fixed_iterations;
   if (iterations == 0) {
-    const double estimate = std::max(time_raw(bench, warmup, comm), 1e-7);
+    const double estimate = std::max(fastest_raw_call(bench, warmup, comm), 1e-7);
     // Half the block per side; every rank must make the same number of calls: rank 0 decides.
     iterations = std::clamp(static_cast<int>(options.block_seconds / (2 * estimate)), 1, 1000);
     MPI_Bcast(&iterations, 1, MPI_INT, 0, comm);
   }
   std::vector<double> zerotrain_times;
   std::vector<double> raw_times;
+  std::vector<double> ratios;
   for (int block = 0; block < options.blocks; ++block) {
-    const auto [zerotrain_seconds, raw_seconds] = time_block(bench, iterations, comm);
+    const auto [zerotrain_seconds, raw_seconds] = time_block(bench, iterations, block, comm);
     zerotrain_times.push_back(zerotrain_seconds);
     raw_times.push_back(raw_seconds);
+    ratios.push_back(raw_seconds / zerotrain_seconds);
   }
-  return {bench.op,          bench.bytes,     bench.count, iterations, median(zerotrain_times),
-          median(raw_times), bench.bus_factor};
+  Result result;
+  result.op = bench.op;
+  result.bytes = bench.bytes;
+  result.count = bench.count;
+  result.iterations = iterations;
+  result.zerotrain_seconds = median(zerotrain_times);
+  result.raw_seconds = median(raw_times);
+  result.ratio = median(ratios);
+  result.bus_factor = bench.bus_factor;
+  return result;
 }
 
 /// Buffers of one size, reused by both sides.
@@ -308,8 +324,7 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
         std::printf("%-15s %9s %11zu %6d | %10.1f %8.3f %8.3f | %10.1f %8.3f %8.3f | %6.2fx\n", op.c_str(),
                     human_bytes(result.bytes).c_str(), result.count, result.iterations,
                     result.zerotrain_seconds * 1e6, zt_algbw, zt_algbw * result.bus_factor,
-                    result.raw_seconds * 1e6, raw_algbw, raw_algbw * result.bus_factor,
-                    result.raw_seconds / result.zerotrain_seconds);
+                    result.raw_seconds * 1e6, raw_algbw, raw_algbw * result.bus_factor, result.ratio);
         std::fflush(stdout);
       }
     }
@@ -336,7 +351,7 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
                                    {"raw_us", r.raw_seconds * 1e6},
                                    {"raw_algbw_gbps", raw_algbw},
                                    {"raw_busbw_gbps", raw_algbw * r.bus_factor},
-                                   {"ratio", r.raw_seconds / r.zerotrain_seconds}});
+                                   {"ratio", r.ratio}});
     }
     std::ofstream out(options.json_path);
     ZT_CHECK(out.good(), "cannot open '", options.json_path, "' for writing");
