@@ -12,6 +12,9 @@
 //     truncating, as in the MPI backend.
 //   - NCCL has no tags: messages between two ranks match in the order they were posted, and `tag`
 //     is ignored. A receive cannot check the length of what was sent; both sides must agree.
+//     Operations run in posting order on one stream, so a rank that posts a receive before its own
+//     send waits there until the peer's send arrives (order a ring even ranks send first, odd ranks
+//     receive first); send/recv with the rank itself is refused with zt::CommError.
 //   - barrier() is a one-element all_reduce followed by a stream synchronize.
 //
 // Built only with CUDA (ZT_HAVE_CUDA, see zerotrain/build_info.hpp). Without it the function still

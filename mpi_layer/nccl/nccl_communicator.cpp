@@ -323,11 +323,23 @@ class NcclCommunicator final : public Communicator {
                   comm());
   }
 
+  /// A send and the matching receive on one rank would be two kernels on one stream, the first
+  /// waiting for the second: NCCL needs them grouped, which this interface cannot express.
+  void check_not_self(CommOp op, int peer) const {
+    ZT_CHECK_AS(
+        CommError, peer != rank(), comm_op_name(op), " on NCCL communicator '", name(), "' (rank ", rank(),
+        " of ", size(), "): peer ", peer,
+        " is this rank; the NCCL backend cannot send to or receive from its own rank (copy the buffer "
+        "instead)");
+  }
+
   void enqueue_send(const void* buffer, std::size_t count, DType type, int peer) {
+    check_not_self(CommOp::send, peer);
     ZT_CHECK_NCCL(ncclSend(buffer, count, nccl_type(type), peer, comm(), stream()), name(), comm());
   }
 
   void enqueue_recv(void* buffer, std::size_t count, DType type, int peer) {
+    check_not_self(CommOp::recv, peer);
     ZT_CHECK_NCCL(ncclRecv(buffer, count, nccl_type(type), peer, comm(), stream()), name(), comm());
   }
 

@@ -296,20 +296,48 @@ TEST_F(Nccl, BroadcastFromEveryRoot) {
 TEST_F(Nccl, SendRecvRing) {
   const int n = nccl_->size();
   const int rank = nccl_->rank();
+  DeviceValues dummy(host_filled(DType::fp32, 1, 0));
+  try {  // with oneself: refused on every rank, before any communication
+    nccl_->send(dummy.data(), 1, DType::fp32, rank);
+    ADD_FAILURE() << "expected zt::CommError for a send to oneself";
+  } catch (const zt::CommError& error) {
+    EXPECT_TRUE(contains(error.what(), "cannot send to or receive from its own rank")) << error.what();
+  }
+  if (n == 1) GTEST_SKIP() << "a ring needs 2 or more ranks (NCCL send/recv with oneself is refused)";
   const int next = (rank + 1) % n;
   const int previous = (rank + n - 1) % n;
   for (DType type : zt::kAllDTypes) {
     for (std::size_t count : kSizes) {
-      SCOPED_TRACE(describe(*nccl_, "isend + irecv", type, count, true, false));
-      DeviceValues out(host_input(type, count, rank));
-      DeviceValues in(host_filled(type, count, 99));
-      // Both posted before either is waited for: NCCL matches them in order, also with oneself.
-      zt::Work receiving = nccl_->irecv(in.data(), count, type, previous);
-      zt::Work sending = nccl_->isend(out.data(), count, type, next);
-      sending.wait();
-      receiving.wait();
-      EXPECT_TRUE(
-          matches(in.to_host(), 0, count, [&](std::size_t i) { return input_value(type, previous, i); }));
+      for (bool nonblocking : {false, true}) {
+        SCOPED_TRACE(describe(*nccl_, "send/recv ring", type, count, nonblocking, false));
+        DeviceValues out(host_input(type, count, rank));
+        DeviceValues in(host_filled(type, count, 99));
+        // Operations run in posting order on the stream: even ranks send first, odd ranks receive
+        // first, so every receive has its send coming.
+        auto send = [&] {
+          if (nonblocking) {
+            nccl_->isend(out.data(), count, type, next).wait();
+          } else {
+            nccl_->send(out.data(), count, type, next);
+          }
+        };
+        auto receive = [&] {
+          if (nonblocking) {
+            nccl_->irecv(in.data(), count, type, previous).wait();
+          } else {
+            nccl_->recv(in.data(), count, type, previous);
+          }
+        };
+        if (rank % 2 == 0) {
+          send();
+          receive();
+        } else {
+          receive();
+          send();
+        }
+        EXPECT_TRUE(
+            matches(in.to_host(), 0, count, [&](std::size_t i) { return input_value(type, previous, i); }));
+      }
     }
   }
 }
