@@ -128,9 +128,10 @@ TEST_P(EngineOptimizers, AccumulationSplitDoesNotChangeTheRun) {
   EXPECT_LT(max_abs_difference(two_micro.master, one_micro.master), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, EngineOptimizers, ::testing::Values(kAdamW, kSgd), [](const auto& info) {
-  return info.index == 0 ? std::string("AdamW") : std::string("Sgd");
-});
+INSTANTIATE_TEST_SUITE_P(Optimizers, EngineOptimizers, ::testing::Values(kAdamW, kSgd),
+                         [](const auto& param_info) {
+                           return param_info.index == 0 ? std::string("AdamW") : std::string("Sgd");
+                         });
 
 TEST(Engine, Bf16TracksFp32) {
   const int world = zt::testing::runtime().world_size();

@@ -110,9 +110,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GridShapes,
                          ::testing::Values(zt::GridShape{0, 1, 1}, zt::GridShape{0, 2, 1},
                                            zt::GridShape{0, 1, 2}, zt::GridShape{0, 2, 2},
                                            zt::GridShape{0, 4, 1}),
-                         [](const auto& info) {
-                           return "pp" + std::to_string(info.param.pipeline) + "_tp" +
-                                  std::to_string(info.param.tensor);
+                         [](const auto& param_info) {
+                           return "pp" + std::to_string(param_info.param.pipeline) + "_tp" +
+                                  std::to_string(param_info.param.tensor);
                          });
 
 TEST(ProcessGrid, WrongProductIsAClearError) {
