@@ -14,7 +14,10 @@
 // ran interleaved, under the same load) and then the median over blocks.
 //
 //   mpirun -n 4 zt_bench_collectives [--quick] [--min-bytes 4K] [--max-bytes 64M] [--iters N]
-//                                    [--blocks B] [--ops all_reduce,broadcast] [--json PATH]
+//                                    [--blocks B] [--ops all_reduce,broadcast] [--json PATH] [--raw-vs-raw]
+//
+// --raw-vs-raw runs raw MPI in both columns: its ratios show how far this machine's noise alone
+// moves the ratio, the yardstick for reading the real run.
 #include <mpi.h>
 
 #include <algorithm>
@@ -43,6 +46,7 @@ struct Options {
   double block_seconds = 0.06;  // aim per block when adapting iterations
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
   std::string json_path;
+  bool raw_vs_raw = false;  // calibration: both columns run raw MPI, so the ratios show the noise
 };
 
 std::size_t parse_bytes(std::string_view text) {
@@ -110,6 +114,8 @@ Options parse_options(int argc, char** argv) {
       ZT_CHECK(options.blocks > 0, "--blocks must be positive");
     } else if (arg == "--ops") {
       options.ops = split_commas(value());
+    } else if (arg == "--raw-vs-raw") {
+      options.raw_vs_raw = true;
     } else if (arg == "--json") {
       options.json_path = value();
     } else if (arg == "--help" || arg == "-h") {
@@ -314,7 +320,8 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
   Buffers buffers;
   for (const std::string& op : options.ops) {
     for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes; bytes *= 4) {
-      const Benchmark bench = make_benchmark(op, bytes, *comm, buffers);
+      Benchmark bench = make_benchmark(op, bytes, *comm, buffers);
+      if (options.raw_vs_raw) bench.zerotrain = bench.raw;
       if (bench.count == 0) continue;
       const Result result = measure(bench, options, raw_comm);
       results.push_back(result);
@@ -337,6 +344,7 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
     report["mpi"] = zt::Runtime::mpi_library_version();
     report["dtype"] = "fp32";
     report["blocks"] = options.blocks;
+    report["raw_vs_raw"] = options.raw_vs_raw;
     report["results"] = nlohmann::json::array();
     for (const Result& r : results) {
       const double zt_algbw = static_cast<double>(r.bytes) / r.zerotrain_seconds / 1e9;
