@@ -72,6 +72,10 @@ Report mpi_report(const Runtime& runtime) {
   report.push_back({"mpi", "NCCL", "not compiled in"});
 #endif
   report.push_back({"mpi", "rank 0 device", runtime.device().str()});
+  report.push_back({"mpi", "freed memory kept",
+                    runtime.keeps_freed_memory()
+                        ? "yes (no page-fault storm on large reductions; ZT_MALLOC_TUNING=0 to disable)"
+                        : "no"});
   return report;
 }
 

@@ -1,11 +1,14 @@
 // zt::Runtime: MPI up and down, who and where we are, and which GPU is ours.
 #include "zerotrain/runtime.hpp"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
+#include <string_view>
 #include <vector>
 
 #include "mpi_layer/mpi_check.hpp"
@@ -87,6 +90,12 @@ std::string Runtime::mpi_library_version() {
 }
 
 Runtime::Runtime(int* argc, char*** argv, RuntimeOptions options) {
+  const char* malloc_tuning = std::getenv("ZT_MALLOC_TUNING");
+  if (options.keep_freed_memory && !(malloc_tuning != nullptr && std::string_view(malloc_tuning) == "0")) {
+    // Before MPI_Init, so that MPI's own buffers follow the same policy.
+    keeps_freed_memory_ =
+        mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   ZT_CHECK(finalized == 0, "zt::Runtime created after MPI_Finalize: MPI cannot be initialized twice");

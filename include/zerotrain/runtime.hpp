@@ -22,6 +22,12 @@ struct RuntimeOptions {
   /// Install a terminate handler that reports an uncaught exception with its rank and calls
   /// MPI_Abort, so that one failing rank ends the whole job instead of leaving the others hanging.
   bool abort_on_uncaught_exception = true;
+  /// Keep freed large blocks in the process instead of returning them to the kernel
+  /// (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2 GiB, the largest it takes). Training allocates and frees
+  /// buffers of the same sizes every step, and so does MPI for the temporaries of large reductions; handed
+  /// back to the kernel, each comes back as fresh pages whose faults can cost 10x the collective itself. The
+  /// environment variable ZT_MALLOC_TUNING=0 turns it off.
+  bool keep_freed_memory = true;
 };
 
 class Runtime {
@@ -56,11 +62,15 @@ class Runtime {
   /// What launched us: "mpirun", "srun", or "singleton" (no launcher).
   const std::string& launcher() const { return launcher_; }
 
+  /// Whether keep_freed_memory is in effect for this process.
+  bool keeps_freed_memory() const { return keeps_freed_memory_; }
+
   /// MPI library version string (MPI_Get_library_version), first line.
   static std::string mpi_library_version();
 
  private:
   bool owns_mpi_ = false;
+  bool keeps_freed_memory_ = false;
   int thread_level_ = MPI_THREAD_SINGLE;
   int world_rank_ = 0;
   int world_size_ = 1;
