@@ -26,6 +26,21 @@ HeadView head_view(const AttentionShape& shape, std::int64_t batch_head) {
           b * shape.seq_len * channels + h * shape.head_dim, batch_head * shape.seq_len * shape.seq_len};
 }
 
+/// row[s] = exp(row[s] - shift) for s < count.
+ZT_HOST_SIMD_CLONES void exp_shifted_span(float* row, std::int64_t count, float shift) {
+#pragma omp simd
+  for (std::int64_t s = 0; s < count; ++s) row[s] = vector_exp(row[s] - shift);
+}
+
+template <typename C>
+void exp_shifted(C* row, std::int64_t count, C shift) {
+  if constexpr (std::is_same_v<C, float>) {
+    exp_shifted_span(row, count, shift);
+  } else {
+    for (std::int64_t s = 0; s < count; ++s) row[s] = vector_exp(row[s] - shift);
+  }
+}
+
 template <typename C>
 void attention_forward_compute(const C* qkv, C* output, C* probabilities, const AttentionShape& shape) {
   const std::int64_t T = shape.seq_len, head_dim = shape.head_dim;
@@ -43,11 +58,9 @@ void attention_forward_compute(const C* qkv, C* output, C* probabilities, const 
       C* row = p + t * T;
       C row_max = row[0];
       for (std::int64_t s = 1; s <= t; ++s) row_max = std::max(row_max, row[s]);
+      exp_shifted(row, t + 1, row_max);
       C sum = 0;
-      for (std::int64_t s = 0; s <= t; ++s) {
-        row[s] = std::exp(row[s] - row_max);
-        sum += row[s];
-      }
+      for (std::int64_t s = 0; s <= t; ++s) sum += row[s];  // in order
       const C inverse_sum = C(1) / sum;
       for (std::int64_t s = 0; s <= t; ++s) row[s] *= inverse_sum;
       std::fill(row + t + 1, row + T, C(0));  // masked: future positions

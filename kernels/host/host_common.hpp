@@ -6,7 +6,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -28,6 +30,50 @@ template <typename T>
 inline T store(acc_t<T> value) {
   return T(value);
 }
+
+/// exp for loops that should vectorize (softmax, cross-entropy, GELU). float: a Cephes-style
+/// polynomial (max relative error ~2 ulp on [-87, 88]) in plain arithmetic, so that `omp simd` loops
+/// compile to SIMD code instead of one libm call per element; NaN stays NaN, x > 88.37 gives +inf and
+/// x < -87 gives 0 (libm: finite up to 88.72, subnormal down to -103). double: std::exp.
+template <typename C>
+[[gnu::always_inline]] inline C vector_exp(C x) {
+  if constexpr (std::is_same_v<C, float>) {
+    float clamped = x < -87.0f ? -87.0f : x;
+    clamped = clamped > 88.37f ? 88.37f : clamped;
+    // Round to nearest through the 1.5 * 2^23 shifter: plain float adds, no call, no rounding mode.
+    const float n = (clamped * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (clamped - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;  // e^r, r in [-ln2/2, ln2/2]: p in [0.70, 1.42]
+    // Times 2^n: add n to the exponent field (n in [-126, 127], so the result stays normal).
+    const float result =
+        std::bit_cast<float>(std::bit_cast<std::int32_t>(p) + (static_cast<std::int32_t>(n) << 23));
+    float ranged = x < -87.0f ? 0.0f : result;
+    ranged = x > 88.37f ? HUGE_VALF : ranged;
+    return x == x ? ranged : x;
+  } else {
+    return std::exp(x);
+  }
+}
+
+/// Hot fp32 loops (GELU, softmax and cross-entropy exps) are compiled twice, for AVX2 and for the
+/// baseline ISA, and picked at load time: the library is built for plain x86-64 (SSE2), where these
+/// loops ran at a third of the speed. No FMA contraction happens in either (ISO C++ mode sets
+/// -ffp-contract=off), so element-wise loops give the same bits in both; a SIMD sum (cross-entropy's)
+/// depends on the vector width, i.e. on the CPU type, never on the thread count.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define ZT_HOST_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define ZT_HOST_SIMD_CLONES
+#endif
+
+/// Elements per call of a ZT_HOST_SIMD_CLONES span function inside a parallel loop.
+inline constexpr std::int64_t kSimdSpan = 4096;
 
 /// Call `body(T{})` with T the storage type of a floating dtype; throws for integer dtypes.
 template <typename Body>

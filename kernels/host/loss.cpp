@@ -2,12 +2,33 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/host/host_common.hpp"
 #include "kernels/host/nn_host.hpp"
 
 namespace zt::kernels::host {
+
+namespace {
+
+/// sum over v of exp(row[v] - shift): a SIMD sum in a fixed order (per build and CPU type),
+/// independent of the thread count.
+ZT_HOST_SIMD_CLONES float sum_exp_span(const float* row, std::int64_t count, float shift) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t v = 0; v < count; ++v) sum += vector_exp(row[v] - shift);
+  return sum;
+}
+
+/// grad[v] = factor * exp(row[v] - shift).
+ZT_HOST_SIMD_CLONES void scaled_exp_span(const float* row, float* grad, std::int64_t count, float shift,
+                                         float factor) {
+#pragma omp simd
+  for (std::int64_t v = 0; v < count; ++v) grad[v] = factor * vector_exp(row[v] - shift);
+}
+
+}  // namespace
 
 CrossEntropyResult cross_entropy_forward(DType dtype, const void* logits, const std::int32_t* targets,
                                          void* row_logsumexp, std::int64_t rows, std::int64_t vocab,
@@ -31,7 +52,13 @@ CrossEntropyResult cross_entropy_forward(DType dtype, const void* logits, const 
       C row_max = load(row[0]);
       for (std::int64_t v = 1; v < vocab; ++v) row_max = std::max(row_max, load(row[v]));
       C sum = 0;
-      for (std::int64_t v = 0; v < vocab; ++v) sum += std::exp(load(row[v]) - row_max);
+      if constexpr (std::is_same_v<T, float>) {
+        sum = sum_exp_span(row, vocab, row_max);
+      } else {
+        // A SIMD sum in a fixed order (per build), independent of the thread count.
+#pragma omp simd reduction(+ : sum)
+        for (std::int64_t v = 0; v < vocab; ++v) sum += vector_exp(load(row[v]) - row_max);
+      }
       lse[r] = row_max + std::log(sum);
       if (targets[r] != ignore_index) row_loss[static_cast<std::size_t>(r)] = lse[r] - load(row[targets[r]]);
     }
@@ -60,10 +87,15 @@ void cross_entropy_backward(DType dtype, const void* logits, const std::int32_t*
         std::fill(grad_row, grad_row + vocab, store<T>(C(0)));
         continue;
       }
-      for (std::int64_t v = 0; v < vocab; ++v) {
-        const C probability = std::exp(load(row[v]) - lse[r]);
-        grad_row[v] = store<T>(factor * (probability - (v == targets[r] ? C(1) : C(0))));
+      const C row_lse = lse[r];
+      if constexpr (std::is_same_v<T, float>) {
+        scaled_exp_span(row, grad_row, vocab, row_lse, factor);
+      } else {
+#pragma omp simd
+        for (std::int64_t v = 0; v < vocab; ++v)
+          grad_row[v] = store<T>(factor * vector_exp(load(row[v]) - row_lse));
       }
+      grad_row[targets[r]] = store<T>(factor * (vector_exp(load(row[targets[r]]) - row_lse) - C(1)));
     }
   });
 }
