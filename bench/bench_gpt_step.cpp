@@ -1,0 +1,231 @@
+// Single-process GPT training step time: forward + backward + AdamW step through zt::Engine.
+//
+// The anchor is the same model in PyTorch (bench/pytorch_gpt_step.py); bench/run_gpt_vs_pytorch.sh
+// runs both interleaved and prints the ratio. This program times zerotrain alone: it builds a GPT with
+// zt::build_model from an in-code config (fp32, AdamW lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay
+// 0.1, no clipping, no dropout, no scheduler), then runs `warmup` untimed and `steps` timed optimizer
+// steps on a fixed batch, and reports median and best ms/step and tokens/s.
+//
+//   zt_bench_gpt_step [--shape small|gpt2|both] [--steps N] [--warmup N] [--threads N] [--json PATH]
+//
+// Shapes: small = 4 layers, 4 heads, d_model 128, seq_len 64, vocab 512, micro-batch 4;
+//         gpt2  = GPT-2 124M (12, 12, 768, 1024, 50257), micro-batch 1.
+// --steps/--warmup default to 20/3 for small and 3/2 for gpt2. --threads defaults to
+// OMP_NUM_THREADS or all cores. One process: run it without mpirun or with mpirun -n 1.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/optimizer_kernels.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/runtime.hpp"
+
+namespace {
+
+struct Shape {
+  std::string name;
+  int n_layer, n_head, d_model, seq_len, vocab, micro_batch;
+  int default_steps, default_warmup;
+};
+
+const Shape kSmall{"small", 4, 4, 128, 64, 512, 4, 20, 3};
+const Shape kGpt2{"gpt2", 12, 12, 768, 1024, 50257, 1, 3, 2};
+
+struct Options {
+  std::string shape = "both";
+  std::optional<int> steps, warmup;
+  int threads = 0;
+  std::string json_path;
+};
+
+[[noreturn]] void usage(const char* message) {
+  std::fprintf(stderr,
+               "%s\nusage: zt_bench_gpt_step [--shape small|gpt2|both] [--steps N] [--warmup N] "
+               "[--threads N] [--json PATH]\n",
+               message);
+  std::exit(2);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("");
+    if (i + 1 >= argc) usage(("missing value after " + flag).c_str());
+    const std::string value = argv[++i];
+    if (flag == "--shape") {
+      options.shape = value;
+      if (value != "small" && value != "gpt2" && value != "both") usage("--shape takes small, gpt2 or both");
+    } else if (flag == "--steps") {
+      options.steps = std::atoi(value.c_str());
+    } else if (flag == "--warmup") {
+      options.warmup = std::atoi(value.c_str());
+    } else if (flag == "--threads") {
+      options.threads = std::atoi(value.c_str());
+    } else if (flag == "--json") {
+      options.json_path = value;
+    } else {
+      usage(("unknown flag " + flag).c_str());
+    }
+  }
+  if (options.steps && *options.steps < 1) usage("--steps must be at least 1");
+  if (options.warmup && *options.warmup < 0) usage("--warmup must be at least 0");
+  return options;
+}
+
+std::string config_json(const Shape& shape) {
+  return R"({
+    "train_micro_batch_size_per_gpu": )" +
+         std::to_string(shape.micro_batch) + R"(,
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 0.0,
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "model": {"type": "gpt", "n_layer": )" +
+         std::to_string(shape.n_layer) + R"(, "n_head": )" + std::to_string(shape.n_head) +
+         R"(, "d_model": )" + std::to_string(shape.d_model) + R"(, "seq_len": )" +
+         std::to_string(shape.seq_len) + R"(, "vocab_size": )" + std::to_string(shape.vocab) +
+         R"(, "dropout": 0.0, "tie_embeddings": true},
+    "seed": 1234
+  })";
+}
+
+/// Fixed tokens: a simple LCG, so the batch is the same on every run (and in the PyTorch script).
+zt::Batch fixed_batch(const Shape& shape) {
+  const std::int64_t B = shape.micro_batch, T = shape.seq_len;
+  std::vector<std::int32_t> stream(static_cast<std::size_t>(B * T + 1));
+  std::uint64_t state = 12345;
+  for (auto& token : stream) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    token = static_cast<std::int32_t>((state >> 33) % static_cast<std::uint64_t>(shape.vocab));
+  }
+  std::vector<std::int32_t> inputs(stream.begin(), stream.end() - 1);
+  std::vector<std::int32_t> targets(stream.begin() + 1, stream.end());
+  return {zt::Tensor::from_vector(inputs, {B, T}), zt::Tensor::from_vector(targets, {B, T})};
+}
+
+long minor_page_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
+struct Result {
+  std::string shape;
+  int threads = 0, steps = 0, warmup = 0;
+  std::int64_t parameters = 0, tokens_per_step = 0;
+  double median_ms = 0, best_ms = 0, first_loss = 0, last_loss = 0, page_faults_per_step = 0;
+  std::vector<double> step_ms;
+};
+
+Result run_shape(zt::Runtime& runtime, const Shape& shape, const Options& options, int threads) {
+  const zt::Config config =
+      zt::Config::from_string(config_json(shape), zt::ConfigParseOptions{.warning_sink = {}});
+  auto model = zt::build_model(config);
+  auto engine = zt::initialize(runtime, *model, config);
+  zt::kernels::set_host_threads(threads);  // after the engine, which sets a default of its own
+  const zt::Batch batch = fixed_batch(shape);
+
+  Result result;
+  result.shape = shape.name;
+  result.threads = threads;
+  result.steps = options.steps.value_or(shape.default_steps);
+  result.warmup = options.warmup.value_or(shape.default_warmup);
+  result.parameters = engine->parameter_count();
+  result.tokens_per_step = static_cast<std::int64_t>(shape.micro_batch) * shape.seq_len;
+
+  auto one_step = [&] {
+    const double loss = engine->forward(batch);
+    engine->backward();
+    engine->step();
+    return loss;
+  };
+  for (int i = 0; i < result.warmup; ++i) {
+    const double loss = one_step();
+    if (i == 0) result.first_loss = loss;
+  }
+  const long faults_before = minor_page_faults();
+  for (int i = 0; i < result.steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const double loss = one_step();
+    const std::chrono::duration<double, std::milli> elapsed = std::chrono::steady_clock::now() - start;
+    result.step_ms.push_back(elapsed.count());
+    if (result.warmup == 0 && i == 0) result.first_loss = loss;
+    result.last_loss = loss;
+  }
+  result.page_faults_per_step = static_cast<double>(minor_page_faults() - faults_before) / result.steps;
+  std::vector<double> sorted = result.step_ms;
+  std::sort(sorted.begin(), sorted.end());
+  result.best_ms = sorted.front();
+  result.median_ms = sorted.size() % 2 == 1
+                         ? sorted[sorted.size() / 2]
+                         : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  zt::Runtime runtime(&argc, &argv);
+  return zt::run_and_report([&] {
+    const Options options = parse_options(argc, argv);
+    ZT_CHECK(runtime.world_size() == 1, "zt_bench_gpt_step is a single-process benchmark; run it with ",
+             "mpirun -n 1 or without mpirun (got ", runtime.world_size(), " ranks)");
+    int threads = options.threads;
+    if (threads <= 0) {
+      const char* env = std::getenv("OMP_NUM_THREADS");
+      threads = env != nullptr ? std::atoi(env) : 0;
+      if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    }
+    std::vector<Shape> shapes;
+    if (options.shape == "small" || options.shape == "both") shapes.push_back(kSmall);
+    if (options.shape == "gpt2" || options.shape == "both") shapes.push_back(kGpt2);
+
+    nlohmann::json results = nlohmann::json::array();
+    for (const Shape& shape : shapes) {
+      const Result r = run_shape(runtime, shape, options, threads);
+      const double tokens_per_second = static_cast<double>(r.tokens_per_step) / (r.median_ms / 1000.0);
+      std::printf(
+          "zerotrain %-5s threads %d  params %lld  tokens/step %lld  steps %d (warmup %d)  "
+          "median %.2f ms  best %.2f ms  %.0f tokens/s  loss %.4f -> %.4f  page faults/step %.0f\n",
+          r.shape.c_str(), r.threads, static_cast<long long>(r.parameters),
+          static_cast<long long>(r.tokens_per_step), r.steps, r.warmup, r.median_ms, r.best_ms,
+          tokens_per_second, r.first_loss, r.last_loss, r.page_faults_per_step);
+      std::fflush(stdout);
+      results.push_back({{"framework", "zerotrain"},
+                         {"shape", r.shape},
+                         {"threads", r.threads},
+                         {"parameters", r.parameters},
+                         {"tokens_per_step", r.tokens_per_step},
+                         {"steps", r.steps},
+                         {"warmup", r.warmup},
+                         {"median_ms", r.median_ms},
+                         {"best_ms", r.best_ms},
+                         {"tokens_per_s", tokens_per_second},
+                         {"first_loss", r.first_loss},
+                         {"last_loss", r.last_loss},
+                         {"page_faults_per_step", r.page_faults_per_step},
+                         {"step_ms", r.step_ms}});
+    }
+    if (!options.json_path.empty()) {
+      std::ofstream out(options.json_path);
+      ZT_CHECK(out.good(), "cannot write ", options.json_path);
+      out << results.dump(2) << "\n";
+    }
+    return 0;
+  });
+}
