@@ -303,7 +303,8 @@ class SyntheticRegression {
   [[nodiscard]] std::uint64_t input_dim() const { return input_dim_; }
   [[nodiscard]] std::uint64_t output_dim() const { return output_dim_; }
   /// Rows of inputs [ids.size(), input_dim] and targets [ids.size(), output_dim], row-major.
-  void fill(std::span<const std::uint64_t> sample_ids, std::span<float> inputs, std::span<float> targets) const;
+  void fill(std::span<const std::uint64_t> sample_ids, std::span<float> inputs,
+            std::span<float> targets) const;
 
  private:
   std::uint64_t input_dim_, output_dim_, seed_, num_samples_;

@@ -155,7 +155,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
          {"tokens_per_s", tokens_per_second},
          {"mem", memory},
          {"comm_bytes", report.comm_bytes}});
-    if (leader && print_every > 0 && (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
+    if (leader && print_every > 0 &&
+        (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
       std::printf(
           "step %6lld | loss %.4f | lr %.3e | scale %g | grad norm %.3f%s | %.0f tok/s | %.1f ms/step | "
           "peak %.1f MiB\n",

@@ -59,8 +59,10 @@ TEST(Memory, CountsEveryBufferByCategory) {
     zt::Buffer params(zt::Device::host(), 1000, zt::MemoryCategory::parameters);
     zt::Buffer grads(zt::Device::host(), 500, zt::MemoryCategory::gradients);
     const auto during = zt::memory_snapshot(zt::DeviceType::host);
-    EXPECT_EQ(during[zt::MemoryCategory::parameters].current, before[zt::MemoryCategory::parameters].current + 1000);
-    EXPECT_EQ(during[zt::MemoryCategory::gradients].current, before[zt::MemoryCategory::gradients].current + 500);
+    EXPECT_EQ(during[zt::MemoryCategory::parameters].current,
+              before[zt::MemoryCategory::parameters].current + 1000);
+    EXPECT_EQ(during[zt::MemoryCategory::gradients].current,
+              before[zt::MemoryCategory::gradients].current + 500);
     EXPECT_EQ(during.total.current, before.total.current + 1500);
     zt::Buffer moved = std::move(grads);  // moving does not count twice
     EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).total.current, before.total.current + 1500);
@@ -68,7 +70,8 @@ TEST(Memory, CountsEveryBufferByCategory) {
   const auto after = zt::memory_snapshot(zt::DeviceType::host);
   EXPECT_EQ(after.total.current, before.total.current);
   EXPECT_EQ(after.total.peak, before.total.current + 1500);
-  EXPECT_EQ(after[zt::MemoryCategory::parameters].peak, before[zt::MemoryCategory::parameters].current + 1000);
+  EXPECT_EQ(after[zt::MemoryCategory::parameters].peak,
+            before[zt::MemoryCategory::parameters].current + 1000);
   EXPECT_EQ(zt::memory_category_name(zt::MemoryCategory::optimizer_states), "optimizer_states");
 }
 
