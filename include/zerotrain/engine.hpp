@@ -108,11 +108,19 @@ class Engine {
   int data_parallel_size() const { return data_->size(); }
   std::int64_t parameter_count() const { return parameter_count_; }
   const std::vector<FlatParameter>& flat_layout() const { return layout_; }
-  /// fp32 master weights (the parameters themselves in fp32 training), flat, in layout order.
+  /// This rank's fp32 master weights (the parameters themselves in fp32 training): the whole flat
+  /// buffer at stage 0, this rank's shard [rank * shard_size, (rank + 1) * shard_size) at stage 1.
   std::span<const float> master_parameters() const;
+  /// All master weights, flat, in layout order (collective: all-gathers the shards at stage 1).
+  std::vector<float> gather_master_parameters();
+  /// Elements of the flat buffers (padded to a multiple of ranks x 16) and of this rank's shard.
+  std::int64_t flat_size() const { return flat_size_; }
+  std::int64_t shard_size() const { return shard_size_; }
+  std::int64_t shard_offset() const { return shard_offset_; }
 
  private:
   void build_flat_buffers();
+  float* master_shard();
   void reduce_gradients();
 
   Runtime& runtime_;
@@ -123,10 +131,12 @@ class Engine {
   DType compute_dtype_;
   std::vector<FlatParameter> layout_;
   std::int64_t parameter_count_ = 0;  // unpadded
-  std::int64_t flat_size_ = 0;        // padded
-  Buffer parameters_;                 // compute dtype; the model's parameters view into it
-  Buffer gradients_;                  // compute dtype; the model's gradients view into it
-  Buffer master_;                     // fp32 master (16-bit training only)
+  std::int64_t flat_size_ = 0;        // padded to a multiple of ranks x 16
+  std::int64_t shard_size_ = 0;       // elements this rank's optimizer owns (flat_size_ at stage 0)
+  std::int64_t shard_offset_ = 0;
+  Buffer parameters_;  // compute dtype; the model's parameters view into it
+  Buffer gradients_;   // compute dtype; the model's gradients view into it
+  Buffer master_;      // fp32 master of this rank's shard (16-bit training only)
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> scheduler_;
   LossScaler loss_scaler_;

@@ -57,10 +57,10 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
 /// them rather than silently train differently from what was asked.
 void reject_unavailable_features(const Config& config) {
   const auto& zero = config.zero_optimization;
-  if (zero.stage != 0) {
+  if (zero.stage > 1) {
     ZT_THROW_AS(ConfigError, "zero_optimization.stage is ", zero.stage,
-                ": this build's engine runs stage 0 (data parallel, gradients all-reduced); ZeRO stages 1-3 "
-                "are not available yet. Set \"stage\": 0.");
+                ": this build's engine runs stage 0 (gradients all-reduced) and stage 1 (optimizer states "
+                "partitioned); ZeRO stages 2 and 3 are not available yet. Set \"stage\": 0 or 1.");
   }
   if (zero.offload_optimizer.device != OffloadDevice::none ||
       zero.offload_param.device != OffloadDevice::none) {
@@ -128,9 +128,9 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
   build_flat_buffers();
 
   const OptimizerParams hyperparameters = optimizer_params_of(*config_.optimizer);
-  float* master = compute_dtype_ == DType::fp32 ? parameters_.as<float>() : master_.as<float>();
-  optimizer_ = make_optimizer(to_string(config_.optimizer->type),
-                              {ParamBuffer{master, static_cast<std::size_t>(flat_size_)}}, hyperparameters);
+  optimizer_ =
+      make_optimizer(to_string(config_.optimizer->type),
+                     {ParamBuffer{master_shard(), static_cast<std::size_t>(shard_size_)}}, hyperparameters);
   if (config_.scheduler) {
     scheduler_ = make_lr_scheduler(config_.scheduler->params, config_.optimizer->lr);
     if (config_.scheduler->last_batch_iteration >= 0)
@@ -156,7 +156,13 @@ void Engine::build_flat_buffers() {
     parameter_count_ += parameter->value.numel();
     offset += round_up(parameter->value.numel(), kFlatAlignment);
   }
-  flat_size_ = offset;
+  // Pad to a multiple of (ranks x alignment) so that every rank's shard has the same size and starts
+  // aligned; the padding holds zeros that no optimizer step moves.
+  const int ranks = data_->size();
+  flat_size_ = round_up(offset, ranks * kFlatAlignment);
+  const bool partitioned = config_.zero_optimization.stage >= 1;
+  shard_size_ = partitioned ? flat_size_ / ranks : flat_size_;
+  shard_offset_ = partitioned ? shard_size_ * data_->rank() : 0;
 
   const std::size_t element = dtype_size(compute_dtype_);
   const auto bytes = static_cast<std::size_t>(flat_size_) * element;
@@ -176,17 +182,35 @@ void Engine::build_flat_buffers() {
     parameter.grad = Tensor::view_of(gradient_bytes + byte_offset, slot.shape, compute_dtype_);
   }
   if (compute_dtype_ != DType::fp32) {
-    // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ).
-    master_ = Buffer(Device::host(), static_cast<std::size_t>(flat_size_) * sizeof(float),
+    // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ); with
+    // ZeRO-1 each rank keeps the master of its shard only.
+    master_ = Buffer(Device::host(), static_cast<std::size_t>(shard_size_) * sizeof(float),
                      MemoryCategory::optimizer_states);
-    Tensor::view_of(master_.data(), {flat_size_}, DType::fp32)
-        .copy_from(Tensor::view_of(parameters_.data(), {flat_size_}, compute_dtype_));
+    Tensor::view_of(master_.data(), {shard_size_}, DType::fp32)
+        .copy_from(Tensor::view_of(parameter_bytes + static_cast<std::size_t>(shard_offset_) * element,
+                                   {shard_size_}, compute_dtype_));
   }
 }
 
+float* Engine::master_shard() {
+  return compute_dtype_ == DType::fp32 ? parameters_.as<float>() + shard_offset_ : master_.as<float>();
+}
+
 std::span<const float> Engine::master_parameters() const {
-  const float* data = compute_dtype_ == DType::fp32 ? parameters_.as<float>() : master_.as<float>();
-  return {data, static_cast<std::size_t>(flat_size_)};
+  const float* data =
+      compute_dtype_ == DType::fp32 ? parameters_.as<float>() + shard_offset_ : master_.as<float>();
+  return {data, static_cast<std::size_t>(shard_size_)};
+}
+
+std::vector<float> Engine::gather_master_parameters() {
+  std::vector<float> all(static_cast<std::size_t>(flat_size_));
+  if (shard_size_ == flat_size_) {
+    std::copy_n(master_parameters().data(), all.size(), all.data());
+  } else {
+    data_->all_gather(master_parameters().data(), all.data(), static_cast<std::size_t>(shard_size_),
+                      DType::fp32);
+  }
+  return all;
 }
 
 double Engine::forward(const Batch& batch) {
@@ -226,23 +250,34 @@ double Engine::lr() const {
 }
 
 void Engine::reduce_gradients() {
+  // Stage 0: all-reduce, every rank gets the whole gradient. Stage 1: reduce-scatter, each rank gets
+  // the reduced gradient of its shard (at the start of the gradient buffer), which is all its
+  // optimizer step reads. Both move 2 (N-1)/N of the buffer per step with the all-gather after.
   Communicator& data = *data_;
   if (data.size() == 1) return;
   const ReduceOp op = config_.gradient_allreduce_op == GradientReduceOp::sum ? ReduceOp::sum : ReduceOp::avg;
   const DType wire = config_.communication_data_type.value_or(compute_dtype_);
+  const bool partitioned = shard_size_ != flat_size_;
+  auto reduce = [&](void* buffer, DType type) {
+    if (partitioned) {
+      data.reduce_scatter(buffer, buffer, static_cast<std::size_t>(shard_size_), type, op);
+    } else {
+      data.all_reduce(buffer, buffer, static_cast<std::size_t>(flat_size_), type, op);
+    }
+  };
   if (wire == compute_dtype_) {
-    data.all_reduce(gradients_.data(), gradients_.data(), static_cast<std::size_t>(flat_size_),
-                    compute_dtype_, op);
+    reduce(gradients_.data(), compute_dtype_);
     return;
   }
   // communication_data_type differs from the gradients: convert, reduce, convert back.
   Buffer staging(Device::host(), static_cast<std::size_t>(flat_size_) * dtype_size(wire),
                  MemoryCategory::comm_buffers);
-  Tensor grads = Tensor::view_of(gradients_.data(), {flat_size_}, compute_dtype_);
-  Tensor wire_grads = Tensor::view_of(staging.data(), {flat_size_}, wire);
-  wire_grads.copy_from(grads);
-  data.all_reduce(staging.data(), staging.data(), static_cast<std::size_t>(flat_size_), wire, op);
-  grads.copy_from(wire_grads);
+  Tensor::view_of(staging.data(), {flat_size_}, wire)
+      .copy_from(Tensor::view_of(gradients_.data(), {flat_size_}, compute_dtype_));
+  reduce(staging.data(), wire);
+  const std::int64_t reduced = partitioned ? shard_size_ : flat_size_;
+  Tensor::view_of(gradients_.data(), {reduced}, compute_dtype_)
+      .copy_from(Tensor::view_of(staging.data(), {reduced}, wire));
 }
 
 bool Engine::step() {
@@ -256,9 +291,15 @@ bool Engine::step() {
 
   // Overflow check and norm over the whole (already reduced) gradient, unscaled.
   const double scale_used = loss_scaler_.loss_scale();
-  const kernels::GradCheck check =
+  kernels::GradCheck check =
       kernels::grad_sum_squares(Device::host(), gradients_.data(), compute_dtype_,
-                                static_cast<std::size_t>(flat_size_), 1.0 / scale_used);
+                                static_cast<std::size_t>(shard_size_), 1.0 / scale_used);
+  if (shard_size_ != flat_size_) {
+    // Each rank saw its shard: the global norm and the overflow flag are sums over ranks.
+    double partial[2] = {check.sum_sq, check.found_inf ? 1.0 : 0.0};
+    data.all_reduce(partial, partial, 2, DType::fp64, ReduceOp::sum);
+    check = {partial[0], partial[1] > 0};
+  }
   const bool overflow = loss_scaler_.checks_overflow() && check.found_inf;
   const bool skip = loss_scaler_.update(overflow);
   const kernels::GradClip clip = kernels::clip_from_sum_squares(check.sum_sq, config_.gradient_clipping);
@@ -279,10 +320,19 @@ bool Engine::step() {
     }
     const double coefficient = config_.gradient_clipping > 0 ? clip.coefficient : 1.0;
     const float grad_scale = kernels::combined_grad_scale(scale_used, coefficient);
+    // This rank's shard of the parameters (all of them at stage 0); its reduced gradient sits at the
+    // start of the gradient buffer.
+    std::byte* my_parameters =
+        parameters_.as<std::byte>() + static_cast<std::size_t>(shard_offset_) * dtype_size(compute_dtype_);
     HalfParamBuffer half{};
-    if (compute_dtype_ != DType::fp32) half = {parameters_.data(), compute_dtype_};
+    if (compute_dtype_ != DType::fp32) half = {my_parameters, compute_dtype_};
     optimizer_->step(GradBuffer{gradients_.data(), compute_dtype_}, grad_scale, static_cast<float>(report.lr),
                      half);
+    if (shard_size_ != flat_size_) {
+      // ZeRO-1: every rank updated its shard of the parameters; gather the others'.
+      data.all_gather(my_parameters, parameters_.data(), static_cast<std::size_t>(shard_size_),
+                      compute_dtype_);
+    }
     if (scheduler_) scheduler_->step();
   } else {
     ++skipped_steps_;

@@ -71,8 +71,10 @@ RunResult run(const zt::Config& config, int steps, zt::Communicator* data_parall
     data->advance();
     result.losses.push_back(engine.last_step().loss);
   }
-  const auto master = engine.master_parameters();
-  result.master.assign(master.begin(), master.end());
+  // Real parameters only: the flat buffer's tail padding depends on the rank count.
+  result.master = engine.gather_master_parameters();
+  result.master.resize(
+      static_cast<std::size_t>(engine.flat_layout().back().offset + engine.flat_layout().back().numel));
   result.skipped = engine.skipped_steps();
   return result;
 }
@@ -92,15 +94,22 @@ std::unique_ptr<zt::Communicator> self_communicator() {
 constexpr int kSteps = 10;
 constexpr int kGlobalBatch = 8;
 
-class EngineOptimizers : public ::testing::TestWithParam<const char*> {};
+/// (optimizer, ZeRO stage): stage 1 partitions the optimizer states, so the same run must come out.
+class EngineOptimizers : public ::testing::TestWithParam<std::tuple<const char*, int>> {
+ protected:
+  static std::string config(int micro, int gas, const std::string& extra = "") {
+    const auto [optimizer, stage] = GetParam();
+    return gpt_config(
+        micro, gas, R"(, "zero_optimization": {"stage": )" + std::to_string(stage) + "}" + extra, optimizer);
+  }
+};
 
 TEST_P(EngineOptimizers, DataParallelMatchesSingleProcess) {
   const int world = zt::testing::runtime().world_size();
   // Global batch 8 everywhere: baseline 4 x 2 on one process; distributed (8 / world / 2) x 2.
   auto self = self_communicator();
-  const RunResult baseline = run(parse(gpt_config(4, 2, "", GetParam())), kSteps, self.get());
-  const RunResult distributed =
-      run(parse(gpt_config(kGlobalBatch / world / 2, 2, "", GetParam())), kSteps, nullptr);
+  const RunResult baseline = run(parse(gpt_config(4, 2, "", std::get<0>(GetParam()))), kSteps, self.get());
+  const RunResult distributed = run(parse(config(kGlobalBatch / world / 2, 2)), kSteps, nullptr);
   ASSERT_EQ(baseline.losses.size(), distributed.losses.size());
   // Same samples, same arithmetic up to the order of the gradient sum (micro-batches in one
   // process vs an all-reduce across ranks): fp32 rounding differences of ~1e-7 relative per step,
@@ -120,18 +129,70 @@ TEST_P(EngineOptimizers, DataParallelMatchesSingleProcess) {
 
 TEST_P(EngineOptimizers, AccumulationSplitDoesNotChangeTheRun) {
   const int world = zt::testing::runtime().world_size();
-  const RunResult one_micro = run(parse(gpt_config(kGlobalBatch / world, 1, "", GetParam())), 5, nullptr);
-  const RunResult two_micro = run(parse(gpt_config(kGlobalBatch / world / 2, 2, "", GetParam())), 5, nullptr);
+  const RunResult one_micro = run(parse(config(kGlobalBatch / world, 1)), 5, nullptr);
+  const RunResult two_micro = run(parse(config(kGlobalBatch / world / 2, 2)), 5, nullptr);
   for (std::size_t i = 0; i < one_micro.losses.size(); ++i) {
     EXPECT_NEAR(two_micro.losses[i], one_micro.losses[i], 1e-5 * std::fabs(one_micro.losses[i]));
   }
   EXPECT_LT(max_abs_difference(two_micro.master, one_micro.master), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, EngineOptimizers, ::testing::Values(kAdamW, kSgd),
+INSTANTIATE_TEST_SUITE_P(OptimizersAndStages, EngineOptimizers,
+                         ::testing::Combine(::testing::Values(kAdamW, kSgd), ::testing::Values(0, 1)),
                          [](const auto& param_info) {
-                           return param_info.index == 0 ? std::string("AdamW") : std::string("Sgd");
+                           return std::string(std::get<0>(param_info.param) == kAdamW ? "AdamW" : "Sgd") +
+                                  "_stage" + std::to_string(std::get<1>(param_info.param));
                          });
+
+/// ZeRO-1 memory and traffic per rank: parameters and gradients whole, optimizer states (fp32
+/// master + Adam moments) for 1/N of the flat buffer; reduce-scatter + all-gather = 2 (N-1)/N.
+TEST(Engine, Zero1PartitionsOptimizerStates) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  for (const char* precision : {"", R"(, "bf16": {"enabled": true})"}) {
+    const zt::Config config = parse(gpt_config(
+        kGlobalBatch / world / 2, 2, R"(, "zero_optimization": {"stage": 1})" + std::string(precision)));
+    const bool bf16 = config.bf16.enabled;
+    const std::size_t element = bf16 ? 2 : 4;
+    const auto before = zt::memory_snapshot(zt::DeviceType::host);
+    auto model = zt::build_model(config);
+    zt::Engine engine(runtime, *model, config);
+    const auto after = zt::memory_snapshot(zt::DeviceType::host);
+    auto grown = [&](zt::MemoryCategory category) {
+      return after[category].current - before[category].current;
+    };
+    const auto flat = static_cast<std::size_t>(engine.flat_size());
+    const auto shard = static_cast<std::size_t>(engine.shard_size());
+    EXPECT_EQ(flat % static_cast<std::size_t>(world * 16), 0u);
+    EXPECT_EQ(shard * static_cast<std::size_t>(world), flat);
+    EXPECT_EQ(engine.shard_offset(), static_cast<std::int64_t>(shard) * runtime.world_rank());
+    EXPECT_EQ(grown(zt::MemoryCategory::parameters), flat * element);
+    EXPECT_EQ(grown(zt::MemoryCategory::gradients), flat * element);
+    // Adam moments (8 bytes) plus, in bf16, the fp32 master (4 bytes) -- for the shard only.
+    EXPECT_EQ(grown(zt::MemoryCategory::optimizer_states), shard * (bf16 ? 12 : 8));
+    auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+    for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+      engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+      engine.backward();
+      engine.step();
+    }
+    const std::uint64_t n = static_cast<std::uint64_t>(world);
+    // reduce_scatter + all_gather, each (N-1)/N of the flat buffer, plus the 2-element fp64 all-reduce of
+    // the partial norm and overflow flag (2 (N-1)/N of 16 bytes).
+    const std::uint64_t expected = world == 1 ? 0 : 2 * (flat * element) * (n - 1) / n + 2 * 16 * (n - 1) / n;
+    EXPECT_EQ(engine.last_step().comm_bytes, expected);
+    // After the all-gather every rank holds the same parameters, bit for bit.
+    std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over every parameter's bytes
+    for (const zt::nn::Parameter* parameter : model->parameters()) {
+      const auto* bytes = static_cast<const unsigned char*>(parameter->value.raw_data());
+      for (std::size_t i = 0; i < parameter->value.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ULL;
+    }
+    std::vector<std::int64_t> hashes(static_cast<std::size_t>(world));
+    const auto mine = static_cast<std::int64_t>(hash);
+    runtime.world().all_gather(&mine, hashes.data(), 1, zt::DType::int64);
+    for (std::int64_t other : hashes) EXPECT_EQ(other, mine);
+  }
+}
 
 TEST(Engine, Bf16TracksFp32) {
   const int world = zt::testing::runtime().world_size();
