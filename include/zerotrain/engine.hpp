@@ -160,6 +160,11 @@ std::unique_ptr<Engine> initialize(Runtime& runtime, nn::Module& model, Config c
 /// Build the model that a config's "model" section describes, in the config's compute dtype
 /// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed.
 std::unique_ptr<nn::Module> build_model(const Config& config);
+/// Refuse (zt::ConfigError saying what to change) settings that are valid DeepSpeed keys but that
+/// this engine cannot honour yet, rather than train differently from what was asked. The Engine
+/// calls it; call it first to fail before building a large model.
+void check_engine_supports(const Config& config);
+
 /// bf16 when bf16.enabled, fp16 when fp16.enabled, else fp32.
 DType compute_dtype_of(const Config& config);
 

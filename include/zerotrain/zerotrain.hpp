@@ -9,6 +9,7 @@
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/estimate.hpp"
 #include "zerotrain/loss_scaler.hpp"
 #include "zerotrain/lr_scheduler.hpp"
 #include "zerotrain/mpi_communicator.hpp"

@@ -12,6 +12,7 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/estimate.hpp"
 #include "zerotrain/report.hpp"
 #include "zerotrain/runtime.hpp"
 #include "zerotrain/trainer.hpp"
@@ -25,6 +26,8 @@ constexpr const char* kUsage =
     "  train --config FILE [--data PATH] [--steps N] [--metrics PATH] [--print-every N]\n"
     "                             train the model of the config's \"model\" section (run under mpirun/srun\n"
     "                             for data parallelism); --steps: train until global step N (default 100)\n"
+    "  estimate --config FILE --world-size N [--params P]\n"
+    "                             model-state memory per rank predicted by the ZeRO formulas\n"
     "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
     "  help                       this text\n";
 
@@ -104,6 +107,23 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   return 0;
 }
 
+int estimate_command(zt::Runtime& runtime, int argc, char** argv) {
+  Flags flags(argc, argv, 2);
+  const auto config_path = flags.take("config");
+  ZT_CHECK_AS(zt::ConfigError, config_path.has_value(), "zerotrain estimate needs --config FILE");
+  const auto world_size = flags.take_integer("world-size");
+  ZT_CHECK_AS(zt::ConfigError, world_size.has_value(), "zerotrain estimate needs --world-size N");
+  const std::int64_t parameters = flags.take_integer("params").value_or(0);
+  flags.require_all_used();
+  zt::ConfigParseOptions parse;
+  if (runtime.world_rank() != 0) parse.warning_sink = {};
+  const zt::Config config = zt::Config::from_file(*config_path, parse);
+  const zt::MemoryEstimate estimate =
+      zt::estimate_model_state_memory(config, static_cast<int>(*world_size), parameters);
+  if (runtime.world_rank() == 0) std::fputs(estimate.table().c_str(), stdout);
+  return 0;
+}
+
 int data_command(zt::Runtime& runtime, int argc, char** argv) {
   ZT_CHECK_AS(zt::ConfigError, argc == 5 && std::string_view(argv[2]) == "convert",
               "usage: zerotrain data convert INPUT.txt OUTPUT.bin");
@@ -125,6 +145,7 @@ int main(int argc, char** argv) {
     const std::string_view command = argc > 1 ? argv[1] : "help";
     if (command == "report") return report_command(runtime);
     if (command == "train") return train_command(runtime, argc, argv);
+    if (command == "estimate") return estimate_command(runtime, argc, argv);
     if (command == "data") return data_command(runtime, argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
       if (runtime.world_rank() == 0) std::fputs(kUsage, stdout);

@@ -53,9 +53,9 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
   return params;
 }
 
-/// Settings the config accepts (they are DeepSpeed keys) but this engine cannot honour yet: refuse
-/// them rather than silently train differently from what was asked.
-void reject_unavailable_features(const Config& config) {
+}  // namespace
+
+void check_engine_supports(const Config& config) {
   const auto& zero = config.zero_optimization;
   if (zero.stage > 1) {
     ZT_THROW_AS(ConfigError, "zero_optimization.stage is ", zero.stage,
@@ -88,6 +88,8 @@ void reject_unavailable_features(const Config& config) {
   }
 }
 
+namespace {
+
 /// Without OMP_NUM_THREADS, share the node's cores among its ranks: more threads than cores make
 /// OpenMP (and OpenBLAS) threads spin against each other.
 void use_cores_of_this_node(const Runtime& runtime) {
@@ -114,7 +116,7 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
       loss_scaler_(compute_dtype_, loss_scaler_params_of(config_)) {
   config_.resolve_batch(data_->size());
   use_cores_of_this_node(runtime_);
-  reject_unavailable_features(config_);
+  check_engine_supports(config_);
   ZT_CHECK_AS(ConfigError, config_.optimizer.has_value(),
               "the config has no \"optimizer\" section; zerotrain needs one, e.g. "
               "{\"type\": \"AdamW\", \"params\": {\"lr\": 6e-4}} (types: adam, adamw, sgd)");

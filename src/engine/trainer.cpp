@@ -82,6 +82,7 @@ class MetricsWriter {
 TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options) {
   ZT_CHECK_AS(ConfigError, options.steps >= 0, "--steps must be >= 0, got ", options.steps);
   const bool leader = runtime.world_rank() == 0;
+  check_engine_supports(config);
   std::unique_ptr<nn::Module> model = build_model(config);
   Engine engine(runtime, *model, std::move(config));
   const Config& cfg = engine.config();
