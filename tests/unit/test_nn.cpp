@@ -2,6 +2,8 @@
 // across thread counts, 16-bit forward passes against fp32, and error messages.
 #include <gtest/gtest.h>
 
+#include "test_helpers.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -18,28 +20,12 @@
 
 namespace {
 
+using zt::testing::error_of;
+using zt::testing::random_tokens;
+
 using zt::DType;
 using zt::Tensor;
 namespace nn = zt::nn;
-
-Tensor random_tokens(const zt::Shape& shape, std::int32_t vocab, std::uint64_t seed) {
-  Tensor tokens = Tensor::empty(shape, DType::int32);
-  std::mt19937_64 engine(seed);
-  std::uniform_int_distribution<std::int32_t> pick(0, vocab - 1);
-  for (std::int64_t i = 0; i < tokens.numel(); ++i) tokens.data<std::int32_t>()[i] = pick(engine);
-  return tokens;
-}
-
-template <typename Body>
-std::string error_of(Body&& body) {
-  try {
-    body();
-  } catch (const zt::Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a zt::Error";
-  return {};
-}
 
 const nn::GptConfig kSmallGpt{.n_layer = 2, .n_head = 2, .d_model = 16, .seq_len = 8, .vocab_size = 13};
 // The shape the engine will be benchmarked with.

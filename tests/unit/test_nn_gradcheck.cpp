@@ -7,6 +7,8 @@
 // tensor (the largest error seen over all checks is ~1e-9: the finite-difference error).
 #include <gtest/gtest.h>
 
+#include "test_helpers.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -19,6 +21,8 @@
 #include "zerotrain/tensor.hpp"
 
 namespace {
+
+using zt::testing::random_tokens;
 
 using zt::DType;
 using zt::Tensor;
@@ -35,14 +39,6 @@ Tensor random_tensor(const zt::Shape& shape, std::uint64_t seed, double stddev =
   double* data = tensor.data<double>();
   for (std::int64_t i = 0; i < tensor.numel(); ++i) data[i] = normal(engine);
   return tensor;
-}
-
-Tensor random_tokens(const zt::Shape& shape, std::int32_t vocab, std::uint64_t seed) {
-  Tensor tokens = Tensor::empty(shape, DType::int32);
-  std::mt19937_64 engine(seed);
-  std::uniform_int_distribution<std::int32_t> pick(0, vocab - 1);
-  for (std::int64_t i = 0; i < tokens.numel(); ++i) tokens.data<std::int32_t>()[i] = pick(engine);
-  return tokens;
 }
 
 double dot(const Tensor& a, const Tensor& b) {

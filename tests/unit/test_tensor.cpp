@@ -1,6 +1,8 @@
 // Tensors: allocation and memory accounting, views and slices, dtype conversion, errors.
 #include <gtest/gtest.h>
 
+#include "test_helpers.hpp"
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -11,21 +13,11 @@
 
 namespace {
 
+using zt::testing::error_of;
+
 using zt::DType;
 using zt::MemoryCategory;
 using zt::Tensor;
-
-/// Run `body` and return the message of the zt::Error it throws (fails the test if none).
-template <typename Body>
-std::string error_of(Body&& body) {
-  try {
-    body();
-  } catch (const zt::Error& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a zt::Error";
-  return {};
-}
 
 std::size_t current_bytes(MemoryCategory category) {
   return zt::memory_snapshot(zt::DeviceType::host)[category].current;
