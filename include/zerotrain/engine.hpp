@@ -31,6 +31,7 @@
 namespace zt {
 
 class Runtime;
+class ExternalModel;
 
 /// One micro-batch. For a GPT: int32 token ids [B, T] and int32 targets [B, T] (softmax
 /// cross-entropy). Otherwise inputs [B, ...] and targets of the model's output shape in the
@@ -120,6 +121,8 @@ class Engine {
 
  private:
   void build_flat_buffers();
+  void copy_external_gradients_in();
+  void copy_parameters_out();
   float* master_shard();
   void reduce_gradients();
 
@@ -128,6 +131,7 @@ class Engine {
   Config config_;
   std::unique_ptr<ProcessGrid> grid_;  // when the engine made its own
   Communicator* data_;
+  ExternalModel* external_;  // the caller's buffers (bring your own model), or null
   DType compute_dtype_;
   std::vector<FlatParameter> layout_;
   std::int64_t parameter_count_ = 0;  // unpadded

@@ -11,6 +11,7 @@
 
 #include "kernels/optimizer_kernels.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/external_model.hpp"
 #include "zerotrain/runtime.hpp"
 
 namespace zt {
@@ -112,6 +113,7 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
       config_(std::move(config)),
       grid_(options.data_parallel ? nullptr : std::make_unique<ProcessGrid>(runtime, GridShape{0, 1, 1})),
       data_(options.data_parallel ? options.data_parallel : &grid_->data()),
+      external_(dynamic_cast<ExternalModel*>(&model)),
       compute_dtype_(compute_dtype_of(config_)),
       loss_scaler_(compute_dtype_, loss_scaler_params_of(config_)) {
   config_.resolve_batch(data_->size());
@@ -180,7 +182,8 @@ void Engine::build_flat_buffers() {
     const auto byte_offset = static_cast<std::size_t>(slot.offset) * element;
     Tensor flat_value = Tensor::view_of(parameter_bytes + byte_offset, slot.shape, compute_dtype_);
     flat_value.copy_from(parameter.value);
-    parameter.value = flat_value;  // the model's own storage is released here
+    if (external_ != nullptr) continue;  // the caller's buffers stay where they are (copied at boundaries)
+    parameter.value = flat_value;        // the model's own storage is released here
     parameter.grad = Tensor::view_of(gradient_bytes + byte_offset, slot.shape, compute_dtype_);
   }
   if (compute_dtype_ != DType::fp32) {
@@ -196,6 +199,28 @@ void Engine::build_flat_buffers() {
 
 float* Engine::master_shard() {
   return compute_dtype_ == DType::fp32 ? parameters_.as<float>() + shard_offset_ : master_.as<float>();
+}
+
+void Engine::copy_external_gradients_in() {
+  const std::vector<nn::Parameter*> parameters = model_.parameters();
+  const std::size_t element = dtype_size(compute_dtype_);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const FlatParameter& slot = layout_[i];
+    Tensor::view_of(gradients_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element, slot.shape,
+                    compute_dtype_)
+        .copy_from(parameters[i]->grad);
+  }
+}
+
+void Engine::copy_parameters_out() {
+  const std::vector<nn::Parameter*> parameters = model_.parameters();
+  const std::size_t element = dtype_size(compute_dtype_);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const FlatParameter& slot = layout_[i];
+    parameters[i]->value.copy_from(
+        Tensor::view_of(parameters_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
+                        slot.shape, compute_dtype_));
+  }
 }
 
 std::span<const float> Engine::master_parameters() const {
@@ -289,6 +314,7 @@ bool Engine::step() {
 
   Communicator& data = *data_;
   const std::uint64_t bytes_before = data.traffic().total().wire_bytes;
+  if (external_ != nullptr) copy_external_gradients_in();
   reduce_gradients();
 
   // Overflow check and norm over the whole (already reduced) gradient, unscaled.
@@ -336,10 +362,17 @@ bool Engine::step() {
                       compute_dtype_);
     }
     if (scheduler_) scheduler_->step();
+    if (external_ != nullptr) copy_parameters_out();
   } else {
     ++skipped_steps_;
   }
   std::memset(gradients_.data(), 0, gradients_.size());
+  if (external_ != nullptr) {
+    for (nn::Parameter* parameter : model_.parameters()) parameter->grad.zero_();
+    const auto [loss_sum, loss_count] = external_->take_losses();
+    accumulated_loss_ += loss_sum;
+    accumulated_micro_batches_ += loss_count;
+  }
   report.comm_bytes = data.traffic().total().wire_bytes - bytes_before;  // gradient traffic only
 
   // The reported loss is the mean over micro-batches and ranks (identical on every rank).
