@@ -1,4 +1,5 @@
-// What the I/O layer can use on this machine: HDF5 (parallel?), io_uring, libaio.
+// What the I/O layer can use on this machine: HDF5 (parallel?), io_uring, libaio, and the backend
+// the NVMe swap engine picks.
 #include <hdf5.h>
 #include <libaio.h>
 
@@ -7,6 +8,7 @@
 
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/report.hpp"
+#include "zerotrain/swap.hpp"
 
 #if ZT_HAVE_URING
 #include <liburing.h>
@@ -38,6 +40,17 @@ std::string probe_libaio() {
   return "usable";
 }
 
+/// What SwapBackend::automatic resolves to here, and why when it is not io_uring.
+std::string swap_backend_line() {
+  const SwapBackendProbe probe = probe_swap_backend();
+  if (probe.backend == SwapBackend::posix) {
+    return "NONE usable (" + probe.note + "); NVMe offload needs ZT_SWAP_BACKEND=posix (pread/pwrite)";
+  }
+  std::string line(to_string(probe.backend));
+  if (!probe.note.empty()) line += " (" + probe.note + ")";
+  return line;
+}
+
 }  // namespace
 
 Report io_report() {
@@ -53,6 +66,7 @@ Report io_report() {
       {"io", "HDF5 parallel", parallel},
       {"io", "io_uring", probe_uring()},
       {"io", "libaio", probe_libaio()},
+      {"io", "NVMe swap backend", swap_backend_line()},
   };
 }
 

@@ -1,0 +1,547 @@
+// The NVMe swap engine on real files: exact round trips under many concurrent requests with each
+// backend, the swap file's life cycle, the errors at initialization (missing, unwritable or full
+// nvme_path, no O_DIRECT) and mid-run (short read, failed write), and the double-buffered pipeline
+// against the same work done in memory.
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_helpers.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/swap.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zt::SwapBackend;
+using zt::SwapEngine;
+using zt::SwapHandle;
+using zt::SwapOptions;
+using zt::testing::error_of;
+
+/// A directory of the test's own under ZT_TEST_SWAP_DIR (default: the temporary directory, a disk
+/// file system here), removed with everything in it.
+class TestDirectory {
+ public:
+  TestDirectory() {
+    static std::atomic<int> counter{0};
+    const char* base = std::getenv("ZT_TEST_SWAP_DIR");
+    path_ = (base != nullptr ? fs::path(base) : fs::temp_directory_path()) /
+            ("zt_test_swap." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+    fs::create_directories(path_);
+  }
+  ~TestDirectory() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TestDirectory(const TestDirectory&) = delete;
+  TestDirectory& operator=(const TestDirectory&) = delete;
+  const fs::path& path() const { return path_; }
+  std::size_t file_count() const {
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
+  }
+
+ private:
+  fs::path path_;
+};
+
+/// A file system mounted for one test (needs root and a kernel that lets this process mount).
+class ScopedMount {
+ public:
+  ScopedMount(const fs::path& target, const char* type, const char* data) : target_(target) {
+    fs::create_directories(target);
+    mounted_ = ::mount(type, target.c_str(), type, 0, data) == 0;
+    if (!mounted_) reason_ = std::string("mount -t ") + type + " failed: " + std::strerror(errno);
+  }
+  ~ScopedMount() {
+    if (mounted_) ::umount2(target_.c_str(), MNT_DETACH);
+  }
+  ScopedMount(const ScopedMount&) = delete;
+  ScopedMount& operator=(const ScopedMount&) = delete;
+  bool mounted() const { return mounted_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  fs::path target_;
+  bool mounted_ = false;
+  std::string reason_;
+};
+
+SwapOptions small_options(const fs::path& directory, SwapBackend backend = SwapBackend::automatic) {
+  SwapOptions options;
+  options.nvme_path = directory;
+  options.backend = backend;
+  options.block_size = 64 * 1024;  // small blocks: one request becomes many kernel requests
+  options.queue_depth = 4;
+  return options;
+}
+
+void fill_random(void* data, std::size_t bytes, std::uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  auto* out = static_cast<unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(generator());
+}
+
+bool same_bytes(const zt::Buffer& a, const zt::Buffer& b, std::size_t bytes) {
+  return std::memcmp(a.data(), b.data(), bytes) == 0;
+}
+
+/// Many tensors of awkward sizes written and read back all at once, twice over (the second time
+/// overwriting half of them while reading the other half).
+void check_round_trips(SwapEngine& engine, int tensors, std::uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  const std::vector<std::size_t> edge_sizes = {1, 4095, 4096, 4097, 65535, 65536, 65537, 3 * 65536 + 17};
+  std::vector<std::string> names;
+  std::vector<zt::Buffer> originals, copies;
+  for (int t = 0; t < tensors; ++t) {
+    const std::size_t bytes = t < static_cast<int>(edge_sizes.size())
+                                  ? edge_sizes[static_cast<std::size_t>(t)]
+                                  : 1 + generator() % (3 << 20);
+    names.push_back("tensor." + std::to_string(t));
+    engine.register_tensor(names.back(), bytes);
+    originals.push_back(engine.allocate_buffer(bytes));
+    copies.push_back(engine.allocate_buffer(bytes));
+    fill_random(originals.back().data(), bytes, seed + static_cast<std::uint64_t>(t));
+    std::memset(copies.back().data(), 0xAB, copies.back().size());
+  }
+
+  std::vector<SwapHandle> handles;
+  for (int t = 0; t < tensors; ++t) handles.push_back(engine.swap_out(names[t], originals[t].data()));
+  engine.wait_all();
+  for (int t = 0; t < tensors; ++t) handles[t] = engine.swap_in(names[t], copies[t].data());
+  for (auto& handle : handles) engine.wait(handle);
+  for (int t = 0; t < tensors; ++t) {
+    const std::size_t bytes = engine.slot(names[t]).bytes;
+    ASSERT_TRUE(same_bytes(originals[t], copies[t], bytes)) << names[t] << " (" << bytes << " bytes)";
+    // Bytes past the tensor in the caller's buffer are not touched by a read.
+    for (std::size_t i = bytes; i < copies[t].size(); ++i) {
+      ASSERT_EQ(copies[t].as<unsigned char>()[i], 0xAB) << names[t] << " byte " << i;
+    }
+  }
+
+  // Even tensors get new contents while odd ones are read, all in flight together.
+  handles.clear();
+  for (int t = 0; t < tensors; ++t) {
+    const std::size_t bytes = engine.slot(names[t]).bytes;
+    if (t % 2 == 0) {
+      fill_random(originals[t].data(), bytes, seed * 7 + static_cast<std::uint64_t>(t));
+      handles.push_back(engine.swap_out(names[t], originals[t].data()));
+    } else {
+      std::memset(copies[t].data(), 0, bytes);
+      handles.push_back(engine.swap_in(names[t], copies[t].data()));
+    }
+  }
+  engine.wait_all();
+  for (int t = 0; t < tensors; t += 2) handles[t] = engine.swap_in(names[t], copies[t].data());
+  engine.wait_all();
+  for (int t = 0; t < tensors; ++t) {
+    ASSERT_TRUE(same_bytes(originals[t], copies[t], engine.slot(names[t]).bytes))
+        << names[t] << " second pass";
+  }
+}
+
+/// An engine with a forced backend, or nullptr and the kernel's reason when it refuses that backend.
+std::unique_ptr<SwapEngine> engine_or_refusal(const SwapOptions& options, std::string& refusal) {
+  try {
+    return std::make_unique<SwapEngine>(options);
+  } catch (const zt::IoError& error) {
+    const std::string message = error.what();
+    if (message.find("io_uring_queue_init") != std::string::npos ||
+        message.find("io_setup") != std::string::npos || message.find("no io_uring") != std::string::npos) {
+      refusal = message;
+      return nullptr;
+    }
+    throw;
+  }
+}
+
+class SwapBackends : public ::testing::TestWithParam<SwapBackend> {};
+
+TEST_P(SwapBackends, RoundTripsExactlyUnderManyConcurrentRequests) {
+  TestDirectory directory;
+  std::string refusal;
+  auto engine = engine_or_refusal(small_options(directory.path(), GetParam()), refusal);
+  if (!engine) GTEST_SKIP() << "the kernel refuses " << zt::to_string(GetParam()) << " here: " << refusal;
+  ASSERT_EQ(engine->backend(), GetParam());
+  ASSERT_TRUE(engine->direct_io()) << "the test directory " << directory.path()
+                                   << " should support O_DIRECT (set ZT_TEST_SWAP_DIR to a disk)";
+  check_round_trips(*engine, 48, 42);
+}
+
+TEST_P(SwapBackends, RoundTripsWithEveryAioSetting) {
+  TestDirectory directory;
+  struct Variant {
+    std::size_t lanes;
+    bool single_submit;
+    bool overlap_events;
+    std::size_t queue_depth;
+  };
+  for (const Variant& variant : {Variant{3, false, true, 4}, Variant{1, true, true, 2},
+                                 Variant{2, false, false, 3}, Variant{1, true, false, 1}}) {
+    SwapOptions options = small_options(directory.path(), GetParam());
+    options.intra_op_parallelism = variant.lanes;
+    options.single_submit = variant.single_submit;
+    options.overlap_events = variant.overlap_events;
+    options.queue_depth = variant.queue_depth;
+    std::string refusal;
+    auto engine = engine_or_refusal(options, refusal);
+    if (!engine) GTEST_SKIP() << "the kernel refuses " << zt::to_string(GetParam()) << " here: " << refusal;
+    SCOPED_TRACE(testing::Message() << "lanes " << variant.lanes << " single_submit " << variant.single_submit
+                                    << " overlap_events " << variant.overlap_events << " queue_depth "
+                                    << variant.queue_depth);
+    check_round_trips(*engine, 12, 7 + variant.lanes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Swap, SwapBackends,
+                         ::testing::Values(SwapBackend::io_uring, SwapBackend::libaio, SwapBackend::posix),
+                         [](const auto& test_info) { return std::string(zt::to_string(test_info.param)); });
+
+TEST(SwapEngine, AutomaticBackendIsWhatTheProbeSays) {
+  TestDirectory directory;
+  const zt::SwapBackendProbe probe = zt::probe_swap_backend();
+  SwapEngine engine(small_options(directory.path()));
+  EXPECT_EQ(engine.backend(), probe.backend);
+  EXPECT_EQ(engine.backend_note(), probe.note);
+  EXPECT_NE(engine.backend(), SwapBackend::posix);
+  EXPECT_EQ(zt::swap_backend_from_string("libaio"), SwapBackend::libaio);
+  EXPECT_EQ(zt::swap_backend_from_string("auto"), SwapBackend::automatic);
+  EXPECT_NE(error_of([] { zt::swap_backend_from_string("spdk"); }).find("expected auto, io_uring"),
+            std::string::npos);
+}
+
+TEST(SwapEngine, OptionsFromTheAioSection) {
+  zt::AioConfig aio;
+  aio.block_size = 2 << 20;
+  aio.queue_depth = 16;
+  aio.intra_op_parallelism = 2;
+  aio.single_submit = true;
+  aio.overlap_events = false;
+  const SwapOptions options = SwapOptions::from_aio(aio, "/nvme");
+  EXPECT_EQ(options.nvme_path, fs::path("/nvme"));
+  EXPECT_EQ(options.block_size, 2u << 20);
+  EXPECT_EQ(options.queue_depth, 16u);
+  EXPECT_EQ(options.intra_op_parallelism, 2u);
+  EXPECT_TRUE(options.single_submit);
+  EXPECT_FALSE(options.overlap_events);
+  EXPECT_FALSE(options.allow_buffered_io);
+  const SwapOptions defaults = SwapOptions::from_aio(zt::AioConfig{}, "/nvme");
+  EXPECT_EQ(defaults.block_size, 1u << 20);  // DeepSpeed's defaults
+  EXPECT_EQ(defaults.queue_depth, 8u);
+}
+
+TEST(SwapEngine, OneFilePerEngineNamedWithRankAndRemovedAtTheEnd) {
+  TestDirectory directory;
+  SwapOptions options = small_options(directory.path());
+  options.rank = 3;
+  fs::path first_path, second_path;
+  {
+    SwapEngine first(options);
+    SwapEngine second(options);  // same rank, same directory: its own file
+    first_path = first.file_path();
+    second_path = second.file_path();
+    EXPECT_NE(first_path, second_path);
+    EXPECT_EQ(first_path.parent_path(), directory.path());
+    EXPECT_NE(first_path.filename().string().find("rank3"), std::string::npos) << first_path;
+    EXPECT_TRUE(fs::exists(first_path));
+    first.register_tensor("a", 100'000);
+    EXPECT_GE(fs::file_size(first_path), 100'000u);  // reserved on disk at registration
+    // Destroyed with a request still in flight: it is finished, then the file goes.
+    zt::Buffer data = first.allocate_buffer(100'000);
+    fill_random(data.data(), 100'000, 1);
+    first.swap_out("a", data.data());
+  }
+  EXPECT_FALSE(fs::exists(first_path));
+  EXPECT_FALSE(fs::exists(second_path));
+  EXPECT_EQ(directory.file_count(), 0u);
+
+  options.job_id = "fixed";
+  SwapEngine named(options);
+  EXPECT_EQ(named.file_path().filename(), "zerotrain-swap.rank3.fixed.bin");
+  // A second engine with the same job id never takes over the first one's file.
+  const std::string message = error_of([&] { SwapEngine clash(options); });
+  EXPECT_NE(message.find("File exists"), std::string::npos) << message;
+  EXPECT_TRUE(fs::exists(named.file_path()));
+}
+
+TEST(SwapEngine, NothingLeftBehindWhenInitializationFails) {
+  TestDirectory directory;
+  SwapOptions options = small_options(directory.path());
+  options.block_size = 4096 + 512;  // refused after the file was created
+  const std::string message = error_of([&] { SwapEngine engine(options); });
+  EXPECT_NE(message.find("aio.block_size (4608) must be a multiple of 4096"), std::string::npos) << message;
+  EXPECT_EQ(directory.file_count(), 0u);
+}
+
+TEST(SwapEngine, MisuseIsAnErrorThatSaysWhatWasExpected) {
+  TestDirectory directory;
+  SwapEngine engine(small_options(directory.path()));
+  engine.register_tensor("m", 10'000);
+  zt::Buffer buffer = engine.allocate_buffer(20'000);
+  EXPECT_NE(error_of([&] { engine.swap_out("m", buffer.as<char>() + 8); }).find("not aligned to 4096"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { engine.swap_in("v", buffer.data()); }).find("no swap tensor 'v'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { engine.register_tensor("m", 5); }).find("registered already"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { engine.write(0, buffer.data(), 20'000); }).find("goes past the 12288 bytes reserved"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { engine.read(100, buffer.data(), 10); }).find("multiples of 4096"),
+            std::string::npos);
+  // Raw regions work like tensors.
+  const std::uint64_t offset = engine.reserve(8192);
+  EXPECT_EQ(offset, 12288u);
+  fill_random(buffer.data(), 8192, 5);
+  engine.wait(engine.write(offset, buffer.data(), 8192));
+  zt::Buffer back = engine.allocate_buffer(8192);
+  engine.wait(engine.read(offset, back.data(), 8192));
+  EXPECT_TRUE(same_bytes(buffer, back, 8192));
+}
+
+TEST(SwapEngine, MissingOrNonDirectoryPathIsAClearError) {
+  TestDirectory directory;
+  std::string message = error_of([&] { SwapEngine engine(small_options(directory.path() / "absent")); });
+  EXPECT_NE(message.find("nvme_path '" + (directory.path() / "absent").string() + "' is not usable"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("create the directory first"), std::string::npos) << message;
+
+  std::ofstream(directory.path() / "plain_file") << "x";
+  message = error_of([&] { SwapEngine engine(small_options(directory.path() / "plain_file" / "below")); });
+  EXPECT_NE(message.find("is a file, not a directory"), std::string::npos) << message;
+  message = error_of([&] { SwapEngine engine(small_options(directory.path() / "plain_file")); });
+  EXPECT_NE(message.find("is not a directory"), std::string::npos) << message;
+  EXPECT_NE(error_of([] { SwapEngine engine(SwapOptions{}); }).find("nvme_path is empty"), std::string::npos);
+}
+
+/// Marks a directory immutable (chattr +i) for the test's duration: even root cannot create files in it.
+class ImmutableDirectory {
+ public:
+  explicit ImmutableDirectory(const fs::path& path) : fd_(::open(path.c_str(), O_RDONLY | O_DIRECTORY)) {
+    if (fd_ < 0 || ::ioctl(fd_, FS_IOC_GETFLAGS, &flags_) != 0) return;
+    int immutable = flags_ | FS_IMMUTABLE_FL;
+    applied_ = ::ioctl(fd_, FS_IOC_SETFLAGS, &immutable) == 0;
+  }
+  ~ImmutableDirectory() {
+    if (applied_) ::ioctl(fd_, FS_IOC_SETFLAGS, &flags_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ImmutableDirectory(const ImmutableDirectory&) = delete;
+  ImmutableDirectory& operator=(const ImmutableDirectory&) = delete;
+  bool applied() const { return applied_; }
+
+ private:
+  int fd_;
+  int flags_ = 0;
+  bool applied_ = false;
+};
+
+TEST(SwapEngine, UnwritablePathIsAClearError) {
+  TestDirectory directory;
+  const fs::path locked = directory.path() / "locked";
+  fs::create_directories(locked);
+  std::string message;
+  if (::geteuid() == 0) {
+    ImmutableDirectory immutable(locked);  // root ignores permission bits, but not the immutable flag
+    if (!immutable.applied()) GTEST_SKIP() << "running as root and the file system has no chattr +i";
+    message = error_of([&] { SwapEngine engine(small_options(locked)); });
+  } else {
+    fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
+    message = error_of([&] { SwapEngine engine(small_options(locked)); });
+    fs::permissions(locked, fs::perms::owner_all);
+  }
+  EXPECT_NE(message.find("cannot create the swap file '" + locked.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("not writable"), std::string::npos) << message;
+}
+
+TEST(SwapEngine, FileSystemWithoutDirectIoIsRefusedUnlessBufferedIoIsAllowed) {
+  TestDirectory directory;
+  const fs::path mount_point = directory.path() / "ramfs";
+  ScopedMount ramfs(mount_point, "ramfs", nullptr);  // ramfs has no O_DIRECT
+  if (!ramfs.mounted()) GTEST_SKIP() << "cannot make a file system without O_DIRECT here: " << ramfs.reason();
+  SwapOptions options = small_options(mount_point);
+  const std::string message = error_of([&] { SwapEngine engine(options); });
+  EXPECT_NE(message.find("the file system of nvme_path '" + mount_point.string() +
+                         "' (ramfs) does not support "
+                         "O_DIRECT"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("allow_buffered_io"), std::string::npos) << message;
+  EXPECT_TRUE(fs::is_empty(mount_point)) << "the refused open left a file behind";
+
+  options.allow_buffered_io = true;
+  auto engine = std::make_unique<SwapEngine>(options);
+  EXPECT_FALSE(engine->direct_io());
+  check_round_trips(*engine, 10, 3);
+  engine.reset();
+  EXPECT_TRUE(fs::is_empty(mount_point));
+}
+
+/// A 4 MiB tmpfs (O_DIRECT since Linux 6.6; buffered before).
+SwapOptions options_on_small_tmpfs(const fs::path& mount_point) {
+  SwapOptions options = small_options(mount_point);
+  std::error_code error;
+  const int fd = ::open((mount_point / "probe").c_str(), O_CREAT | O_RDWR | O_DIRECT, 0600);
+  options.allow_buffered_io = fd < 0;
+  if (fd >= 0) ::close(fd);
+  fs::remove(mount_point / "probe", error);
+  return options;
+}
+
+TEST(SwapEngine, FullFileSystemFailsAtRegistrationAndLeavesTheEngineAsItWas) {
+  TestDirectory directory;
+  const fs::path mount_point = directory.path() / "small";
+  ScopedMount tmpfs(mount_point, "tmpfs", "size=4m");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot make a small file system here: " << tmpfs.reason();
+  SwapEngine engine(options_on_small_tmpfs(mount_point));
+  engine.register_tensor("fits", 1 << 20);
+  const std::string message = error_of([&] { engine.register_tensor("too_big", 8 << 20); });
+  EXPECT_NE(message.find("cannot reserve 8388608 bytes for swap tensor 'too_big'"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+  EXPECT_NE(message.find("bytes free"), std::string::npos) << message;
+  EXPECT_FALSE(engine.has_tensor("too_big"));
+  EXPECT_EQ(engine.reserved_bytes(), 1u << 20);
+  EXPECT_EQ(fs::file_size(engine.file_path()), 1u << 20);  // what fallocate took is given back
+  check_round_trips(engine, 6, 11);                        // and the engine still works
+}
+
+TEST(SwapEngine, ShortReadNamesTheFileAndOffset) {
+  TestDirectory directory;
+  SwapEngine engine(small_options(directory.path()));
+  engine.register_tensor("a", 1 << 20);
+  engine.register_tensor("b", 300'000);
+  zt::Buffer data = engine.allocate_buffer(1 << 20);
+  fill_random(data.data(), 1 << 20, 9);
+  engine.wait(engine.swap_out("a", data.data()));
+  engine.wait(engine.swap_out("b", data.data()));
+  // Behind the engine's back, the file loses everything after the first 512 KiB.
+  ASSERT_EQ(::truncate(engine.file_path().c_str(), 512 << 10), 0);
+  const std::string message = error_of([&] { engine.wait(engine.swap_in("b", data.data())); });
+  EXPECT_NE(message.find("short read at offset 1048576 of swap file '" + engine.file_path().string()),
+            std::string::npos)
+      << message;
+  // wait_all reports a failure nobody waited on.
+  engine.swap_in("a", data.data());
+  const std::string later = error_of([&] { engine.wait_all(); });
+  EXPECT_NE(later.find("short read at offset 524288"), std::string::npos) << later;
+  EXPECT_NO_THROW(engine.wait_all());  // reported once
+}
+
+TEST(SwapEngine, FailedWriteMidRunNamesTheFileAndOffset) {
+  TestDirectory directory;
+  const fs::path mount_point = directory.path() / "small";
+  ScopedMount tmpfs(mount_point, "tmpfs", "size=4m");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot make a small file system here: " << tmpfs.reason();
+  SwapEngine engine(options_on_small_tmpfs(mount_point));
+  engine.register_tensor("a", 2 << 20);
+  // Behind the engine's back, its reservation is released and another file takes all the space.
+  ASSERT_EQ(::truncate(engine.file_path().c_str(), 0), 0);
+  {
+    std::ofstream hog(mount_point / "hog", std::ios::binary);
+    const std::vector<char> chunk(1 << 16, 'x');
+    while (hog.write(chunk.data(), static_cast<std::streamsize>(chunk.size())) && hog.flush()) {
+    }
+  }
+  zt::Buffer data = engine.allocate_buffer(2 << 20);
+  fill_random(data.data(), 2 << 20, 4);
+  const std::string message = error_of([&] { engine.wait(engine.swap_out("a", data.data())); });
+  EXPECT_NE(message.find("of swap file '" + engine.file_path().string() + "'"), std::string::npos) << message;
+  EXPECT_NE(message.find("at offset "), std::string::npos) << message;
+  EXPECT_TRUE(message.find("No space left on device") != std::string::npos ||
+              message.find("short write") != std::string::npos)
+      << message;
+}
+
+/// The pipeline's result for every buffer count equals the same work done group by group in memory.
+TEST(SwapPipeline, SameResultAsSynchronousWork) {
+  TestDirectory directory;
+  const std::vector<std::size_t> sizes = {300'000, 1 << 20, 5, 4096, 777'777, 65536, 123'457};
+  auto transform = [](std::size_t group, std::span<std::byte> data, int pass) {
+    for (std::size_t i = 0; i < data.size(); ++i) {
+      data[i] = static_cast<std::byte>(static_cast<unsigned>(data[i]) * 3u + group + i % 251 + pass);
+    }
+  };
+  // The reference: all groups in memory.
+  std::vector<std::vector<std::byte>> expected;
+  for (std::size_t g = 0; g < sizes.size(); ++g) {
+    expected.emplace_back(sizes[g]);
+    fill_random(expected.back().data(), sizes[g], 100 + g);
+  }
+  const auto initial = expected;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::size_t g = 0; g < sizes.size(); ++g) transform(g, expected[g], pass);
+  }
+
+  for (std::size_t buffer_count : {1, 2, 3, 4, 9}) {
+    SCOPED_TRACE(testing::Message() << buffer_count << " buffers");
+    SwapEngine engine(small_options(directory.path()));
+    std::vector<std::string> names;
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+      names.push_back("group." + std::to_string(g));
+      engine.register_tensor(names.back(), sizes[g]);
+      zt::Buffer staging = engine.allocate_buffer(sizes[g]);
+      std::memcpy(staging.data(), initial[g].data(), sizes[g]);
+      engine.wait(engine.swap_out(names.back(), staging.data()));
+    }
+    zt::SwapPipeline pipeline(engine, names, buffer_count);
+    std::vector<std::size_t> order;
+    for (int pass = 0; pass < 3; ++pass) {
+      const auto stats = pipeline.run([&](std::size_t group, std::span<std::byte> data) {
+        ASSERT_EQ(data.size(), sizes[group]);
+        order.push_back(group);
+        transform(group, data, pass);
+      });
+      EXPECT_GE(stats.wall_seconds, stats.work_seconds);
+    }
+    ASSERT_EQ(order.size(), 3 * sizes.size());
+    for (std::size_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], i % sizes.size());
+    // Read-only run: sees the final contents and writes nothing.
+    pipeline.run(
+        [&](std::size_t group, std::span<std::byte> data) {
+          EXPECT_EQ(std::memcmp(data.data(), expected[group].data(), data.size()), 0) << "group " << group;
+          std::memset(data.data(), 0, data.size());
+        },
+        /*write_back=*/false);
+    for (std::size_t g = 0; g < sizes.size(); ++g) {
+      zt::Buffer back = engine.allocate_buffer(sizes[g]);
+      engine.wait(engine.swap_in(names[g], back.data()));
+      EXPECT_EQ(std::memcmp(back.data(), expected[g].data(), sizes[g]), 0) << "group " << g;
+    }
+  }
+}
+
+TEST(SwapPipeline, AnExceptionInTheWorkLeavesNoRequestInFlight) {
+  TestDirectory directory;
+  SwapEngine engine(small_options(directory.path()));
+  std::vector<std::string> names;
+  for (int g = 0; g < 5; ++g) {
+    names.push_back(std::string("group.").append(std::to_string(g)));
+    engine.register_tensor(names.back(), 1 << 20);
+  }
+  zt::SwapPipeline pipeline(engine, names, 3);
+  EXPECT_THROW(pipeline.run([](std::size_t group, std::span<std::byte>) {
+    if (group == 2) throw std::runtime_error("work failed");
+  }),
+               std::runtime_error);
+  EXPECT_NO_THROW(engine.wait_all());
+  EXPECT_NO_THROW(pipeline.run([](std::size_t, std::span<std::byte>) {}));
+}
+
+}  // namespace
