@@ -3,17 +3,25 @@
 // nvme_path, no O_DIRECT) and mid-run (short read, failed write), and the double-buffered pipeline
 // against the same work done in memory.
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <linux/fs.h>
+#include <linux/seccomp.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,7 +31,9 @@
 #include <vector>
 
 #include "test_helpers.hpp"
+#include "zerotrain/build_info.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/report.hpp"
 #include "zerotrain/swap.hpp"
 
 namespace {
@@ -35,6 +45,13 @@ using zt::SwapHandle;
 using zt::SwapOptions;
 using zt::testing::error_of;
 
+/// "prefix" followed by the number (built by appending: GCC 12 warns falsely on "literal" + string).
+std::string numbered(const char* prefix, long long number) {
+  std::string name(prefix);
+  name += std::to_string(number);
+  return name;
+}
+
 /// A directory of the test's own under ZT_TEST_SWAP_DIR (default: the temporary directory, a disk
 /// file system here), removed with everything in it.
 class TestDirectory {
@@ -43,7 +60,7 @@ class TestDirectory {
     static std::atomic<int> counter{0};
     const char* base = std::getenv("ZT_TEST_SWAP_DIR");
     path_ = (base != nullptr ? fs::path(base) : fs::temp_directory_path()) /
-            ("zt_test_swap." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+            (numbered("zt_test_swap.", ::getpid()) + numbered(".", counter++));
     fs::create_directories(path_);
   }
   ~TestDirectory() {
@@ -113,7 +130,7 @@ void check_round_trips(SwapEngine& engine, int tensors, std::uint64_t seed) {
     const std::size_t bytes = t < static_cast<int>(edge_sizes.size())
                                   ? edge_sizes[static_cast<std::size_t>(t)]
                                   : 1 + generator() % (3 << 20);
-    names.push_back("tensor." + std::to_string(t));
+    names.push_back(numbered("tensor.", t));
     engine.register_tensor(names.back(), bytes);
     originals.push_back(engine.allocate_buffer(bytes));
     copies.push_back(engine.allocate_buffer(bytes));
@@ -224,6 +241,80 @@ TEST(SwapEngine, AutomaticBackendIsWhatTheProbeSays) {
   EXPECT_EQ(zt::swap_backend_from_string("auto"), SwapBackend::automatic);
   EXPECT_NE(error_of([] { zt::swap_backend_from_string("spdk"); }).find("expected auto, io_uring"),
             std::string::npos);
+}
+
+TEST(SwapEngine, ReportNamesTheBackend) {
+  const zt::Report report = zt::io_report();
+  const auto line = std::find_if(report.begin(), report.end(), [](const zt::ReportLine& entry) {
+    return entry.key == "NVMe swap backend";
+  });
+  ASSERT_NE(line, report.end());
+  EXPECT_EQ(line->value.rfind(std::string(zt::to_string(zt::probe_swap_backend().backend)), 0), 0u)
+      << line->value;
+}
+
+/// Exit codes of the child process in FallsBackToLibaioWhenTheKernelRefusesIoUring.
+enum ChildOutcome {
+  kFellBack = 0,
+  kNoSeccomp = 2,
+  kWrongBackend = 3,
+  kNoReason = 4,
+  kThrew = 5,
+  kBadData = 6
+};
+
+// Containers often block io_uring with seccomp (Docker's default profile does). A child process
+// installs such a filter (io_uring_setup fails with EPERM) and builds an engine with the automatic
+// backend: it must pick libaio, say why, and work.
+TEST(SwapEngine, FallsBackToLibaioWhenTheKernelRefusesIoUring) {
+  if (!zt::build_info::have_uring) GTEST_SKIP() << "built without io_uring: nothing to fall back from";
+  TestDirectory directory;
+  const SwapOptions options = small_options(directory.path());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+      ::_exit(kNoSeccomp);
+    }
+    int outcome = kFellBack;
+    try {
+      SwapEngine engine(options);
+      if (engine.backend() != SwapBackend::libaio) {
+        outcome = kWrongBackend;
+      } else if (engine.backend_note().find(
+                     "io_uring: io_uring_queue_init(1) failed: Operation not permitted") ==
+                 std::string::npos) {
+        std::fprintf(stderr, "backend note: %s\n", engine.backend_note().c_str());
+        outcome = kNoReason;
+      } else {
+        engine.register_tensor("x", 200'000);
+        zt::Buffer data = engine.allocate_buffer(200'000), back = engine.allocate_buffer(200'000);
+        fill_random(data.data(), 200'000, 8);
+        engine.wait(engine.swap_out("x", data.data()));
+        engine.wait(engine.swap_in("x", back.data()));
+        if (!same_bytes(data, back, 200'000)) outcome = kBadData;
+      }
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "%s\n", error.what());
+      outcome = kThrew;
+    }
+    ::_exit(outcome);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died with status " << status;
+  if (WEXITSTATUS(status) == kNoSeccomp) GTEST_SKIP() << "cannot install a seccomp filter here";
+  EXPECT_EQ(WEXITSTATUS(status), kFellBack)
+      << "3: not libaio, 4: no reason given, 5: threw, 6: data differ (see the child's stderr)";
+  EXPECT_EQ(directory.file_count(), 0u);
 }
 
 TEST(SwapEngine, OptionsFromTheAioSection) {
@@ -494,7 +585,7 @@ TEST(SwapPipeline, SameResultAsSynchronousWork) {
     SwapEngine engine(small_options(directory.path()));
     std::vector<std::string> names;
     for (std::size_t g = 0; g < sizes.size(); ++g) {
-      names.push_back("group." + std::to_string(g));
+      names.push_back(numbered("group.", g));
       engine.register_tensor(names.back(), sizes[g]);
       zt::Buffer staging = engine.allocate_buffer(sizes[g]);
       std::memcpy(staging.data(), initial[g].data(), sizes[g]);
