@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "mpi_layer/op_tracker.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {
@@ -189,16 +190,52 @@ void finish_or_terminate(std::unique_ptr<Work::State>& state, const char* contex
 
 }  // namespace
 
+// ---- in-flight registration ---------------------------------------------------------------
+
+void detail::InFlightOp::finish() noexcept {
+  if (tracker_ == nullptr) return;
+  OpTracker* tracker = std::exchange(tracker_, nullptr);
+  try {
+    tracker->finish(token_);
+  } catch (...) {  // a failing mutex leaves the operation listed; the watchdog may then report it
+  }
+}
+
+Communicator::Communicator(int rank, int size, std::string name, detail::CommIdentity identity)
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      tracker_(std::make_shared<detail::OpTracker>(name_, rank, size, std::move(identity))) {
+  detail::register_tracker(tracker_);
+}
+
+std::uint64_t Communicator::collectives_started() const {
+  return tracker_->collectives_started();
+}
+
+detail::InFlightOp Communicator::begin(CommOp op, std::size_t payload_bytes, std::optional<DType> type,
+                                       int peer, int tag) {
+  return {tracker_.get(), tracker_->begin(op, payload_bytes, type, peer, tag)};
+}
+
+Work Communicator::tracked(detail::InFlightOp in_flight, Work work) {
+  if (work.completed()) return work;  // the backend finished it already; `in_flight` ends here
+  work.in_flight_ = std::move(in_flight);
+  return work;
+}
+
 // ---- Work ----------------------------------------------------------------------------------
 
 Work::Work(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-Work::Work(Work&& other) noexcept : state_(std::move(other.state_)) {}
+Work::Work(Work&& other) noexcept
+    : state_(std::move(other.state_)), in_flight_(std::move(other.in_flight_)) {}
 
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     finish_or_terminate(state_, "Work move-assignment (the overwritten handle had not completed)");
     state_ = std::move(other.state_);
+    in_flight_ = std::move(other.in_flight_);
   }
   return *this;
 }
@@ -209,6 +246,7 @@ Work::~Work() {
 
 void Work::wait() {
   if (!state_) return;
+  const detail::InFlightOp finished_at_exit = std::move(in_flight_);
   // The handle is complete afterwards whether or not wait() throws: a failed operation cannot be
   // waited for again, and the state's destructor releases whatever is still pending.
   std::unique_ptr<State> pending = std::move(state_);
@@ -222,9 +260,13 @@ bool Work::test() {
     done = state_->test();
   } catch (...) {
     state_.reset();
+    in_flight_.finish();
     throw;
   }
-  if (done) state_.reset();
+  if (done) {
+    state_.reset();
+    in_flight_.finish();
+  }
   return done;
 }
 
@@ -321,84 +363,111 @@ void validate_point_to_point(const CallSite& site, const void* buffer, std::size
   check_tag(site, tag);
 }
 
+std::size_t ranks_of(const Communicator& comm) {
+  return static_cast<std::size_t>(comm.size());
+}
+
+std::size_t sum_of(std::span<const std::size_t> counts) {
+  std::size_t total = 0;
+  for (std::size_t count : counts) total += count;
+  return total;
+}
+
 }  // namespace
 
 void Communicator::all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) {
   validate_all_reduce({*this, CommOp::all_reduce}, send, recv, count, type, op);
+  const auto in_flight = begin(CommOp::all_reduce, count * dtype_size(type), type);
   do_all_reduce(send, recv, count, type, op);
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                                   ReduceOp op) {
   validate_reduce_scatter({*this, CommOp::reduce_scatter}, send, recv, recv_count, type, op);
+  const auto in_flight = begin(CommOp::reduce_scatter, recv_count * ranks_of(*this) * dtype_size(type), type);
   do_reduce_scatter(send, recv, recv_count, type, op);
 }
 
 void Communicator::all_gather(const void* send, void* recv, std::size_t send_count, DType type) {
   validate_all_gather({*this, CommOp::all_gather}, send, recv, send_count, type);
+  const auto in_flight = begin(CommOp::all_gather, send_count * ranks_of(*this) * dtype_size(type), type);
   do_all_gather(send, recv, send_count, type);
 }
 
 void Communicator::all_gather_v(const void* send, std::size_t send_count, void* recv,
                                 std::span<const std::size_t> recv_counts, DType type) {
   validate_all_gather_v({*this, CommOp::all_gather_v}, send, send_count, recv, recv_counts, type);
+  const auto in_flight = begin(CommOp::all_gather_v, sum_of(recv_counts) * dtype_size(type), type);
   do_all_gather_v(send, send_count, recv, recv_counts, type);
 }
 
 void Communicator::broadcast(void* buffer, std::size_t count, DType type, int root) {
   validate_broadcast({*this, CommOp::broadcast}, buffer, count, type, root);
+  const auto in_flight = begin(CommOp::broadcast, count * dtype_size(type), type, root);
   do_broadcast(buffer, count, type, root);
 }
 
 void Communicator::send(const void* buffer, std::size_t count, DType type, int peer, int tag) {
   validate_point_to_point({*this, CommOp::send}, buffer, count, type, peer, tag);
+  const auto in_flight = begin(CommOp::send, count * dtype_size(type), type, peer, tag);
   do_send(buffer, count, type, peer, tag);
 }
 
 void Communicator::recv(void* buffer, std::size_t count, DType type, int peer, int tag) {
   validate_point_to_point({*this, CommOp::recv}, buffer, count, type, peer, tag);
+  const auto in_flight = begin(CommOp::recv, count * dtype_size(type), type, peer, tag);
   do_recv(buffer, count, type, peer, tag);
 }
 
 void Communicator::barrier() {
+  const auto in_flight = begin(CommOp::barrier, 0, std::nullopt);
   do_barrier();
 }
 
 Work Communicator::iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) {
   validate_all_reduce({*this, CommOp::all_reduce}, send, recv, count, type, op);
-  return do_iall_reduce(send, recv, count, type, op);
+  detail::InFlightOp in_flight = begin(CommOp::all_reduce, count * dtype_size(type), type);
+  return tracked(std::move(in_flight), do_iall_reduce(send, recv, count, type, op));
 }
 
 Work Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                                    ReduceOp op) {
   validate_reduce_scatter({*this, CommOp::reduce_scatter}, send, recv, recv_count, type, op);
-  return do_ireduce_scatter(send, recv, recv_count, type, op);
+  detail::InFlightOp in_flight =
+      begin(CommOp::reduce_scatter, recv_count * ranks_of(*this) * dtype_size(type), type);
+  return tracked(std::move(in_flight), do_ireduce_scatter(send, recv, recv_count, type, op));
 }
 
 Work Communicator::iall_gather(const void* send, void* recv, std::size_t send_count, DType type) {
   validate_all_gather({*this, CommOp::all_gather}, send, recv, send_count, type);
-  return do_iall_gather(send, recv, send_count, type);
+  detail::InFlightOp in_flight =
+      begin(CommOp::all_gather, send_count * ranks_of(*this) * dtype_size(type), type);
+  return tracked(std::move(in_flight), do_iall_gather(send, recv, send_count, type));
 }
 
 Work Communicator::iall_gather_v(const void* send, std::size_t send_count, void* recv,
                                  std::span<const std::size_t> recv_counts, DType type) {
   validate_all_gather_v({*this, CommOp::all_gather_v}, send, send_count, recv, recv_counts, type);
-  return do_iall_gather_v(send, send_count, recv, recv_counts, type);
+  detail::InFlightOp in_flight = begin(CommOp::all_gather_v, sum_of(recv_counts) * dtype_size(type), type);
+  return tracked(std::move(in_flight), do_iall_gather_v(send, send_count, recv, recv_counts, type));
 }
 
 Work Communicator::ibroadcast(void* buffer, std::size_t count, DType type, int root) {
   validate_broadcast({*this, CommOp::broadcast}, buffer, count, type, root);
-  return do_ibroadcast(buffer, count, type, root);
+  detail::InFlightOp in_flight = begin(CommOp::broadcast, count * dtype_size(type), type, root);
+  return tracked(std::move(in_flight), do_ibroadcast(buffer, count, type, root));
 }
 
 Work Communicator::isend(const void* buffer, std::size_t count, DType type, int peer, int tag) {
   validate_point_to_point({*this, CommOp::send}, buffer, count, type, peer, tag);
-  return do_isend(buffer, count, type, peer, tag);
+  detail::InFlightOp in_flight = begin(CommOp::send, count * dtype_size(type), type, peer, tag);
+  return tracked(std::move(in_flight), do_isend(buffer, count, type, peer, tag));
 }
 
 Work Communicator::irecv(void* buffer, std::size_t count, DType type, int peer, int tag) {
   validate_point_to_point({*this, CommOp::recv}, buffer, count, type, peer, tag);
-  return do_irecv(buffer, count, type, peer, tag);
+  detail::InFlightOp in_flight = begin(CommOp::recv, count * dtype_size(type), type, peer, tag);
+  return tracked(std::move(in_flight), do_irecv(buffer, count, type, peer, tag));
 }
 
 }  // namespace zt

@@ -19,6 +19,7 @@
 #include "mpi_layer/mpi_check.hpp"
 #include "mpi_layer/mpi_communicator_testing.hpp"
 #include "mpi_layer/mpi_datatypes.hpp"
+#include "mpi_layer/watchdog.hpp"
 
 namespace zt {
 namespace {
@@ -69,8 +70,9 @@ class OwnedMpiComm {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(OwnedMpiComm comm, int rank, int size, int tag_upper_bound, std::string name)
-      : Communicator(rank, size, std::move(name)),
+  MpiCommunicator(OwnedMpiComm comm, int rank, int size, int tag_upper_bound, std::string name,
+                  detail::CommIdentity identity)
+      : Communicator(rank, size, std::move(name), std::move(identity)),
         comm_(std::move(comm)),
         tag_upper_bound_(tag_upper_bound) {}
 
@@ -587,7 +589,9 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string n
   ZT_CHECK_MPI(MPI_Comm_get_attr(duplicate, MPI_TAG_UB, &tag_upper_bound, &found), name);
   const int tag_limit =
       (found != 0 && tag_upper_bound != nullptr) ? *tag_upper_bound : 32767;  // MPI's minimum
-  return std::make_unique<MpiCommunicator>(std::move(owned), rank, size, tag_limit, std::move(name));
+  detail::CommIdentity identity = detail::agree_comm_identity(duplicate, name);
+  return std::make_unique<MpiCommunicator>(std::move(owned), rank, size, tag_limit, std::move(name),
+                                           std::move(identity));
 }
 
 MPI_Comm native_mpi_comm(const Communicator& communicator) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mpi_layer/mpi_check.hpp"
+#include "mpi_layer/watchdog.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 
@@ -130,8 +131,11 @@ Runtime::Runtime(int* argc, char*** argv, RuntimeOptions options) {
   ZT_CHECK_MPI(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all_names.data(), MPI_MAX_PROCESSOR_NAME,
                              MPI_CHAR, MPI_COMM_WORLD),
                "world");
+  std::vector<std::string> host_of_rank;
+  host_of_rank.reserve(static_cast<std::size_t>(world_size_));
   for (int r = 0; r < world_size_; ++r) {
     std::string host(&all_names[static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME]);
+    host_of_rank.push_back(host);
     bool known = false;
     for (const auto& h : hosts_) known = known || h == host;
     if (!known) hosts_.push_back(host);
@@ -148,6 +152,33 @@ Runtime::Runtime(int* argc, char*** argv, RuntimeOptions options) {
     set_current_device(device_);
   }
   world_ = make_mpi_communicator(MPI_COMM_WORLD, "world");
+  start_watchdog(options, std::move(host_of_rank));
+}
+
+void Runtime::start_watchdog(const RuntimeOptions& options, std::vector<std::string> host_of_rank) {
+  const double requested =
+      detail::collective_timeout_from_environment().value_or(options.collective_timeout.count());
+  ZT_CHECK_AS(ConfigError, requested >= 0.0, "RuntimeOptions::collective_timeout is ", requested,
+              " s; expected 0 (off) or a positive number of seconds");
+  // Starting the watchdog is collective, so every rank must decide alike.
+  double extremes[2] = {requested, -requested};
+  ZT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, extremes, 2, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD), "world");
+  ZT_CHECK_AS(ConfigError, extremes[0] == -extremes[1], "the collective timeout differs between ranks (from ",
+              extremes[0], " s to ", -extremes[1],
+              " s); set ZT_COLLECTIVE_TIMEOUT and RuntimeOptions::collective_timeout alike on every rank");
+  if (requested == 0.0) return;
+  if (thread_level_ < MPI_THREAD_MULTIPLE) {
+    if (world_rank_ == 0) {
+      std::fprintf(stderr,
+                   "zerotrain: the watchdog needs MPI_THREAD_MULTIPLE but MPI provides %s; hangs will not be "
+                   "detected\n",
+                   thread_level_name(thread_level_).c_str());
+    }
+    return;
+  }
+  watchdog_ = std::make_unique<detail::Watchdog>(detail::WatchdogSettings::for_timeout(requested),
+                                                 std::move(host_of_rank));
+  collective_timeout_ = std::chrono::duration<double>(requested);
 }
 
 Runtime::~Runtime() {
@@ -157,6 +188,18 @@ Runtime::~Runtime() {
     abort_job("zerotrain: " + rank_label() +
               " is leaving zt::Runtime's scope with an exception in flight; aborting the whole job. "
               "Catch it inside the runtime's scope (zt::run_and_report does) to see its message.");
+  }
+  if (watchdog_) {
+    // Every rank stops watching only once all have arrived here, and the barrier itself is watched:
+    // a rank that never gets here is reported instead of leaving the others in MPI_Finalize.
+    watchdog_->begin_shutdown();
+    try {
+      world_->barrier();
+    } catch (const std::exception& error) {
+      abort_job(std::string("zerotrain: the shutdown barrier failed on ") + rank_label() + ": " +
+                error.what());
+    }
+    watchdog_.reset();
   }
   world_.reset();
   if (node_comm_ != MPI_COMM_NULL) MPI_Comm_free(&node_comm_);

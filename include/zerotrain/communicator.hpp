@@ -3,6 +3,9 @@
 // Every operation exists blocking and non-blocking (the i-prefixed form returns a Work handle).
 // Counts are in elements of `type`. Buffers may alias (in place) where the comment says so.
 // Each operation is counted in traffic(): calls, payload bytes, estimated bytes on the wire, seconds.
+// Each operation is also registered as in flight until it completes, with a per-communicator
+// sequence number, so that the runtime's watchdog can name a collective that hangs
+// (docs/fault-detection.md).
 #pragma once
 
 #include <array>
@@ -11,9 +14,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "zerotrain/device.hpp"
 #include "zerotrain/dtype.hpp"
@@ -60,6 +66,44 @@ struct TrafficStats {
   TrafficCounter total() const;
 };
 
+namespace detail {
+
+class OpTracker;  // the in-flight operations of one communicator (mpi_layer/op_tracker.hpp)
+
+/// Who a communicator is across processes, for the watchdog: an id that every member agreed on
+/// when it was created (0: none) and the world rank of each member, in communicator rank order.
+struct CommIdentity {
+  std::uint64_t id = 0;
+  std::vector<int> world_ranks;
+};
+
+/// One operation registered as in flight; destroying (or finish()ing) it marks it complete.
+class InFlightOp {
+ public:
+  InFlightOp() = default;
+  InFlightOp(OpTracker* tracker, std::uint64_t token) : tracker_(tracker), token_(token) {}
+  InFlightOp(InFlightOp&& other) noexcept
+      : tracker_(std::exchange(other.tracker_, nullptr)), token_(other.token_) {}
+  InFlightOp& operator=(InFlightOp&& other) noexcept {
+    if (this != &other) {
+      finish();
+      tracker_ = std::exchange(other.tracker_, nullptr);
+      token_ = other.token_;
+    }
+    return *this;
+  }
+  InFlightOp(const InFlightOp&) = delete;
+  InFlightOp& operator=(const InFlightOp&) = delete;
+  ~InFlightOp() { finish(); }
+  void finish() noexcept;
+
+ private:
+  OpTracker* tracker_ = nullptr;
+  std::uint64_t token_ = 0;
+};
+
+}  // namespace detail
+
 /// Handle to a non-blocking operation. wait() blocks until it completes (and finishes any
 /// post-processing such as the division of an average); test() polls. Destroying a handle that
 /// has not completed waits for it, so buffers are never left in flight.
@@ -79,7 +123,9 @@ class Work {
   bool completed() const { return state_ == nullptr; }
 
  private:
+  friend class Communicator;  // registers the operation as in flight
   std::unique_ptr<State> state_;
+  detail::InFlightOp in_flight_;  // finished when state_ completes
 };
 
 class Work::State {
@@ -104,6 +150,9 @@ class Communicator {
   virtual CommBackend backend() const = 0;
   /// The device whose buffers this communicator takes (host for MPI).
   virtual Device device() const = 0;
+  /// Sequence number of the last collective started on this communicator (1 for the first);
+  /// every member numbers alike, as collectives start in the same order on every rank.
+  std::uint64_t collectives_started() const;
 
   // ---- blocking ----
   /// recv[i] = op over ranks of send[i]; send == recv is in place.
@@ -138,7 +187,9 @@ class Communicator {
   void reset_traffic() { traffic_ = {}; }
 
  protected:
-  Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+  /// `identity` lets the watchdog ask the other members about a hang (backends agree on it at
+  /// creation, see detail::agree_comm_identity); without one it can still report a local timeout.
+  Communicator(int rank, int size, std::string name, detail::CommIdentity identity = {});
 
   /// Record one completed operation (backends call this from their blocking paths and Work states).
   void record(CommOp op, std::size_t payload_bytes, double seconds);
@@ -167,10 +218,18 @@ class Communicator {
   virtual Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
 
  private:
+  /// Registers the operation as in flight until the returned object is destroyed.
+  detail::InFlightOp begin(CommOp op, std::size_t payload_bytes, std::optional<DType> type, int peer = -1,
+                           int tag = -1);
+  /// The backend's handle, now holding the operation's in-flight registration (made before the
+  /// backend started it, so that sequence numbers follow the order in which operations start).
+  static Work tracked(detail::InFlightOp in_flight, Work work);
+
   int rank_;
   int size_;
   std::string name_;
   TrafficStats traffic_{};
+  std::shared_ptr<detail::OpTracker> tracker_;  // shared with the watchdog's registry
 };
 
 }  // namespace zt

@@ -4,14 +4,20 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/device.hpp"
+#include "zerotrain/watchdog.hpp"
 
 namespace zt {
+
+namespace detail {
+class Watchdog;
+}
 
 struct RuntimeOptions {
   /// Thread level asked of MPI. MULTIPLE lets a watchdog or progress thread call MPI; the runtime
@@ -28,6 +34,12 @@ struct RuntimeOptions {
   /// back to the kernel, each comes back as fresh pages whose faults can cost 10x the collective itself. The
   /// environment variable ZT_MALLOC_TUNING=0 turns it off.
   bool keep_freed_memory = true;
+  /// Watchdog (docs/fault-detection.md): an operation on any communicator still in flight after
+  /// this long ends the job with a report of the operation and of the ranks that have not arrived
+  /// (exit code kWatchdogTimeoutExitCode); a rank without heartbeat for min(this, 60 s) ends it too
+  /// (kWatchdogRankLostExitCode). 0 turns the watchdog off. The environment variable
+  /// ZT_COLLECTIVE_TIMEOUT (seconds) overrides it. Needs MPI_THREAD_MULTIPLE.
+  std::chrono::duration<double> collective_timeout{kDefaultCollectiveTimeoutSeconds};
 };
 
 class Runtime {
@@ -62,6 +74,11 @@ class Runtime {
   /// What launched us: "mpirun", "srun", or "singleton" (no launcher).
   const std::string& launcher() const { return launcher_; }
 
+  /// The collective timeout in effect (options or ZT_COLLECTIVE_TIMEOUT); 0 when off.
+  std::chrono::duration<double> collective_timeout() const { return collective_timeout_; }
+  /// Whether the watchdog thread runs (a timeout above 0 and MPI_THREAD_MULTIPLE).
+  bool watchdog_running() const { return watchdog_ != nullptr; }
+
   /// Whether keep_freed_memory is in effect for this process.
   bool keeps_freed_memory() const { return keeps_freed_memory_; }
 
@@ -69,6 +86,8 @@ class Runtime {
   static std::string mpi_library_version();
 
  private:
+  void start_watchdog(const RuntimeOptions& options, std::vector<std::string> host_of_rank);
+
   bool owns_mpi_ = false;
   bool keeps_freed_memory_ = false;
   int thread_level_ = MPI_THREAD_SINGLE;
@@ -82,6 +101,8 @@ class Runtime {
   Device device_{};
   std::string launcher_;
   std::unique_ptr<Communicator> world_;
+  std::chrono::duration<double> collective_timeout_{0.0};
+  std::unique_ptr<detail::Watchdog> watchdog_;  // last: stopped first
 };
 
 /// Run `body` and turn any exception into a report naming the rank, then MPI_Abort the job with
