@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -248,6 +249,21 @@ std::uint64_t free_bytes(const std::filesystem::path& path) {
   return static_cast<std::uint64_t>(info.f_bavail) * info.f_frsize;
 }
 
+/// "8388608 bytes (8.0 MiB)": exact for scripts, readable for people.
+std::string bytes_text(std::uint64_t bytes) {
+  constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024.0 && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit < 0) return concat(bytes, " bytes");
+  char readable[32];
+  std::snprintf(readable, sizeof(readable), "%.1f %s", value, kUnits[unit]);
+  return concat(bytes, " bytes (", readable, ")");
+}
+
 std::string default_job_id() {
   static std::atomic<unsigned> engines_in_process{0};
   char host[256] = {};
@@ -444,12 +460,13 @@ std::uint64_t SwapEngine::reserve_region(std::size_t bytes, std::string_view pur
     } else {
       // Give back whatever fallocate took before it failed, so the engine stays as it was.
       [[maybe_unused]] const int rolled_back = ::ftruncate(fd, static_cast<off_t>(offset));
-      ZT_THROW_AS(IoError, "swap: cannot reserve ", padded, " bytes for ", purpose, " at offset ", offset,
-                  " of '", file_path_.string(), "': ", errno_text(error),
-                  error == ENOSPC ? concat(" (nvme_path '", options_.nvme_path.string(), "' has ",
-                                           free_bytes(options_.nvme_path), " bytes free; the swap needs ",
-                                           offset + padded, " in all on this rank)")
-                                  : std::string());
+      ZT_THROW_AS(IoError, "swap: cannot reserve ", bytes_text(padded), " for ", purpose, " at offset ",
+                  offset, " of '", file_path_.string(), "': ", errno_text(error),
+                  error == ENOSPC
+                      ? concat(" (nvme_path '", options_.nvme_path.string(), "' has ",
+                               bytes_text(free_bytes(options_.nvme_path)), " free; the swap file needs ",
+                               bytes_text(offset + padded), " in all on this rank)")
+                      : std::string());
     }
   }
   reserved_bytes_ = offset + padded;

@@ -503,10 +503,11 @@ TEST(SwapEngine, FullFileSystemFailsAtRegistrationAndLeavesTheEngineAsItWas) {
   SwapEngine engine(options_on_small_tmpfs(mount_point));
   engine.register_tensor("fits", 1 << 20);
   const std::string message = error_of([&] { engine.register_tensor("too_big", 8 << 20); });
-  EXPECT_NE(message.find("cannot reserve 8388608 bytes for swap tensor 'too_big'"), std::string::npos)
+  EXPECT_NE(message.find("cannot reserve 8388608 bytes (8.0 MiB) for swap tensor 'too_big'"),
+            std::string::npos)
       << message;
   EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
-  EXPECT_NE(message.find("bytes free"), std::string::npos) << message;
+  EXPECT_NE(message.find("MiB) free; the swap file needs"), std::string::npos) << message;
   EXPECT_FALSE(engine.has_tensor("too_big"));
   EXPECT_EQ(engine.reserved_bytes(), 1u << 20);
   EXPECT_EQ(fs::file_size(engine.file_path()), 1u << 20);  // what fallocate took is given back
