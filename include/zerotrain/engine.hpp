@@ -32,6 +32,10 @@ namespace zt {
 
 class Runtime;
 class ExternalModel;
+namespace engine_detail {
+class GradientReducer;
+class ParameterGatherer;
+}  // namespace engine_detail
 
 /// One micro-batch. For a GPT: int32 token ids [B, T] and int32 targets [B, T] (softmax
 /// cross-entropy). Otherwise inputs [B, ...] and targets of the model's output shape in the
@@ -39,6 +43,12 @@ class ExternalModel;
 struct Batch {
   Tensor inputs;
   Tensor targets;
+};
+
+/// Where the engine's time went in communication during one optimizer step (seconds, this rank).
+struct CommTiming {
+  double wait_seconds = 0.0;  // blocked waiting for collectives (not hidden behind computation)
+  double busy_seconds = 0.0;  // from each collective's start until its completion was seen
 };
 
 /// What the last optimizer step did. Values are the same on every rank.
@@ -50,14 +60,23 @@ struct StepReport {
   double loss_scale = 1.0;  // loss scale the gradients of this step were computed with
   bool skipped = false;     // overflow: no update
   std::uint64_t comm_bytes = 0;  // bytes this rank sent for the step (estimated on the wire)
+  CommTiming comm;               // gradient reduction and parameter gathering of the step
 };
 
-/// Where each parameter sits in the flat buffers (element offsets; starts aligned to 16 elements).
+/// Where each parameter sits in the flat buffers and in the ZeRO partition (docs/engine.md,
+/// "Partition layout"). Every parameter is padded to `padded_numel` = N * piece_numel elements
+/// (N data-parallel ranks at stages 1-3; N = 1 at stage 0) and split evenly: rank r owns elements
+/// [r * piece_numel, (r + 1) * piece_numel) of the padded parameter. A rank's shard is its pieces of
+/// every parameter, concatenated in layout order; this parameter's piece starts at `shard_offset`.
+/// The padding holds zeros that no update moves.
 struct FlatParameter {
   std::string name;
   Shape shape;
-  std::int64_t offset = 0;
-  std::int64_t numel = 0;
+  std::int64_t offset = 0;        // in the flat parameter/gradient buffers (aligned to 16 elements)
+  std::int64_t numel = 0;         // real elements
+  std::int64_t padded_numel = 0;  // multiple of the partition count
+  std::int64_t piece_numel = 0;   // elements per rank (padded_numel at stage 0)
+  std::int64_t shard_offset = 0;  // start of this rank's piece in its shard (= offset at stage 0)
 };
 
 struct EngineOptions {
@@ -109,22 +128,45 @@ class Engine {
   int data_parallel_size() const { return data_->size(); }
   std::int64_t parameter_count() const { return parameter_count_; }
   const std::vector<FlatParameter>& flat_layout() const { return layout_; }
-  /// This rank's fp32 master weights (the parameters themselves in fp32 training): the whole flat
-  /// buffer at stage 0, this rank's shard [rank * shard_size, (rank + 1) * shard_size) at stage 1.
-  std::span<const float> master_parameters() const;
-  /// All master weights, flat, in layout order (collective: all-gathers the shards at stage 1).
+  int zero_stage() const { return stage_; }
+  /// This rank's fp32 master weights (the parameters themselves in fp32 training), in shard order:
+  /// the whole flat buffer at stage 0, this rank's pieces of every parameter at stages 1-3.
+  std::vector<float> master_parameters() const;
+  /// All master weights in the flat layout (collective at stages 1-3: all-gathers the shards).
   std::vector<float> gather_master_parameters();
-  /// Elements of the flat buffers (padded to a multiple of ranks x 16) and of this rank's shard.
+  /// Elements of the flat layout (stage 3 keeps no flat buffer, the layout still numbers elements)
+  /// and of this rank's shard.
   std::int64_t flat_size() const { return flat_size_; }
   std::int64_t shard_size() const { return shard_size_; }
-  std::int64_t shard_offset() const { return shard_offset_; }
+  /// Stage 3: most parameter elements gathered at once (not counting persistent ones) since the
+  /// engine started; 0 at stages 0-2.
+  std::int64_t peak_gathered_parameters() const;
 
  private:
-  void build_flat_buffers();
-  void copy_external_gradients_in();
+  /// This rank's part of one parameter as the optimizer sees it (element offsets).
+  struct OwnedRange {
+    std::int64_t flat_begin = 0;   // in the flat buffers (stages 0-2)
+    std::int64_t shard_begin = 0;  // in the shard buffers (master, gradient shard, stage-3 parameters)
+    std::int64_t count = 0;
+  };
+  struct ModuleUse;  // a module whose forward/backward reads parameters
+
+  void mark_step_start();
+  double total_wait_seconds() const;
+  void build_layout();
+  void build_buffers();
+  void install_hooks();
+  void build_optimizer();
+  void reduce_external_gradients();
+  void reduce_pass_leftovers();
+  void all_gather_updated_parameters();
   void copy_parameters_out();
-  float* master_shard();
-  void reduce_gradients();
+  void* gradient_of(const OwnedRange& range);
+  void* parameter_of(const OwnedRange& range);
+  float* master_of(const OwnedRange& range);
+  const float* master_of(const OwnedRange& range) const;
+  void on_backward_pre(const ModuleUse& use);
+  void on_backward_post(const ModuleUse& use);
 
   Runtime& runtime_;
   nn::Module& model_;
@@ -133,14 +175,24 @@ class Engine {
   Communicator* data_;
   ExternalModel* external_;  // the caller's buffers (bring your own model), or null
   DType compute_dtype_;
+  int stage_ = 0;
+  std::vector<nn::Parameter*> parameters_list_;
   std::vector<FlatParameter> layout_;
+  std::vector<OwnedRange> owned_;
   std::int64_t parameter_count_ = 0;  // unpadded
-  std::int64_t flat_size_ = 0;        // padded to a multiple of ranks x 16
-  std::int64_t shard_size_ = 0;       // elements this rank's optimizer owns (flat_size_ at stage 0)
-  std::int64_t shard_offset_ = 0;
-  Buffer parameters_;  // compute dtype; the model's parameters view into it
-  Buffer gradients_;   // compute dtype; the model's gradients view into it
-  Buffer master_;      // fp32 master of this rank's shard (16-bit training only)
+  std::int64_t flat_size_ = 0;
+  std::int64_t shard_size_ = 0;  // elements this rank's optimizer owns (flat_size_ at stage 0)
+  Buffer parameters_;            // compute dtype: flat (stages 0-2) or this rank's shard (stage 3)
+  Buffer gradients_;             // compute dtype: flat (stages 0-1) or this rank's shard (stages 2-3)
+  Buffer master_;                // fp32 master of this rank's shard (16-bit training only)
+  Tensor allgather_staging_;     // stages 1-2: packs the updated pieces for the all-gather
+  std::vector<std::unique_ptr<ModuleUse>> module_uses_;
+  std::vector<int> uses_per_parameter_;  // modules whose backward accumulates into the gradient
+  std::vector<int> pending_uses_;        // of the current backward
+  std::vector<char> reduced_this_pass_;  // the gradient went to the reducer in this backward
+  bool reducing_this_pass_ = false;      // this backward's gradients are communicated
+  std::unique_ptr<engine_detail::GradientReducer> reducer_;
+  std::unique_ptr<engine_detail::ParameterGatherer> gatherer_;  // stage 3
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRScheduler> scheduler_;
   LossScaler loss_scaler_;
@@ -154,6 +206,11 @@ class Engine {
   std::int64_t global_steps_ = 0;
   std::int64_t global_samples_ = 0;
   std::int64_t skipped_steps_ = 0;
+  std::uint64_t wire_bytes_at_step_start_ = 0;
+  double comm_seconds_at_step_start_ = 0.0;
+  double step_wait_seconds_ = 0.0;  // blocking collectives in step() since construction
+  double wait_seconds_at_step_start_ = 0.0;
+  bool step_started_ = false;
   StepReport last_step_;
 };
 

@@ -2,14 +2,19 @@
 #include "zerotrain/engine.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <unordered_map>
 
+#include "kernels/nn_kernels.hpp"
 #include "kernels/optimizer_kernels.hpp"
+#include "src/engine/gradient_reducer.hpp"
+#include "src/engine/parameter_gatherer.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
 #include "zerotrain/runtime.hpp"
@@ -58,11 +63,6 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
 
 void check_engine_supports(const Config& config) {
   const auto& zero = config.zero_optimization;
-  if (zero.stage > 1) {
-    ZT_THROW_AS(ConfigError, "zero_optimization.stage is ", zero.stage,
-                ": this build's engine runs stage 0 (gradients all-reduced) and stage 1 (optimizer states "
-                "partitioned); ZeRO stages 2 and 3 are not available yet. Set \"stage\": 0 or 1.");
-  }
   if (zero.offload_optimizer.device != OffloadDevice::none ||
       zero.offload_param.device != OffloadDevice::none) {
     ZT_THROW_AS(
@@ -107,6 +107,15 @@ DType compute_dtype_of(const Config& config) {
   return DType::fp32;
 }
 
+/// A module whose forward and backward read parameters (its own and borrowed ones), with the hooks
+/// the engine put on it.
+struct Engine::ModuleUse {
+  std::size_t index = 0;  // in module_uses_
+  nn::Module* module = nullptr;
+  std::vector<std::size_t> parameters;  // indices into layout_
+  std::vector<nn::HookHandle> hooks;
+};
+
 Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions options)
     : runtime_(runtime),
       model_(model),
@@ -115,6 +124,7 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
       data_(options.data_parallel ? options.data_parallel : &grid_->data()),
       external_(dynamic_cast<ExternalModel*>(&model)),
       compute_dtype_(compute_dtype_of(config_)),
+      stage_(config_.zero_optimization.stage),
       loss_scaler_(compute_dtype_, loss_scaler_params_of(config_)) {
   config_.resolve_batch(data_->size());
   use_cores_of_this_node(runtime_);
@@ -122,6 +132,10 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
   ZT_CHECK_AS(ConfigError, config_.optimizer.has_value(),
               "the config has no \"optimizer\" section; zerotrain needs one, e.g. "
               "{\"type\": \"AdamW\", \"params\": {\"lr\": 6e-4}} (types: adam, adamw, sgd)");
+  ZT_CHECK_AS(
+      ConfigError, external_ == nullptr || stage_ <= 2, "zero_optimization.stage is ", stage_,
+      ": a zt::ExternalModel (parameters in the caller's buffers) trains with ZeRO stages 0-2; stage 3 "
+      "gathers parameters around each module's forward, which needs zerotrain's own modules");
   if (runtime_.world_rank() == 0) {
     loss_scaler_.set_log_sink(
         [](std::string_view line) { std::fprintf(stderr, "%.*s\n", int(line.size()), line.data()); });
@@ -129,12 +143,24 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
     loss_scaler_.set_log_sink([](std::string_view) {});
   }
 
-  build_flat_buffers();
+  parameters_list_ = model_.parameters();
+  build_layout();
+  build_buffers();
 
-  const OptimizerParams hyperparameters = optimizer_params_of(*config_.optimizer);
-  optimizer_ =
-      make_optimizer(to_string(config_.optimizer->type),
-                     {ParamBuffer{master_shard(), static_cast<std::size_t>(shard_size_)}}, hyperparameters);
+  const auto& zero = config_.zero_optimization;
+  engine_detail::GradientReducerOptions reduction;
+  reduction.destination = stage_ == 0   ? engine_detail::GradientDestination::flat_whole
+                          : stage_ == 1 ? engine_detail::GradientDestination::flat_own_piece
+                                        : engine_detail::GradientDestination::shard;
+  reduction.gradient_dtype = compute_dtype_;
+  reduction.wire_dtype = config_.communication_data_type.value_or(compute_dtype_);
+  reduction.op = config_.gradient_allreduce_op == GradientReduceOp::sum ? ReduceOp::sum : ReduceOp::avg;
+  reduction.bucket_elements = zero.reduce_bucket_size;
+  reduction.overlap = zero.overlap_comm;
+  reducer_ = std::make_unique<engine_detail::GradientReducer>(*data_, layout_, reduction, gradients_.data());
+
+  if (external_ == nullptr) install_hooks();
+  build_optimizer();
   if (config_.scheduler) {
     scheduler_ = make_lr_scheduler(config_.scheduler->params, config_.optimizer->lr);
     if (config_.scheduler->last_batch_iteration >= 0)
@@ -142,13 +168,20 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
   }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  for (const auto& use : module_uses_) {
+    for (const nn::HookHandle handle : use->hooks) use->module->remove_hook(handle);
+  }
+}
 
-void Engine::build_flat_buffers() {
-  const std::vector<nn::Parameter*> parameters = model_.parameters();
-  ZT_CHECK(!parameters.empty(), "the model has no parameters to train");
+void Engine::build_layout() {
+  ZT_CHECK(!parameters_list_.empty(), "the model has no parameters to train");
+  // Stages 1-3 split every parameter evenly over the data-parallel ranks; stage 0 does not split.
+  const int parts = stage_ >= 1 ? data_->size() : 1;
+  const int rank = stage_ >= 1 ? data_->rank() : 0;
   std::int64_t offset = 0;
-  for (const nn::Parameter* parameter : parameters) {
+  std::int64_t shard = 0;
+  for (const nn::Parameter* parameter : parameters_list_) {
     ZT_CHECK(parameter->value.defined(), "parameter '", parameter->name, "' has no value");
     ZT_CHECK_AS(
         ConfigError, parameter->value.dtype() == compute_dtype_, "parameter '", parameter->name, "' is ",
@@ -156,88 +189,327 @@ void Engine::build_flat_buffers() {
         " (bf16.enabled / fp16.enabled): build the model in the compute dtype (zt::build_model does)");
     ZT_CHECK(parameter->value.device().is_host(), "parameter '", parameter->name, "' is on ",
              parameter->value.device().str(), "; the engine trains on the host in this build");
-    layout_.push_back({parameter->name, parameter->value.shape(), offset, parameter->value.numel()});
-    parameter_count_ += parameter->value.numel();
-    offset += round_up(parameter->value.numel(), kFlatAlignment);
+    FlatParameter slot;
+    slot.name = parameter->name;
+    slot.shape = parameter->value.shape();
+    slot.numel = parameter->value.numel();
+    slot.piece_numel = (slot.numel + parts - 1) / parts;
+    slot.padded_numel = slot.piece_numel * parts;
+    slot.offset = offset;
+    slot.shard_offset = stage_ == 0 ? offset : shard;
+    OwnedRange owned;
+    owned.flat_begin = offset + rank * slot.piece_numel;
+    owned.shard_begin = stage_ == 0 ? offset : shard;
+    owned.count = stage_ == 0 ? slot.numel : slot.piece_numel;
+    layout_.push_back(slot);
+    owned_.push_back(owned);
+    parameter_count_ += slot.numel;
+    offset += round_up(slot.padded_numel, kFlatAlignment);
+    shard += slot.piece_numel;
   }
-  // Pad to a multiple of (ranks x alignment) so that every rank's shard has the same size and starts
-  // aligned; the padding holds zeros that no optimizer step moves.
-  const int ranks = data_->size();
-  flat_size_ = round_up(offset, ranks * kFlatAlignment);
-  const bool partitioned = config_.zero_optimization.stage >= 1;
-  shard_size_ = partitioned ? flat_size_ / ranks : flat_size_;
-  shard_offset_ = partitioned ? shard_size_ * data_->rank() : 0;
+  flat_size_ = offset;
+  shard_size_ = stage_ == 0 ? flat_size_ : shard;
+}
 
+void Engine::build_buffers() {
   const std::size_t element = dtype_size(compute_dtype_);
-  const auto bytes = static_cast<std::size_t>(flat_size_) * element;
-  parameters_ = Buffer(Device::host(), bytes, MemoryCategory::parameters);
-  gradients_ = Buffer(Device::host(), bytes, MemoryCategory::gradients);
-  std::memset(parameters_.data(), 0, bytes);  // padding stays zero: the optimizer never moves it
-  std::memset(gradients_.data(), 0, bytes);
-  auto* parameter_bytes = parameters_.as<std::byte>();
-  auto* gradient_bytes = gradients_.as<std::byte>();
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    nn::Parameter& parameter = *parameters[i];
+  const int rank = stage_ >= 1 ? data_->rank() : 0;
+  // Stages 0-2 keep every parameter in one flat buffer; stage 3 keeps this rank's pieces only.
+  const std::int64_t parameter_elements = stage_ <= 2 ? flat_size_ : shard_size_;
+  parameters_ = Buffer(Device::host(), static_cast<std::size_t>(parameter_elements) * element,
+                       MemoryCategory::parameters);
+  std::memset(parameters_.data(), 0, parameters_.size());  // padding stays zero: no update moves it
+  // Stages 0-1 accumulate whole gradients in a flat buffer; stages 2-3 keep the reduced shard only.
+  const std::int64_t gradient_elements = stage_ <= 1 ? flat_size_ : shard_size_;
+  gradients_ = Buffer(Device::host(), static_cast<std::size_t>(gradient_elements) * element,
+                      MemoryCategory::gradients);
+  std::memset(gradients_.data(), 0, gradients_.size());
+
+  for (std::size_t i = 0; i < parameters_list_.size(); ++i) {
+    nn::Parameter& parameter = *parameters_list_[i];
     const FlatParameter& slot = layout_[i];
-    const auto byte_offset = static_cast<std::size_t>(slot.offset) * element;
-    Tensor flat_value = Tensor::view_of(parameter_bytes + byte_offset, slot.shape, compute_dtype_);
-    flat_value.copy_from(parameter.value);
-    if (external_ != nullptr) continue;  // the caller's buffers stay where they are (copied at boundaries)
-    parameter.value = flat_value;        // the model's own storage is released here
-    parameter.grad = Tensor::view_of(gradient_bytes + byte_offset, slot.shape, compute_dtype_);
+    if (stage_ <= 2) {
+      Tensor flat_value =
+          Tensor::view_of(parameters_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
+                          slot.shape, compute_dtype_);
+      flat_value.copy_from(parameter.value);
+      if (external_ == nullptr) parameter.value = flat_value;  // the model's own storage is released
+    } else {
+      const std::int64_t begin = rank * slot.piece_numel;
+      const std::int64_t real = std::clamp<std::int64_t>(slot.numel - begin, 0, slot.piece_numel);
+      if (real > 0) {
+        std::memcpy(parameters_.as<std::byte>() + static_cast<std::size_t>(slot.shard_offset) * element,
+                    static_cast<const std::byte*>(parameter.value.raw_data()) +
+                        static_cast<std::size_t>(begin) * element,
+                    static_cast<std::size_t>(real) * element);
+      }
+    }
+    if (external_ != nullptr) continue;  // the caller's gradient buffers stay the caller's
+    if (stage_ <= 1) {
+      parameter.grad =
+          Tensor::view_of(gradients_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
+                          slot.shape, compute_dtype_);
+    } else {
+      parameter.grad = Tensor();  // allocated for each module's backward, freed once reduced
+    }
   }
   if (compute_dtype_ != DType::fp32) {
-    // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ); with
-    // ZeRO-1 each rank keeps the master of its shard only.
+    // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ); at
+    // stages 1-3 each rank keeps the master of its pieces only.
     master_ = Buffer(Device::host(), static_cast<std::size_t>(shard_size_) * sizeof(float),
                      MemoryCategory::optimizer_states);
-    Tensor::view_of(master_.data(), {shard_size_}, DType::fp32)
-        .copy_from(Tensor::view_of(parameter_bytes + static_cast<std::size_t>(shard_offset_) * element,
-                                   {shard_size_}, compute_dtype_));
+    std::memset(master_.data(), 0, master_.size());
+    for (const OwnedRange& range : owned_) {
+      kernels::convert(Device::host(), parameter_of(range), compute_dtype_, master_of(range), DType::fp32,
+                       range.count);
+    }
   }
 }
 
-float* Engine::master_shard() {
-  return compute_dtype_ == DType::fp32 ? parameters_.as<float>() + shard_offset_ : master_.as<float>();
+void Engine::install_hooks() {
+  std::unordered_map<const nn::Parameter*, std::size_t> index_of;
+  for (std::size_t i = 0; i < parameters_list_.size(); ++i) index_of[parameters_list_[i]] = i;
+  uses_per_parameter_.assign(parameters_list_.size(), 0);
+  for (nn::Module* module : model_.modules()) {
+    std::vector<std::size_t> used;
+    auto add = [&](const nn::Parameter* parameter) {
+      const auto found = index_of.find(parameter);
+      ZT_CHECK(found != index_of.end(), "module '", module->name(), "' (", module->type_name(),
+               ") uses a parameter that is not among the model's parameters");
+      if (std::find(used.begin(), used.end(), found->second) == used.end()) used.push_back(found->second);
+    };
+    for (const nn::Parameter* parameter : module->direct_parameters()) add(parameter);
+    for (const nn::Parameter* parameter : module->borrowed_parameters()) add(parameter);
+    if (used.empty()) continue;
+    auto use = std::make_unique<ModuleUse>();
+    use->index = module_uses_.size();
+    use->module = module;
+    use->parameters = std::move(used);
+    for (std::size_t index : use->parameters) ++uses_per_parameter_[index];
+    ModuleUse& hooked = *use;
+    if (stage_ == 3) {
+      use->hooks.push_back(module->add_forward_pre_hook([this, &hooked](nn::Module&, const Tensor&) {
+        gatherer_->before(hooked.index, engine_detail::Phase::forward);
+      }));
+      use->hooks.push_back(
+          module->add_forward_post_hook([this, &hooked](nn::Module&, const Tensor&, const Tensor&) {
+            gatherer_->after(hooked.index, engine_detail::Phase::forward);
+          }));
+    }
+    use->hooks.push_back(module->add_backward_pre_hook(
+        [this, &hooked](nn::Module&, const Tensor&) { on_backward_pre(hooked); }));
+    use->hooks.push_back(module->add_backward_post_hook(
+        [this, &hooked](nn::Module&, const Tensor&) { on_backward_post(hooked); }));
+    module_uses_.push_back(std::move(use));
+  }
+  pending_uses_ = uses_per_parameter_;
+  reduced_this_pass_.assign(parameters_list_.size(), 0);
+  if (stage_ == 3) {
+    std::vector<std::vector<std::size_t>> uses;
+    for (const auto& use : module_uses_) uses.push_back(use->parameters);
+    const auto& zero = config_.zero_optimization;
+    engine_detail::ParameterGathererOptions gathering;
+    gathering.dtype = compute_dtype_;
+    gathering.prefetch_elements = zero.stage3_prefetch_bucket_size;
+    gathering.persistence_threshold = zero.stage3_param_persistence_threshold;
+    gathering.max_live = zero.stage3_max_live_parameters;
+    gathering.max_reuse_distance = zero.stage3_max_reuse_distance;
+    gathering.allgather_bucket_elements = zero.allgather_bucket_size;
+    gatherer_ = std::make_unique<engine_detail::ParameterGatherer>(
+        *data_, layout_, parameters_list_, std::move(uses), parameters_.data(), gathering);
+  }
 }
 
-void Engine::copy_external_gradients_in() {
-  const std::vector<nn::Parameter*> parameters = model_.parameters();
+void Engine::build_optimizer() {
+  std::vector<ParamBuffer> buffers;
+  buffers.reserve(owned_.size());
+  for (const OwnedRange& range : owned_)
+    buffers.push_back({master_of(range), static_cast<std::size_t>(range.count)});
+  optimizer_ = make_optimizer(to_string(config_.optimizer->type), std::move(buffers),
+                              optimizer_params_of(*config_.optimizer));
+}
+
+void* Engine::gradient_of(const OwnedRange& range) {
+  const std::int64_t begin = stage_ <= 1 ? range.flat_begin : range.shard_begin;
+  return gradients_.as<std::byte>() + static_cast<std::size_t>(begin) * dtype_size(compute_dtype_);
+}
+
+void* Engine::parameter_of(const OwnedRange& range) {
+  const std::int64_t begin = stage_ <= 2 ? range.flat_begin : range.shard_begin;
+  return parameters_.as<std::byte>() + static_cast<std::size_t>(begin) * dtype_size(compute_dtype_);
+}
+
+float* Engine::master_of(const OwnedRange& range) {
+  if (compute_dtype_ == DType::fp32) return static_cast<float*>(parameter_of(range));
+  return master_.as<float>() + range.shard_begin;
+}
+
+const float* Engine::master_of(const OwnedRange& range) const {
+  return const_cast<Engine*>(this)->master_of(range);
+}
+
+void Engine::on_backward_pre(const ModuleUse& use) {
+  if (gatherer_) gatherer_->before(use.index, engine_detail::Phase::backward);
+  if (stage_ >= 2) {
+    for (std::size_t index : use.parameters) {
+      nn::Parameter& parameter = *parameters_list_[index];
+      if (!parameter.grad.defined()) {
+        parameter.grad =
+            Tensor::zeros(layout_[index].shape, compute_dtype_, Device::host(), MemoryCategory::gradients);
+      }
+    }
+  }
+  if (reducing_this_pass_) reducer_->poll();
+}
+
+void Engine::on_backward_post(const ModuleUse& use) {
+  if (reducing_this_pass_) {
+    // A parameter's gradient is final when every module that uses it has run its backward (a tied
+    // embedding gets its last contribution from the token embedding, long after the lm_head).
+    for (std::size_t index : use.parameters) {
+      if (--pending_uses_[index] > 0 || reduced_this_pass_[index]) continue;
+      nn::Parameter& parameter = *parameters_list_[index];
+      reducer_->add(index, parameter.grad.raw_data(), compute_dtype_);
+      reduced_this_pass_[index] = 1;
+      if (stage_ >= 2) parameter.grad = Tensor();
+    }
+    reducer_->poll();
+  }
+  if (gatherer_) {
+    gatherer_->after(use.index, engine_detail::Phase::backward);
+    gatherer_->poll();
+  }
+}
+
+void Engine::reduce_pass_leftovers() {
+  // Parameters no module's backward reached in this pass (unused ones): their gradient is zero.
+  for (std::size_t i = parameters_list_.size(); i-- > 0;) {
+    if (reduced_this_pass_[i]) continue;
+    nn::Parameter& parameter = *parameters_list_[i];
+    if (!parameter.grad.defined()) {
+      parameter.grad =
+          Tensor::zeros(layout_[i].shape, compute_dtype_, Device::host(), MemoryCategory::gradients);
+    }
+    reducer_->add(i, parameter.grad.raw_data(), compute_dtype_);
+    reduced_this_pass_[i] = 1;
+    if (stage_ >= 2) parameter.grad = Tensor();
+  }
+}
+
+void Engine::reduce_external_gradients() {
+  // The caller's gradients are complete at the boundary; reduce them straight from its buffers.
   const std::size_t element = dtype_size(compute_dtype_);
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const FlatParameter& slot = layout_[i];
-    Tensor::view_of(gradients_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element, slot.shape,
-                    compute_dtype_)
-        .copy_from(parameters[i]->grad);
+  if (stage_ <= 1 && data_->size() == 1) {
+    for (std::size_t i = 0; i < parameters_list_.size(); ++i) {
+      const FlatParameter& slot = layout_[i];
+      Tensor::view_of(gradients_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
+                      slot.shape, compute_dtype_)
+          .copy_from(parameters_list_[i]->grad);
+    }
+    return;
+  }
+  reducer_->begin(false);
+  for (std::size_t i = parameters_list_.size(); i-- > 0;) {
+    const Tensor& gradient = parameters_list_[i]->grad;
+    reducer_->add(i, gradient.raw_data(), gradient.dtype());
+  }
+  reducer_->finish();
+}
+
+void Engine::all_gather_updated_parameters() {
+  // Stages 1-2: every rank updated its pieces; gather the others' in buckets of allgather_bucket_size
+  // elements, packed rank-major (this rank's pieces of a bucket's parameters together).
+  Communicator& data = *data_;
+  const int ranks = data.size();
+  const int rank = data.rank();
+  const std::size_t element = dtype_size(compute_dtype_);
+  std::int64_t largest = 0;
+  for (const FlatParameter& slot : layout_) largest = std::max(largest, slot.piece_numel);
+  const std::int64_t region = std::max(
+      std::min((config_.zero_optimization.allgather_bucket_size + ranks - 1) / ranks, shard_size_), largest);
+  if (allgather_staging_.numel() < region * ranks) {
+    allgather_staging_ =
+        Tensor::empty({region * ranks}, compute_dtype_, Device::host(), MemoryCategory::comm_buffers);
+  }
+  auto* staging = static_cast<std::byte*>(allgather_staging_.raw_data());
+  auto* flat = parameters_.as<std::byte>();
+  auto bytes = [element](std::int64_t elements) { return static_cast<std::size_t>(elements) * element; };
+  std::size_t first = 0;
+  while (first < layout_.size()) {
+    std::size_t last = first;
+    std::int64_t count = 0;
+    while (last < layout_.size() && (last == first || count + layout_[last].piece_numel <= region)) {
+      count += layout_[last++].piece_numel;
+    }
+    std::int64_t offset = 0;
+    for (std::size_t i = first; i < last; ++i) {
+      std::memcpy(staging + bytes(rank * count + offset), flat + bytes(owned_[i].flat_begin),
+                  bytes(layout_[i].piece_numel));
+      offset += layout_[i].piece_numel;
+    }
+    data.all_gather(staging + bytes(rank * count), staging, static_cast<std::size_t>(count), compute_dtype_);
+    offset = 0;
+    for (std::size_t i = first; i < last; ++i) {
+      for (int q = 0; q < ranks; ++q) {
+        std::memcpy(flat + bytes(layout_[i].offset + q * layout_[i].piece_numel),
+                    staging + bytes(q * count + offset), bytes(layout_[i].piece_numel));
+      }
+      offset += layout_[i].piece_numel;
+    }
+    first = last;
   }
 }
 
 void Engine::copy_parameters_out() {
-  const std::vector<nn::Parameter*> parameters = model_.parameters();
   const std::size_t element = dtype_size(compute_dtype_);
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
+  for (std::size_t i = 0; i < parameters_list_.size(); ++i) {
     const FlatParameter& slot = layout_[i];
-    parameters[i]->value.copy_from(
+    parameters_list_[i]->value.copy_from(
         Tensor::view_of(parameters_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
                         slot.shape, compute_dtype_));
   }
 }
 
-std::span<const float> Engine::master_parameters() const {
-  const float* data =
-      compute_dtype_ == DType::fp32 ? parameters_.as<float>() + shard_offset_ : master_.as<float>();
-  return {data, static_cast<std::size_t>(shard_size_)};
+std::vector<float> Engine::master_parameters() const {
+  std::vector<float> shard(static_cast<std::size_t>(shard_size_), 0.0f);
+  for (const OwnedRange& range : owned_) {
+    std::copy_n(master_of(range), range.count, shard.data() + range.shard_begin);
+  }
+  return shard;
 }
 
 std::vector<float> Engine::gather_master_parameters() {
-  std::vector<float> all(static_cast<std::size_t>(flat_size_));
-  if (shard_size_ == flat_size_) {
-    std::copy_n(master_parameters().data(), all.size(), all.data());
-  } else {
-    data_->all_gather(master_parameters().data(), all.data(), static_cast<std::size_t>(shard_size_),
-                      DType::fp32);
+  if (stage_ == 0) return master_parameters();
+  const std::vector<float> mine = master_parameters();
+  const int ranks = data_->size();
+  std::vector<float> all(mine.size() * static_cast<std::size_t>(ranks));
+  data_->all_gather(mine.data(), all.data(), mine.size(), DType::fp32);
+  std::vector<float> flat(static_cast<std::size_t>(flat_size_), 0.0f);
+  for (const FlatParameter& slot : layout_) {
+    for (int q = 0; q < ranks; ++q) {
+      const std::int64_t begin = q * slot.piece_numel;
+      const std::int64_t real = std::clamp<std::int64_t>(slot.numel - begin, 0, slot.piece_numel);
+      std::copy_n(all.data() + q * shard_size_ + slot.shard_offset, real, flat.data() + slot.offset + begin);
+    }
   }
-  return all;
+  return flat;
+}
+
+std::int64_t Engine::peak_gathered_parameters() const {
+  return gatherer_ ? gatherer_->peak_live_elements() : 0;
+}
+
+double Engine::total_wait_seconds() const {
+  return reducer_->wait_seconds() + (gatherer_ ? gatherer_->wait_seconds() : 0.0) + step_wait_seconds_;
+}
+
+void Engine::mark_step_start() {
+  if (step_started_) return;
+  step_started_ = true;
+  const TrafficCounter total = data_->traffic().total();
+  wire_bytes_at_step_start_ = total.wire_bytes;
+  comm_seconds_at_step_start_ = total.seconds;
+  wait_seconds_at_step_start_ = total_wait_seconds();
 }
 
 double Engine::forward(const Batch& batch) {
@@ -246,7 +518,9 @@ double Engine::forward(const Batch& batch) {
   ZT_CHECK(!forward_pending_,
            "Engine::forward called twice without backward(); call backward() (or eval() for a "
            "forward without gradients)");
+  mark_step_start();
   model_.train();
+  if (gatherer_) gatherer_->begin_pass(true);
   const Tensor output = model_.run_forward(batch.inputs);
   last_forward_was_cross_entropy_ = batch.targets.dtype() == DType::int32;
   const double loss = last_forward_was_cross_entropy_ ? cross_entropy_.forward(output, batch.targets)
@@ -264,7 +538,24 @@ void Engine::backward() {
   const double scale = loss_scaler_.loss_scale() / static_cast<double>(batch().gradient_accumulation_steps);
   const Tensor grad_output =
       last_forward_was_cross_entropy_ ? cross_entropy_.backward(scale) : mse_.backward(scale);
+  const std::int64_t accumulation = batch().gradient_accumulation_steps;
+  const bool first_of_step = micro_steps_ % accumulation == 0;
+  const bool boundary = (micro_steps_ + 1) % accumulation == 0;
+  // Stages 0-1 communicate once per step, during the boundary micro-batch's backward; stages 2-3
+  // reduce every micro-batch's gradients into the shard (no full gradient is kept between them).
+  reducing_this_pass_ = stage_ >= 2 || (boundary && data_->size() > 1);
+  if (reducing_this_pass_) {
+    reducer_->begin(stage_ >= 2 && !first_of_step);
+    pending_uses_ = uses_per_parameter_;
+    std::fill(reduced_this_pass_.begin(), reduced_this_pass_.end(), 0);
+  }
   model_.run_backward(grad_output);
+  if (reducing_this_pass_) {
+    reduce_pass_leftovers();
+    reducer_->finish();
+    reducing_this_pass_ = false;
+  }
+  if (gatherer_) gatherer_->end_of_backward();
   forward_pending_ = false;
 }
 
@@ -276,56 +567,32 @@ double Engine::lr() const {
   return scheduler_ ? scheduler_->lr() : config_.optimizer->lr;
 }
 
-void Engine::reduce_gradients() {
-  // Stage 0: all-reduce, every rank gets the whole gradient. Stage 1: reduce-scatter, each rank gets
-  // the reduced gradient of its shard (at the start of the gradient buffer), which is all its
-  // optimizer step reads. Both move 2 (N-1)/N of the buffer per step with the all-gather after.
-  Communicator& data = *data_;
-  if (data.size() == 1) return;
-  const ReduceOp op = config_.gradient_allreduce_op == GradientReduceOp::sum ? ReduceOp::sum : ReduceOp::avg;
-  const DType wire = config_.communication_data_type.value_or(compute_dtype_);
-  const bool partitioned = shard_size_ != flat_size_;
-  auto reduce = [&](void* buffer, DType type) {
-    if (partitioned) {
-      data.reduce_scatter(buffer, buffer, static_cast<std::size_t>(shard_size_), type, op);
-    } else {
-      data.all_reduce(buffer, buffer, static_cast<std::size_t>(flat_size_), type, op);
-    }
-  };
-  if (wire == compute_dtype_) {
-    reduce(gradients_.data(), compute_dtype_);
-    return;
-  }
-  // communication_data_type differs from the gradients: convert, reduce, convert back.
-  Buffer staging(Device::host(), static_cast<std::size_t>(flat_size_) * dtype_size(wire),
-                 MemoryCategory::comm_buffers);
-  Tensor::view_of(staging.data(), {flat_size_}, wire)
-      .copy_from(Tensor::view_of(gradients_.data(), {flat_size_}, compute_dtype_));
-  reduce(staging.data(), wire);
-  const std::int64_t reduced = partitioned ? shard_size_ : flat_size_;
-  Tensor::view_of(gradients_.data(), {reduced}, compute_dtype_)
-      .copy_from(Tensor::view_of(staging.data(), {reduced}, wire));
-}
-
 bool Engine::step() {
   ZT_CHECK(!forward_pending_, "Engine::step called after forward() without backward()");
+  mark_step_start();
   ++micro_steps_;
   if (!is_gradient_accumulation_boundary()) return false;
 
   Communicator& data = *data_;
-  const std::uint64_t bytes_before = data.traffic().total().wire_bytes;
-  if (external_ != nullptr) copy_external_gradients_in();
-  reduce_gradients();
+  using Clock = std::chrono::steady_clock;
+  auto timed = [this](auto&& collective) {
+    const auto started = Clock::now();
+    collective();
+    step_wait_seconds_ += std::chrono::duration<double>(Clock::now() - started).count();
+  };
+  if (external_ != nullptr) reduce_external_gradients();
 
-  // Overflow check and norm over the whole (already reduced) gradient, unscaled.
+  // Overflow check and norm over this rank's (reduced) gradients, unscaled.
   const double scale_used = loss_scaler_.loss_scale();
-  kernels::GradCheck check =
-      kernels::grad_sum_squares(Device::host(), gradients_.data(), compute_dtype_,
-                                static_cast<std::size_t>(shard_size_), 1.0 / scale_used);
-  if (shard_size_ != flat_size_) {
-    // Each rank saw its shard: the global norm and the overflow flag are sums over ranks.
+  kernels::GradCheck check;
+  for (OwnedRange& range : owned_) {
+    check = check + kernels::grad_sum_squares(Device::host(), gradient_of(range), compute_dtype_,
+                                              static_cast<std::size_t>(range.count), 1.0 / scale_used);
+  }
+  if (stage_ >= 1 && data.size() > 1) {
+    // Each rank saw its pieces: the global norm and the overflow flag are sums over ranks.
     double partial[2] = {check.sum_sq, check.found_inf ? 1.0 : 0.0};
-    data.all_reduce(partial, partial, 2, DType::fp64, ReduceOp::sum);
+    timed([&] { data.all_reduce(partial, partial, 2, DType::fp64, ReduceOp::sum); });
     check = {partial[0], partial[1] > 0};
   }
   const bool overflow = loss_scaler_.checks_overflow() && check.found_inf;
@@ -348,32 +615,34 @@ bool Engine::step() {
     }
     const double coefficient = config_.gradient_clipping > 0 ? clip.coefficient : 1.0;
     const float grad_scale = kernels::combined_grad_scale(scale_used, coefficient);
-    // This rank's shard of the parameters (all of them at stage 0); its reduced gradient sits at the
-    // start of the gradient buffer.
-    std::byte* my_parameters =
-        parameters_.as<std::byte>() + static_cast<std::size_t>(shard_offset_) * dtype_size(compute_dtype_);
-    HalfParamBuffer half{};
-    if (compute_dtype_ != DType::fp32) half = {my_parameters, compute_dtype_};
-    optimizer_->step(GradBuffer{gradients_.data(), compute_dtype_}, grad_scale, static_cast<float>(report.lr),
-                     half);
-    if (shard_size_ != flat_size_) {
-      // ZeRO-1: every rank updated its shard of the parameters; gather the others'.
-      data.all_gather(my_parameters, parameters_.data(), static_cast<std::size_t>(shard_size_),
-                      compute_dtype_);
+    std::vector<GradBuffer> gradients;
+    std::vector<HalfParamBuffer> halves;
+    gradients.reserve(owned_.size());
+    for (OwnedRange& range : owned_) {
+      gradients.push_back({gradient_of(range), compute_dtype_});
+      if (compute_dtype_ != DType::fp32) halves.push_back({parameter_of(range), compute_dtype_});
     }
+    optimizer_->step(gradients, grad_scale, static_cast<float>(report.lr), halves);
+    if ((stage_ == 1 || stage_ == 2) && data.size() > 1) timed([&] { all_gather_updated_parameters(); });
+    if (gatherer_) gatherer_->refresh_persistent();
     if (scheduler_) scheduler_->step();
     if (external_ != nullptr) copy_parameters_out();
   } else {
     ++skipped_steps_;
   }
-  std::memset(gradients_.data(), 0, gradients_.size());
+  // Stages 2-3 overwrite the gradient shard in the next step's first backward.
+  if (stage_ <= 1) std::memset(gradients_.data(), 0, gradients_.size());
   if (external_ != nullptr) {
-    for (nn::Parameter* parameter : model_.parameters()) parameter->grad.zero_();
+    for (nn::Parameter* parameter : parameters_list_) parameter->grad.zero_();
     const auto [loss_sum, loss_count] = external_->take_losses();
     accumulated_loss_ += loss_sum;
     accumulated_micro_batches_ += loss_count;
   }
-  report.comm_bytes = data.traffic().total().wire_bytes - bytes_before;  // gradient traffic only
+  const TrafficCounter traffic = data.traffic().total();
+  report.comm_bytes = traffic.wire_bytes - wire_bytes_at_step_start_;  // this step's model traffic
+  report.comm.busy_seconds = traffic.seconds - comm_seconds_at_step_start_;
+  report.comm.wait_seconds = total_wait_seconds() - wait_seconds_at_step_start_;
+  step_started_ = false;
 
   // The reported loss is the mean over micro-batches and ranks (identical on every rank).
   double loss_sum[2] = {accumulated_loss_, static_cast<double>(accumulated_micro_batches_)};
@@ -394,6 +663,7 @@ double Engine::eval(const Batch& batch) {
            "Engine::eval: the batch needs inputs and targets");
   ZT_CHECK(!forward_pending_, "Engine::eval during a forward/backward pair; call backward() first");
   model_.eval();
+  if (gatherer_) gatherer_->begin_pass(false);
   const Tensor output = model_.run_forward(batch.inputs);
   const double loss = batch.targets.dtype() == DType::int32
                           ? nn::SoftmaxCrossEntropy().forward(output, batch.targets)

@@ -106,11 +106,11 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"target_steps", options.steps}};
   metrics.write(start);
   if (leader) {
-    std::printf("zerotrain train: %s model, %lld parameters, %s, %d rank(s) on %d node(s)\n",
+    std::printf("zerotrain train: %s model, %lld parameters, %s, ZeRO stage %d, %d rank(s) on %d node(s)\n",
                 std::holds_alternative<GptModelConfig>(*cfg.model) ? "GPT" : "MLP",
                 static_cast<long long>(engine.parameter_count()),
-                std::string(dtype_name(engine.compute_dtype())).c_str(), runtime.world_size(),
-                runtime.node_count());
+                std::string(dtype_name(engine.compute_dtype())).c_str(), engine.zero_stage(),
+                runtime.world_size(), runtime.node_count());
     std::printf("  batch %lld = micro %lld x accumulation %lld x data-parallel %d; data: %s\n",
                 static_cast<long long>(batch.train_batch_size),
                 static_cast<long long>(batch.train_micro_batch_size_per_gpu),
@@ -155,7 +155,9 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
          {"step_time_s", seconds},
          {"tokens_per_s", tokens_per_second},
          {"mem", memory},
-         {"comm_bytes", report.comm_bytes}});
+         {"comm_bytes", report.comm_bytes},
+         {"comm_wait_s", report.comm.wait_seconds},
+         {"comm_busy_s", report.comm.busy_seconds}});
     if (leader && print_every > 0 &&
         (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
       std::printf(

@@ -1,5 +1,5 @@
-// Bring your own model: parameters in the caller's buffers, trained across ranks (stage 0 and
-// ZeRO-1) against the same program on one process.
+// Bring your own model: parameters in the caller's buffers, trained across ranks (ZeRO stages 0-2)
+// against the same program on one process.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -116,8 +116,22 @@ TEST_P(ExternalModelStages, MatchesTheSingleProcessRun) {
   EXPECT_LT(distributed.losses.back(), 0.5 * distributed.losses.front());
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ExternalModelStages, ::testing::Values(0, 1),
+INSTANTIATE_TEST_SUITE_P(Stages, ExternalModelStages, ::testing::Values(0, 1, 2),
                          [](const auto& param_info) { return "stage" + std::to_string(param_info.param); });
+
+TEST(ExternalModel, Stage3IsAClearError) {
+  std::vector<float> values(4), grads(4);
+  zt::ExternalModel model;
+  model.add("w", values.data(), grads.data(), {4}, zt::DType::fp32);
+  const zt::Config config = zt::Config::from_string(
+      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+          "zero_optimization": {"stage": 3}})",
+      zt::ConfigParseOptions{.warning_sink = {}});
+  EXPECT_NE(zt::testing::error_of([&] {
+              zt::Engine engine(zt::testing::runtime(), model, config);
+            }).find("trains with ZeRO stages 0-2"),
+            std::string::npos);
+}
 
 TEST(ExternalModel, RejectsBadBuffers) {
   zt::ExternalModel model;

@@ -1,0 +1,205 @@
+// Bucketed gradient reduction (see gradient_reducer.hpp).
+#include "src/engine/gradient_reducer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "kernels/nn_kernels.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::engine_detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::byte* at(void* base, std::int64_t elements, DType dtype) {
+  return static_cast<std::byte*>(base) + static_cast<std::size_t>(elements) * dtype_size(dtype);
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(Communicator& communicator, const std::vector<FlatParameter>& layout,
+                                 GradientReducerOptions options, void* destination)
+    : communicator_(communicator),
+      layout_(layout),
+      options_(options),
+      destination_(static_cast<std::byte*>(destination)),
+      ranks_(communicator.size()),
+      rank_(communicator.rank()) {
+  ZT_CHECK(options_.bucket_elements > 0, "zero_optimization.reduce_bucket_size must be positive, got ",
+           options_.bucket_elements);
+  std::int64_t largest = 0;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    largest = std::max(largest, footprint(i));
+    total += footprint(i);
+  }
+  // A bucket never needs to be larger than the whole model, and must hold the largest parameter.
+  if (partitioned()) {
+    const std::int64_t per_rank = (options_.bucket_elements + ranks_ - 1) / ranks_;
+    region_ = std::max(std::min(per_rank, total), largest);
+    capacity_ = region_ * ranks_;
+  } else {
+    capacity_ = std::max(std::min(options_.bucket_elements, total), largest);
+  }
+}
+
+GradientReducer::~GradientReducer() = default;
+
+std::int64_t GradientReducer::footprint(std::size_t index) const {
+  return partitioned() ? layout_[index].piece_numel : layout_[index].numel;
+}
+
+void GradientReducer::begin(bool accumulate) {
+  ZT_CHECK(in_flight_.empty() && !has_open_, "GradientReducer::begin while a pass is still open");
+  accumulate_ = accumulate;
+}
+
+void GradientReducer::open_bucket() {
+  const std::size_t allowed_buffers = options_.overlap ? 2 : 1;
+  // One buffer fills while at most (allowed - 1) are in flight: wait for the oldest to reuse it.
+  if (free_staging_.empty() && !in_flight_.empty() && in_flight_.size() + 1 >= allowed_buffers) wait_oldest();
+  open_ = Bucket{};
+  if (!free_staging_.empty()) {
+    open_.staging = std::move(free_staging_.back());
+    free_staging_.pop_back();
+  } else {
+    open_.staging =
+        Tensor::empty({capacity_}, options_.wire_dtype, Device::host(), MemoryCategory::comm_buffers);
+  }
+  has_open_ = true;
+}
+
+void GradientReducer::add(std::size_t index, const void* gradient, DType gradient_dtype) {
+  ZT_CHECK(index < layout_.size(), "GradientReducer::add: parameter index ", index, " out of range");
+  const FlatParameter& parameter = layout_[index];
+  const std::int64_t size = footprint(index);
+  const std::int64_t limit = partitioned() ? region_ : capacity_;
+  if (has_open_ && open_.used + size > limit) launch_open_bucket();
+  if (!has_open_) open_bucket();
+
+  const DType wire = options_.wire_dtype;
+  void* staging = open_.staging.raw_data();
+  if (!partitioned()) {
+    kernels::convert(Device::host(), gradient, gradient_dtype, at(staging, open_.used, wire), wire,
+                     parameter.numel);
+  } else {
+    // Rank q's piece of this parameter goes to rank q's region; the padding past numel is zero.
+    const std::int64_t piece = parameter.piece_numel;
+    for (int q = 0; q < ranks_; ++q) {
+      const std::int64_t begin = q * piece;
+      const std::int64_t real = std::clamp<std::int64_t>(parameter.numel - begin, 0, piece);
+      std::byte* target = at(staging, q * region_ + open_.used, wire);
+      if (real > 0) {
+        kernels::convert(Device::host(),
+                         static_cast<const std::byte*>(gradient) +
+                             static_cast<std::size_t>(begin) * dtype_size(gradient_dtype),
+                         gradient_dtype, target, wire, real);
+      }
+      if (real < piece)
+        std::memset(at(target, real, wire), 0, static_cast<std::size_t>(piece - real) * dtype_size(wire));
+    }
+  }
+  open_.members.push_back(index);
+  open_.member_offsets.push_back(open_.used);
+  open_.used += size;
+}
+
+void GradientReducer::launch_open_bucket() {
+  if (!has_open_) return;
+  has_open_ = false;
+  Bucket bucket = std::move(open_);
+  if (bucket.used == 0) {
+    free_staging_.push_back(std::move(bucket.staging));
+    return;
+  }
+  const DType wire = options_.wire_dtype;
+  void* staging = bucket.staging.raw_data();
+  const auto count = static_cast<std::size_t>(bucket.used);
+  if (partitioned()) {
+    // Close the gaps between the rank regions of a bucket that is not full: the reduce-scatter
+    // takes ranks x used contiguous elements. Ascending order never overwrites a region not yet moved.
+    if (bucket.used < region_) {
+      for (int q = 1; q < ranks_; ++q) {
+        std::memmove(at(staging, q * bucket.used, wire), at(staging, q * region_, wire),
+                     count * dtype_size(wire));
+      }
+    }
+  }
+  const auto started = Clock::now();
+  bucket.work = partitioned() ? communicator_.ireduce_scatter(staging, staging, count, wire, options_.op)
+                              : communicator_.iall_reduce(staging, staging, count, wire, options_.op);
+  if (!options_.overlap) {
+    bucket.work.wait();
+    wait_seconds_ += seconds_since(started);
+    complete(bucket);
+    return;
+  }
+  in_flight_.push_back(std::move(bucket));
+}
+
+void GradientReducer::complete(Bucket& bucket) {
+  const DType wire = options_.wire_dtype;
+  const DType target_dtype = options_.gradient_dtype;
+  void* staging = bucket.staging.raw_data();
+  for (std::size_t m = 0; m < bucket.members.size(); ++m) {
+    const FlatParameter& parameter = layout_[bucket.members[m]];
+    const std::byte* reduced = at(staging, bucket.member_offsets[m], wire);
+    switch (options_.destination) {
+      case GradientDestination::flat_whole:
+        kernels::convert(Device::host(), reduced, wire, at(destination_, parameter.offset, target_dtype),
+                         target_dtype, parameter.numel);
+        break;
+      case GradientDestination::flat_own_piece:
+        kernels::convert(Device::host(), reduced, wire,
+                         at(destination_, parameter.offset + rank_ * parameter.piece_numel, target_dtype),
+                         target_dtype, parameter.piece_numel);
+        break;
+      case GradientDestination::shard: {
+        std::byte* target = at(destination_, parameter.shard_offset, target_dtype);
+        if (!accumulate_) {
+          kernels::convert(Device::host(), reduced, wire, target, target_dtype, parameter.piece_numel);
+        } else if (wire == target_dtype) {
+          kernels::accumulate(Device::host(), target_dtype, target, reduced, parameter.piece_numel);
+        } else {
+          Tensor converted = Tensor::empty({parameter.piece_numel}, target_dtype, Device::host(),
+                                           MemoryCategory::comm_buffers);
+          kernels::convert(Device::host(), reduced, wire, converted.raw_data(), target_dtype,
+                           parameter.piece_numel);
+          kernels::accumulate(Device::host(), target_dtype, target, converted.raw_data(),
+                              parameter.piece_numel);
+        }
+        break;
+      }
+    }
+  }
+  free_staging_.push_back(std::move(bucket.staging));
+}
+
+void GradientReducer::wait_oldest() {
+  if (in_flight_.empty()) return;
+  const auto started = Clock::now();
+  in_flight_.front().work.wait();
+  wait_seconds_ += seconds_since(started);
+  complete(in_flight_.front());
+  in_flight_.pop_front();
+}
+
+void GradientReducer::poll() {
+  while (!in_flight_.empty() && in_flight_.front().work.test()) {
+    complete(in_flight_.front());
+    in_flight_.pop_front();
+  }
+}
+
+void GradientReducer::finish() {
+  launch_open_bucket();
+  while (!in_flight_.empty()) wait_oldest();
+}
+
+}  // namespace zt::engine_detail

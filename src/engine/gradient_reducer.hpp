@@ -1,0 +1,96 @@
+// Gradient reduction across data-parallel ranks in buckets, started as gradients become final
+// during backward (ZeRO stages 0-3). Internal to the engine.
+//
+// Each parameter's gradient is copied into the open bucket's staging buffer when it is final; a full
+// bucket (reduce_bucket_size elements) is reduced at once, non-blocking when overlap_comm is set, so
+// that it travels while the rest of backward computes. Stage 0 all-reduces the bucket; stages 1-3
+// pack it rank-major (rank r's pieces of every member together) and reduce-scatter it, so each rank
+// receives the reduced pieces of the parameters it owns (FlatParameter in zerotrain/engine.hpp).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "zerotrain/communicator.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/tensor.hpp"
+
+namespace zt::engine_detail {
+
+/// Where the reduced gradient goes.
+enum class GradientDestination : std::uint8_t {
+  flat_whole,      // stage 0: the whole reduced gradient, at the parameter's place in the flat buffer
+  flat_own_piece,  // stage 1: this rank's reduced piece, at its place in the flat buffer
+  shard,           // stages 2-3: this rank's reduced piece, into the contiguous gradient shard
+};
+
+struct GradientReducerOptions {
+  GradientDestination destination = GradientDestination::flat_whole;
+  DType gradient_dtype = DType::fp32;  // of the destination
+  DType wire_dtype = DType::fp32;      // communication_data_type
+  ReduceOp op = ReduceOp::avg;
+  std::int64_t bucket_elements = 500'000'000;  // reduce_bucket_size
+  bool overlap = false;                        // overlap_comm: reduce while backward continues
+};
+
+class GradientReducer {
+ public:
+  /// `destination` is the flat gradient buffer (stages 0-1) or the gradient shard (stages 2-3), in
+  /// options.gradient_dtype, laid out as `layout` says.
+  GradientReducer(Communicator& communicator, const std::vector<FlatParameter>& layout,
+                  GradientReducerOptions options, void* destination);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  /// Start a pass (one backward). accumulate: add the reduced pieces into the shard (later
+  /// micro-batches of an optimizer step); otherwise overwrite it.
+  void begin(bool accumulate);
+  /// The gradient of parameter `index` is final: copy it (numel elements, any floating dtype) into
+  /// the open bucket; a full bucket is launched. `gradient` may be freed when this returns.
+  void add(std::size_t index, const void* gradient, DType gradient_dtype);
+  /// Let in-flight reductions progress (MPI moves non-blocking collectives only inside MPI calls)
+  /// and finish the completed ones.
+  void poll();
+  /// Launch the open bucket and wait for every reduction; the results are in the destination.
+  void finish();
+
+  /// Time blocked waiting for reductions since construction.
+  double wait_seconds() const { return wait_seconds_; }
+  /// Elements of one staging buffer; the reducer keeps at most two (one filling, one in flight).
+  std::int64_t staging_elements() const { return capacity_; }
+
+ private:
+  struct Bucket {
+    Tensor staging;                    // wire dtype
+    std::vector<std::size_t> members;  // parameter indices
+    std::vector<std::int64_t> member_offsets;
+    std::int64_t used = 0;  // elements per rank region (stages 1-3) or in total (stage 0)
+    Work work;
+  };
+
+  bool partitioned() const { return options_.destination != GradientDestination::flat_whole; }
+  std::int64_t footprint(std::size_t index) const;  // of one parameter in a bucket region
+  void open_bucket();
+  void launch_open_bucket();
+  void complete(Bucket& bucket);
+  void wait_oldest();
+
+  Communicator& communicator_;
+  const std::vector<FlatParameter>& layout_;
+  GradientReducerOptions options_;
+  std::byte* destination_;
+  int ranks_;
+  int rank_;
+  std::int64_t capacity_ = 0;  // elements of a staging buffer
+  std::int64_t region_ = 0;    // stages 1-3: elements per rank region (capacity_ / ranks)
+  bool accumulate_ = false;
+  std::vector<Tensor> free_staging_;
+  std::deque<Bucket> in_flight_;
+  Bucket open_;
+  bool has_open_ = false;
+  double wait_seconds_ = 0.0;
+};
+
+}  // namespace zt::engine_detail
