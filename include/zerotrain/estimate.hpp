@@ -17,6 +17,11 @@ struct MemoryEstimate {
   std::uint64_t gradients = 0;
   std::uint64_t optimizer_states = 0;  // fp32 master (16-bit training) + optimizer moments
   std::uint64_t total() const { return parameters + gradients + optimizer_states; }
+  /// Communication staging the engine keeps on top (bytes): gradient reduction buckets
+  /// (reduce_bucket_size elements of communication_data_type, two with overlap_comm) and, at stages
+  /// 1-2, the parameter all-gather bucket (allgather_bucket_size). Each is capped at the model's size
+  /// and holds at least its largest parameter, which only a config with a "model" section tells.
+  std::uint64_t bucket_buffers = 0;
   /// Bytes of optimizer state per parameter: fp32 master (4, in bf16/fp16) + moments (Adam 8,
   /// SGD with momentum 4, plain SGD 0). Mixed-precision Adam: K = 12 as in the ZeRO paper.
   int optimizer_bytes_per_parameter = 0;

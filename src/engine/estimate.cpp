@@ -1,6 +1,7 @@
 // The ZeRO memory formulas, for `zerotrain estimate`.
 #include "zerotrain/estimate.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <variant>
@@ -45,6 +46,19 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   estimate.gradients = element * (stage >= 2 ? shard : psi);
   estimate.optimizer_states =
       static_cast<std::uint64_t>(estimate.optimizer_bytes_per_parameter) * (stage >= 1 ? shard : psi);
+
+  const auto& zero = config.zero_optimization;
+  const std::uint64_t wire = dtype_size(config.communication_data_type.value_or(estimate.compute_dtype));
+  const bool reduces = stage >= 2 || n > 1;  // stages 0-1 on one rank communicate nothing
+  if (reduces) {
+    const std::uint64_t bucket =
+        std::min<std::uint64_t>(static_cast<std::uint64_t>(zero.reduce_bucket_size), psi);
+    estimate.bucket_buffers += wire * bucket * (zero.overlap_comm ? 2 : 1);
+  }
+  if ((stage == 1 || stage == 2) && n > 1) {
+    estimate.bucket_buffers +=
+        element * std::min<std::uint64_t>(static_cast<std::uint64_t>(zero.allgather_bucket_size), psi);
+  }
   return estimate;
 }
 
@@ -68,8 +82,9 @@ std::string MemoryEstimate::table() const {
   line(out, "optimizer_states", optimizer_states,
        std::to_string(big_k) + "Ψ" + (zero_stage >= 1 ? per_rank : ""));
   line(out, "total", total(), "");
-  out << "  (activations, communication buffers and the allocator's slack come on top; the engine pads each\n"
-         "   parameter to 16 elements and the flat buffer to a multiple of 16 N.)\n";
+  line(out, "bucket buffers", bucket_buffers, "reduce (x2 with overlap_comm) + all-gather buckets");
+  out << "  (activations, stage 3's gathered parameters and the allocator's slack come on top; the engine\n"
+         "   pads each parameter to a multiple of N elements.)\n";
   return out.str();
 }
 

@@ -115,6 +115,25 @@ TEST(Engine, MemoryMatchesTheZeroFormulas) {
       expect_close("optimizer_states", measured(zt::MemoryCategory::optimizer_states),
                    predicted.optimizer_states,
                    static_cast<std::size_t>(predicted.optimizer_bytes_per_parameter));
+
+      // After a step: the same model states (nothing gathered or unreduced is left behind) and
+      // communication staging within the estimate's bucket buffers.
+      auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+      for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+        engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+        engine.backward();
+        engine.step();
+      }
+      const auto trained = zt::memory_snapshot(zt::DeviceType::host);
+      for (zt::MemoryCategory category : {zt::MemoryCategory::parameters, zt::MemoryCategory::gradients,
+                                          zt::MemoryCategory::optimizer_states}) {
+        EXPECT_EQ(trained[category].current - before[category].current, measured(category))
+            << zt::memory_category_name(category) << " stage " << stage << precision;
+      }
+      EXPECT_LE(trained[zt::MemoryCategory::comm_buffers].current -
+                    before[zt::MemoryCategory::comm_buffers].current,
+                predicted.bucket_buffers + 3 * padding * element)
+          << "stage " << stage << precision;
     }
   }
 }
