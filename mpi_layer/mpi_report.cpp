@@ -2,10 +2,12 @@
 #include <dlfcn.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
+#include "mpi_layer/watchdog.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/report.hpp"
 #include "zerotrain/runtime.hpp"
@@ -42,6 +44,21 @@ std::string ucx_status(const std::string& library) {
   return "not available: this Open MPI has no pml_ucx component (build Open MPI with UCX to use it)";
 }
 
+std::string watchdog_status(const Runtime& runtime) {
+  if (!runtime.watchdog_running()) {
+    return runtime.thread_level() < MPI_THREAD_MULTIPLE
+               ? "off: needs MPI_THREAD_MULTIPLE"
+               : "off (ZT_COLLECTIVE_TIMEOUT=0 or RuntimeOptions::collective_timeout = 0)";
+  }
+  const double timeout = runtime.collective_timeout().count();
+  const auto settings = detail::WatchdogSettings::for_timeout(timeout);
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "on: collective timeout %.1f s, heartbeat timeout %.1f s (ZT_COLLECTIVE_TIMEOUT)", timeout,
+                settings.heartbeat_timeout_seconds);
+  return text;
+}
+
 }  // namespace
 
 Report mpi_report(const Runtime& runtime) {
@@ -76,6 +93,7 @@ Report mpi_report(const Runtime& runtime) {
                     runtime.keeps_freed_memory()
                         ? "yes (no page-fault storm on large reductions; ZT_MALLOC_TUNING=0 to disable)"
                         : "no"});
+  report.push_back({"mpi", "watchdog", watchdog_status(runtime)});
   return report;
 }
 

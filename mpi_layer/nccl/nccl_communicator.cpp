@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "mpi_layer/watchdog.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/mpi_communicator.hpp"
 
 namespace zt {
 namespace {
@@ -154,8 +156,9 @@ class OwnedEvent {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::unique_ptr<NcclResources> resources, int rank, int size, std::string name)
-      : Communicator(rank, size, std::move(name)), resources_(std::move(resources)) {}
+  NcclCommunicator(std::unique_ptr<NcclResources> resources, int rank, int size, std::string name,
+                   detail::CommIdentity identity)
+      : Communicator(rank, size, std::move(name), std::move(identity)), resources_(std::move(resources)) {}
 
   CommBackend backend() const override { return CommBackend::nccl; }
   Device device() const override { return Device::cuda(resources_->device); }
@@ -433,8 +436,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap_mpi
   ZT_CHECK_CUDA_COMM(cudaStreamCreateWithFlags(&resources->stream, cudaStreamNonBlocking), name);
   ZT_CHECK_CUDA_COMM(cudaMalloc(&resources->scalar, sizeof(std::int32_t)), name);
   ZT_CHECK_CUDA_COMM(cudaMemsetAsync(resources->scalar, 0, sizeof(std::int32_t), resources->stream), name);
+  // Same members as the bootstrap communicator, so the watchdog asks them about a hang here.
+  detail::CommIdentity identity = detail::agree_comm_identity(native_mpi_comm(bootstrap_mpi), name);
   return std::make_unique<NcclCommunicator>(std::move(resources), bootstrap_mpi.rank(), bootstrap_mpi.size(),
-                                            std::move(name));
+                                            std::move(name), std::move(identity));
 }
 
 void* nccl_stream(const Communicator& communicator) {
