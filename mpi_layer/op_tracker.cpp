@@ -16,7 +16,7 @@ OpTracker::OpTracker(std::string name, int rank, int size, CommIdentity identity
 }
 
 std::uint64_t OpTracker::begin(CommOp op, std::uint64_t bytes, std::optional<DType> type, int peer, int tag) {
-  const auto start = SteadyClock::now();
+  const auto start = WatchdogClock::now();
   const std::lock_guard lock(mutex_);
   const std::uint64_t seq = is_collective(op) ? ++collectives_started_ : ++point_to_point_started_;
   const std::uint64_t token = next_token_++;

@@ -155,7 +155,7 @@ Message make_message(MessageKind kind, int detected_by = -1, const OpView& subje
   return message;
 }
 
-OpView view_of(const OpRecord& record, const OpTracker& tracker, SteadyClock::time_point now) {
+OpView view_of(const OpRecord& record, const OpTracker& tracker, WatchdogClock::time_point now) {
   OpView view;
   view.op = static_cast<std::int32_t>(record.op);
   view.dtype = record.type ? static_cast<std::int32_t>(*record.type) : -1;
@@ -220,7 +220,7 @@ std::string ranks_text(std::vector<int> ranks) {
 }
 
 /// The oldest operation in flight on this rank, on any communicator.
-OpView oldest_in_flight(SteadyClock::time_point now) {
+OpView oldest_in_flight(WatchdogClock::time_point now) {
   OpView oldest;
   for (const auto& tracker : live_trackers()) {
     for (const OpRecord& record : tracker->snapshot().in_flight) {
@@ -282,21 +282,21 @@ class Watchdog::Loop {
     int detected_by = -1;
     std::vector<int> asked;                       // world ranks; for a collective, every member
     std::vector<std::optional<Message>> replies;  // by position in `asked`
-    SteadyClock::time_point deadline;
+    WatchdogClock::time_point deadline;
     bool delegated = false;  // the coordinator was asked to report; until `deadline`, we wait
   };
 
   void run() noexcept {
     try {
       post_receive();
-      const auto start = SteadyClock::now();
+      const auto start = WatchdogClock::now();
       last_heard_from_predecessor_ = start;
       next_heartbeat_ = start;
       std::unique_lock lock(mutex_);
       while (!stop_requested_) {
         const bool shutting_down = shutdown_requested_;
         lock.unlock();
-        tick(SteadyClock::now(), shutting_down);
+        tick(WatchdogClock::now(), shutting_down);
         lock.lock();
         wake_.wait_for(lock, Seconds(settings_.poll_seconds),
                        [&] { return stop_requested_ || shutdown_requested_ != shutting_down; });
@@ -311,7 +311,7 @@ class Watchdog::Loop {
     }
   }
 
-  void tick(SteadyClock::time_point now, bool shutting_down) {
+  void tick(WatchdogClock::time_point now, bool shutting_down) {
     receive_messages(now);
     progress_sends(shutting_down);
     if (world_size_ > 1) {
@@ -335,7 +335,7 @@ class Watchdog::Loop {
         "watchdog");
   }
 
-  void receive_messages(SteadyClock::time_point now) {
+  void receive_messages(WatchdogClock::time_point now) {
     while (true) {
       int done = 0;
       MPI_Status status;
@@ -347,7 +347,7 @@ class Watchdog::Loop {
     }
   }
 
-  void handle(const Message& message, int source, SteadyClock::time_point now) {
+  void handle(const Message& message, int source, WatchdogClock::time_point now) {
     switch (message.kind) {
       case MessageKind::heartbeat:
         if (source == predecessor_) last_heard_from_predecessor_ = now;
@@ -398,14 +398,14 @@ class Watchdog::Loop {
 
   // ---- heartbeats ---------------------------------------------------------------------------
 
-  void send_heartbeat(SteadyClock::time_point now) {
+  void send_heartbeat(WatchdogClock::time_point now) {
     if (now < next_heartbeat_) return;
     send(successor_, make_message(MessageKind::heartbeat));
-    next_heartbeat_ = now + std::chrono::duration_cast<SteadyClock::duration>(
+    next_heartbeat_ = now + std::chrono::duration_cast<WatchdogClock::duration>(
                                 Seconds(settings_.heartbeat_interval_seconds));
   }
 
-  void check_predecessor(SteadyClock::time_point now) {
+  void check_predecessor(WatchdogClock::time_point now) {
     if (predecessor_left_) return;
     const double silent = Seconds(now - last_heard_from_predecessor_).count();
     if (silent <= settings_.heartbeat_timeout_seconds) return;
@@ -424,14 +424,14 @@ class Watchdog::Loop {
     std::ostringstream out;
     out << "zerotrain watchdog: rank " << world_rank_ << " cannot reach rank " << peer << host_text(peer)
         << ": " << mpi_error_string(code) << "; it has presumably died\n";
-    append_local_state(out, SteadyClock::now());
+    append_local_state(out, WatchdogClock::now());
     out << ending_text(kWatchdogRankLostExitCode);
     end_job(out.str(), kWatchdogRankLostExitCode);
   }
 
   // ---- hangs --------------------------------------------------------------------------------
 
-  void look_for_hangs(SteadyClock::time_point now) {
+  void look_for_hangs(WatchdogClock::time_point now) {
     std::optional<OpView> oldest;
     for (const auto& tracker : live_trackers()) {
       for (const OpRecord& record : tracker->snapshot().in_flight) {
@@ -445,7 +445,7 @@ class Watchdog::Loop {
   }
 
   void start_investigation(const OpView& subject, int detected_by, bool coordinator,
-                           SteadyClock::time_point now) {
+                           WatchdogClock::time_point now) {
     Investigation& case_ = investigation_.emplace();
     case_.subject = subject;
     case_.detected_by = detected_by;
@@ -470,7 +470,7 @@ class Watchdog::Loop {
     ask(case_, now);
   }
 
-  void ask(Investigation& case_, SteadyClock::time_point now) {
+  void ask(Investigation& case_, WatchdogClock::time_point now) {
     case_.replies.assign(case_.asked.size(), std::nullopt);
     for (std::size_t i = 0; i < case_.asked.size(); ++i) {
       if (case_.asked[i] == world_rank_) {
@@ -494,7 +494,7 @@ class Watchdog::Loop {
     }
   }
 
-  void advance_investigation(SteadyClock::time_point now) {
+  void advance_investigation(WatchdogClock::time_point now) {
     Investigation& case_ = *investigation_;
     if (case_.delegated) {
       if (now < case_.deadline) return;
@@ -509,7 +509,7 @@ class Watchdog::Loop {
   }
 
   /// What this rank knows about `subject`'s communicator and what it is doing.
-  Message reply_to(const OpView& subject, SteadyClock::time_point now) const {
+  Message reply_to(const OpView& subject, WatchdogClock::time_point now) const {
     Message reply = make_message(MessageKind::reply, -1, subject);
     if (const auto tracker = find_tracker(subject.comm_id)) {
       const OpTracker::Snapshot snapshot = tracker->snapshot();
@@ -529,7 +529,7 @@ class Watchdog::Loop {
 
   // ---- reports ------------------------------------------------------------------------------
 
-  std::string report(const Investigation& case_, SteadyClock::time_point now) const {
+  std::string report(const Investigation& case_, WatchdogClock::time_point now) const {
     const OpView& subject = case_.subject;
     std::ostringstream out;
     out << "zerotrain watchdog: " << describe(subject) << " has not completed after "
@@ -614,7 +614,7 @@ class Watchdog::Loop {
     return "in " + describe(oldest) + " for " + seconds_text(oldest.seconds) + " s";
   }
 
-  void append_local_state(std::ostringstream& out, SteadyClock::time_point now) const {
+  void append_local_state(std::ostringstream& out, WatchdogClock::time_point now) const {
     out << "zerotrain watchdog:   rank " << world_rank_ << host_text(world_rank_, ", this rank") << ": "
         << activity_text(oldest_in_flight(now)) << "\n";
   }
@@ -652,8 +652,8 @@ class Watchdog::Loop {
         out.message = std::make_unique<Message>(make_message(MessageKind::job_ending, exit_code));
         MPI_Isend(out.message.get(), sizeof(Message), MPI_BYTE, rank, kMessageTag, comm_, &out.request);
       }
-      const auto give_up = SteadyClock::now() + to_duration(kNoticeSeconds);
-      while (SteadyClock::now() < give_up &&
+      const auto give_up = WatchdogClock::now() + to_duration(kNoticeSeconds);
+      while (WatchdogClock::now() < give_up &&
              std::any_of(outgoing_.begin(), outgoing_.end(), [](Outgoing& out) {
                int done = 0;
                return MPI_Test(&out.request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done == 0;
@@ -671,14 +671,14 @@ class Watchdog::Loop {
   /// goodbye is the last message to arrive and our sends are the last ones out; wait for both,
   /// within bounds, so that the communicator is freed with nothing in flight.
   void drain(bool clean) {
-    const auto give_up = SteadyClock::now() + to_duration(kDrainSeconds);
-    while (clean && world_size_ > 1 && SteadyClock::now() < give_up &&
+    const auto give_up = WatchdogClock::now() + to_duration(kDrainSeconds);
+    while (clean && world_size_ > 1 && WatchdogClock::now() < give_up &&
            (!predecessor_left_ || !outgoing_.empty())) {
       if (!goodbye_sent_) {
         send(successor_, make_message(MessageKind::goodbye));
         goodbye_sent_ = true;
       }
-      receive_messages(SteadyClock::now());
+      receive_messages(WatchdogClock::now());
       progress_sends(/*shutting_down=*/true);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -688,8 +688,8 @@ class Watchdog::Loop {
     outgoing_.clear();
   }
 
-  static SteadyClock::duration to_duration(double seconds) {
-    return std::chrono::duration_cast<SteadyClock::duration>(Seconds(seconds));
+  static WatchdogClock::duration to_duration(double seconds) {
+    return std::chrono::duration_cast<WatchdogClock::duration>(Seconds(seconds));
   }
 
   const WatchdogSettings settings_;
@@ -710,8 +710,8 @@ class Watchdog::Loop {
   Message incoming_;
   MPI_Request receive_ = MPI_REQUEST_NULL;
   std::vector<Outgoing> outgoing_;
-  SteadyClock::time_point last_heard_from_predecessor_;
-  SteadyClock::time_point next_heartbeat_;
+  WatchdogClock::time_point last_heard_from_predecessor_;
+  WatchdogClock::time_point next_heartbeat_;
   bool predecessor_left_ = false;
   bool goodbye_sent_ = false;
   std::optional<Investigation> investigation_;
