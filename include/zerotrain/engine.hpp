@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/loss_scaler.hpp"
@@ -107,6 +108,16 @@ class Engine {
   /// Loss of a micro-batch without gradients (the model is put in eval mode and back).
   double eval(const Batch& batch);
 
+  /// Save a checkpoint to DIR/TAG.h5 (collective over the data-parallel ranks, at an accumulation
+  /// boundary): written under a temporary name, synced, renamed, then DIR/latest names it. Returns
+  /// the tag. A rank that calls it alone gets an error after ZT_CHECKPOINT_SYNC_TIMEOUT seconds
+  /// (default 300), not a hang.
+  std::string save_checkpoint(const std::string& dir, const SaveOptions& options = {});
+  /// Load a checkpoint saved at any world size and ZeRO stage (collective). Checksums are verified;
+  /// a missing, truncated or corrupted file, or a model that does not match, is a zt::IoError
+  /// naming the file and the dataset.
+  LoadResult load_checkpoint(const std::string& dir, const LoadOptions& options = {});
+
   bool is_gradient_accumulation_boundary() const;
   std::int64_t global_steps() const { return global_steps_; }
   std::int64_t global_samples() const { return global_samples_; }
@@ -166,6 +177,9 @@ class Engine {
   float* master_of(const OwnedRange& range);
   const float* master_of(const OwnedRange& range) const;
   void on_backward_pre(const ModuleUse& use);
+  /// This rank's share of parameter i in a checkpoint: elements [first, first + count) of the
+  /// parameter (its piece; at stage 0 an even split, since every rank holds everything).
+  std::pair<std::int64_t, std::int64_t> checkpoint_range(std::size_t index) const;
   void on_backward_post(const ModuleUse& use);
 
   Runtime& runtime_;

@@ -24,6 +24,8 @@ class TrainingData {
   /// Move to the next global batch (once per optimizer step, on every rank).
   virtual void advance() = 0;
   virtual DataPosition position() const = 0;
+  /// The sample ids load(micro_step) reads on this rank, in row order.
+  virtual std::vector<std::uint64_t> sample_ids(std::uint64_t micro_step) const = 0;
   virtual void restore(const DataPosition& position) = 0;
   /// "builtin corpus (1500172 tokens)", "tokens file data/x.bin (...)", ...
   virtual std::string description() const = 0;

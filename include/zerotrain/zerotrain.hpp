@@ -2,6 +2,7 @@
 #pragma once
 
 #include "zerotrain/build_info.hpp"
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
@@ -19,5 +20,6 @@
 #include "zerotrain/process_grid.hpp"
 #include "zerotrain/report.hpp"
 #include "zerotrain/runtime.hpp"
+#include "zerotrain/swap.hpp"
 #include "zerotrain/tensor.hpp"
 #include "zerotrain/trainer.hpp"

@@ -85,6 +85,9 @@ class TokenTrainingData final : public TrainingData {
   }
   void advance() override { loader_->advance(); }
   DataPosition position() const override { return loader_->position(); }
+  std::vector<std::uint64_t> sample_ids(std::uint64_t micro_step) const override {
+    return loader_->sample_ids(micro_step);
+  }
   void restore(const DataPosition& position) override { loader_->restore(position); }
   std::string description() const override { return description_; }
   std::uint64_t tokens_per_sample() const override { return windows_.seq_len; }
@@ -141,6 +144,9 @@ class SyntheticTrainingData final : public TrainingData {
   }
   void advance() override { batch_start_ += shape_.global_batch(); }
   DataPosition position() const override { return sampler_.position_at(batch_start_); }
+  std::vector<std::uint64_t> sample_ids(std::uint64_t micro_step) const override {
+    return sampler_.sample_ids_at(batch_start_, shape_, rank_, micro_step);
+  }
   void restore(const DataPosition& position) override {
     ZT_CHECK_AS(ConfigError,
                 position.seed == sampler_.seed() && position.num_samples == sampler_.num_samples(),

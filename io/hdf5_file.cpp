@@ -1,0 +1,400 @@
+// HDF5 files for checkpoints (see hdf5_file.hpp).
+#include "io/hdf5_file.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "io/splitmix64.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::io {
+namespace {
+
+/// The innermost message of HDF5's error stack ("truncated file: eof = ...", "unable to open
+/// file"), for our own exception; HDF5's automatic printing is switched off.
+std::string hdf5_error_message() {
+  std::string message;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* error, void* out) -> herr_t {
+        auto& text = *static_cast<std::string*>(out);
+        if (error->desc != nullptr && text.empty()) text = error->desc;
+        return 0;
+      },
+      &message);
+  H5Eclear2(H5E_DEFAULT);
+  return message.empty() ? "HDF5 error" : message;
+}
+
+void silence_hdf5() {
+  static const bool silenced = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)silenced;
+}
+
+hid_t checked(hid_t id, const std::string& path, const std::string& what) {
+  if (id < 0) ZT_THROW_AS(IoError, "HDF5 file '", path, "': ", what, " failed: ", hdf5_error_message());
+  return id;
+}
+
+void checked_status(herr_t status, const std::string& path, const std::string& what) {
+  if (status < 0) ZT_THROW_AS(IoError, "HDF5 file '", path, "': ", what, " failed: ", hdf5_error_message());
+}
+
+/// Select elements [first, first + count) of a row-major dataspace of `dims` as a union of
+/// hyperslab blocks: a partial leading row, whole rows, a partial trailing row, recursively.
+void select_range(hid_t space, const std::vector<hsize_t>& dims, std::size_t dim, std::vector<hsize_t>& start,
+                  std::vector<hsize_t>& count, hsize_t first, hsize_t end, bool& any) {
+  if (first >= end) return;
+  auto add_block = [&] {
+    checked_status(H5Sselect_hyperslab(space, any ? H5S_SELECT_OR : H5S_SELECT_SET, start.data(), nullptr,
+                                       count.data(), nullptr),
+                   "", "selecting a hyperslab");
+    any = true;
+  };
+  if (dim + 1 == dims.size()) {
+    start[dim] = first;
+    count[dim] = end - first;
+    add_block();
+    return;
+  }
+  hsize_t row = 1;
+  for (std::size_t d = dim + 1; d < dims.size(); ++d) row *= dims[d];
+  auto inner = [&](hsize_t r, hsize_t a, hsize_t b) {
+    start[dim] = r;
+    count[dim] = 1;
+    select_range(space, dims, dim + 1, start, count, a, b, any);
+  };
+  hsize_t first_row = first / row;
+  const hsize_t end_row = end / row;
+  if (first_row == end_row) {
+    inner(first_row, first % row, end % row);
+    return;
+  }
+  if (first % row != 0) {
+    inner(first_row, first % row, row);
+    ++first_row;
+  }
+  if (end_row > first_row) {
+    start[dim] = first_row;
+    count[dim] = end_row - first_row;
+    for (std::size_t d = dim + 1; d < dims.size(); ++d) {
+      start[d] = 0;
+      count[d] = dims[d];
+    }
+    add_block();
+  }
+  if (end % row != 0) inner(end_row, 0, end % row);
+}
+
+Hid string_type(std::size_t length) {
+  Hid type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type.get(), std::max<std::size_t>(1, length));
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  return type;
+}
+
+}  // namespace
+
+Hid& Hid::operator=(Hid&& other) noexcept {
+  if (this != &other) {
+    Hid discarded(id_);
+    id_ = other.id_;
+    other.id_ = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+Hid::~Hid() {
+  if (id_ < 0) return;
+  // One close for every kind of identifier; errors while closing are not recoverable here.
+  switch (H5Iget_type(id_)) {
+    case H5I_FILE:
+      H5Fclose(id_);
+      break;
+    case H5I_GROUP:
+      H5Gclose(id_);
+      break;
+    case H5I_DATASET:
+      H5Dclose(id_);
+      break;
+    case H5I_DATASPACE:
+      H5Sclose(id_);
+      break;
+    case H5I_DATATYPE:
+      H5Tclose(id_);
+      break;
+    case H5I_GENPROP_LST:
+      H5Pclose(id_);
+      break;
+    case H5I_ATTR:
+      H5Aclose(id_);
+      break;
+    default:
+      break;
+  }
+}
+
+std::uint64_t range_checksum(const void* data, std::size_t element_size, std::int64_t first_index,
+                             std::int64_t count) {
+  ZT_CHECK(element_size <= 8, "range_checksum: elements of ", element_size, " bytes");
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  std::uint64_t sum = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, bytes + static_cast<std::size_t>(i) * element_size, element_size);
+    const auto index = static_cast<std::uint64_t>(first_index + i);
+    sum += detail::mix64(detail::mix64(index * detail::kSplitMixGolden + 1) ^ bits);
+  }
+  return sum;
+}
+
+hid_t native_type(DType dtype) {
+  switch (dtype) {
+    case DType::fp32:
+      return H5T_NATIVE_FLOAT;
+    case DType::fp64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::int32:
+      return H5T_NATIVE_INT32;
+    case DType::int64:
+      return H5T_NATIVE_INT64;
+    case DType::bf16:
+    case DType::fp16:
+      return H5T_NATIVE_UINT16;
+    default:
+      ZT_THROW_AS(IoError, "no HDF5 type for dtype ", dtype_name(dtype));
+  }
+}
+
+H5File H5File::create_parallel(const std::string& path, MPI_Comm comm) {
+  silence_hdf5();
+  Hid access(H5Pcreate(H5P_FILE_ACCESS));
+  checked_status(H5Pset_fapl_mpio(access.get(), comm, MPI_INFO_NULL), path, "setting MPI-IO access");
+  Hid file(
+      checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()), path, "creating the file"));
+  return H5File(std::move(file), path, true);
+}
+
+H5File H5File::open_parallel(const std::string& path, MPI_Comm comm) {
+  silence_hdf5();
+  Hid access(H5Pcreate(H5P_FILE_ACCESS));
+  checked_status(H5Pset_fapl_mpio(access.get(), comm, MPI_INFO_NULL), path, "setting MPI-IO access");
+  Hid file(checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, access.get()), path, "opening the file"));
+  return H5File(std::move(file), path, true);
+}
+
+H5File H5File::open_serial(const std::string& path) {
+  silence_hdf5();
+  Hid file(checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path, "opening the file"));
+  return H5File(std::move(file), path, false);
+}
+
+H5File H5File::create_serial(const std::string& path) {
+  silence_hdf5();
+  Hid file(
+      checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), path, "creating the file"));
+  return H5File(std::move(file), path, false);
+}
+
+void H5File::close() {
+  if (!file_.valid()) return;
+  const hid_t id = file_.get();
+  Hid released(std::move(file_));
+  (void)released;
+  (void)id;
+}
+
+void H5File::create_dataset(const std::string& name, const std::vector<std::int64_t>& shape, DType dtype) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  if (dims.empty()) dims.push_back(1);
+  Hid space(checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), path_,
+                    "dataspace of '" + name + "'"));
+  Hid links(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(links.get(), 1);
+  Hid dataset(checked(H5Dcreate2(file_.get(), name.c_str(), native_type(dtype), space.get(), links.get(),
+                                 H5P_DEFAULT, H5P_DEFAULT),
+                      path_, "creating dataset '" + name + "'"));
+}
+
+bool H5File::exists(const std::string& name) const {
+  // H5Lexists needs every intermediate link to exist: check the path one component at a time.
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t slash = name.find('/', at);
+    const std::string prefix = name.substr(0, slash);
+    if (H5Lexists(file_.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    if (slash == std::string::npos) return true;
+    at = slash + 1;
+  }
+}
+
+std::vector<std::int64_t> H5File::shape(const std::string& name) const {
+  ZT_CHECK_AS(IoError, exists(name), "checkpoint '", path_, "' has no dataset '", name, "'");
+  Hid dataset(
+      checked(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), path_, "opening dataset '" + name + "'"));
+  Hid space(checked(H5Dget_space(dataset.get()), path_, "dataspace of '" + name + "'"));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+void H5File::transfer(const std::string& name, std::int64_t first, std::int64_t count, void* data,
+                      DType dtype, bool write) const {
+  ZT_CHECK_AS(IoError, exists(name), "checkpoint '", path_, "' has no dataset '", name, "'");
+  Hid dataset(
+      checked(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), path_, "opening dataset '" + name + "'"));
+  Hid file_space(checked(H5Dget_space(dataset.get()), path_, "dataspace of '" + name + "'"));
+  const int rank = H5Sget_simple_extent_ndims(file_space.get());
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  H5Sget_simple_extent_dims(file_space.get(), dims.data(), nullptr);
+  hsize_t total = 1;
+  for (hsize_t d : dims) total *= d;
+  ZT_CHECK_AS(IoError, first >= 0 && count >= 0 && static_cast<hsize_t>(first + count) <= total, "dataset '",
+              name, "' in '", path_, "' has ", total, " elements; asked for [", first, ", ", first + count,
+              ")");
+  const hsize_t memory_count = static_cast<hsize_t>(std::max<std::int64_t>(count, 1));
+  Hid memory_space(H5Screate_simple(1, &memory_count, nullptr));
+  if (count == 0) {
+    H5Sselect_none(file_space.get());
+    H5Sselect_none(memory_space.get());
+  } else {
+    std::vector<hsize_t> start(dims.size(), 0), block_count(dims.size(), 1);
+    bool any = false;
+    select_range(file_space.get(), dims, 0, start, block_count, static_cast<hsize_t>(first),
+                 static_cast<hsize_t>(first + count), any);
+  }
+  Hid transfer_list(H5Pcreate(H5P_DATASET_XFER));
+  if (parallel_) H5Pset_dxpl_mpio(transfer_list.get(), H5FD_MPIO_COLLECTIVE);
+  const herr_t status = write ? H5Dwrite(dataset.get(), native_type(dtype), memory_space.get(),
+                                         file_space.get(), transfer_list.get(), data)
+                              : H5Dread(dataset.get(), native_type(dtype), memory_space.get(),
+                                        file_space.get(), transfer_list.get(), data);
+  checked_status(status, path_,
+                 std::string(write ? "writing" : "reading") + " dataset '" + name + "' elements [" +
+                     std::to_string(first) + ", " + std::to_string(first + count) + ")");
+}
+
+void H5File::write_range(const std::string& name, std::int64_t first, std::int64_t count, const void* data,
+                         DType dtype) {
+  transfer(name, first, count, const_cast<void*>(data), dtype, true);
+}
+
+void H5File::read_range(const std::string& name, std::int64_t first, std::int64_t count, void* data,
+                        DType dtype) const {
+  transfer(name, first, count, data, dtype, false);
+}
+
+Hid H5File::open_object(const std::string& object) const {
+  const std::string name = object.empty() ? "/" : object;
+  ZT_CHECK_AS(IoError, object.empty() || exists(object), "checkpoint '", path_, "' has no object '", object,
+              "'");
+  return Hid(checked(H5Oopen(file_.get(), name.c_str(), H5P_DEFAULT), path_, "opening '" + name + "'"));
+}
+
+namespace {
+
+void write_attribute(hid_t object, const std::string& path, const std::string& key, hid_t type,
+                     const void* value) {
+  if (H5Aexists(object, key.c_str()) > 0) H5Adelete(object, key.c_str());
+  Hid space(H5Screate(H5S_SCALAR));
+  Hid attribute(checked(H5Acreate2(object, key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), path,
+                        "creating attribute '" + key + "'"));
+  checked_status(H5Awrite(attribute.get(), type, value), path, "writing attribute '" + key + "'");
+}
+
+}  // namespace
+
+void H5File::set_attribute(const std::string& object, const std::string& key, std::int64_t value) {
+  write_attribute(open_object(object).get(), path_, key, H5T_NATIVE_INT64, &value);
+}
+
+void H5File::set_attribute(const std::string& object, const std::string& key, std::uint64_t value) {
+  write_attribute(open_object(object).get(), path_, key, H5T_NATIVE_UINT64, &value);
+}
+
+void H5File::set_attribute(const std::string& object, const std::string& key, double value) {
+  write_attribute(open_object(object).get(), path_, key, H5T_NATIVE_DOUBLE, &value);
+}
+
+void H5File::set_attribute(const std::string& object, const std::string& key, const std::string& value) {
+  const Hid type = string_type(value.size());
+  write_attribute(open_object(object).get(), path_, key, type.get(), value.empty() ? "" : value.data());
+}
+
+bool H5File::has_attribute(const std::string& object, const std::string& key) const {
+  if (!object.empty() && !exists(object)) return false;
+  return H5Aexists(open_object(object).get(), key.c_str()) > 0;
+}
+
+namespace {
+
+Hid open_attribute(hid_t object, const std::string& path, const std::string& owner, const std::string& key) {
+  ZT_CHECK_AS(IoError, H5Aexists(object, key.c_str()) > 0, "checkpoint '", path, "': '",
+              owner.empty() ? "/" : owner, "' has no attribute '", key, "'");
+  return Hid(checked(H5Aopen(object, key.c_str(), H5P_DEFAULT), path, "opening attribute '" + key + "'"));
+}
+
+}  // namespace
+
+std::int64_t H5File::int_attribute(const std::string& object, const std::string& key) const {
+  const Hid owner = open_object(object);
+  const Hid attribute = open_attribute(owner.get(), path_, object, key);
+  std::int64_t value = 0;
+  checked_status(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), path_,
+                 "reading attribute '" + key + "'");
+  return value;
+}
+
+std::uint64_t H5File::uint_attribute(const std::string& object, const std::string& key) const {
+  const Hid owner = open_object(object);
+  const Hid attribute = open_attribute(owner.get(), path_, object, key);
+  std::uint64_t value = 0;
+  checked_status(H5Aread(attribute.get(), H5T_NATIVE_UINT64, &value), path_,
+                 "reading attribute '" + key + "'");
+  return value;
+}
+
+double H5File::double_attribute(const std::string& object, const std::string& key) const {
+  const Hid owner = open_object(object);
+  const Hid attribute = open_attribute(owner.get(), path_, object, key);
+  double value = 0;
+  checked_status(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), path_,
+                 "reading attribute '" + key + "'");
+  return value;
+}
+
+std::string H5File::string_attribute(const std::string& object, const std::string& key) const {
+  const Hid owner = open_object(object);
+  const Hid attribute = open_attribute(owner.get(), path_, object, key);
+  const Hid stored(H5Aget_type(attribute.get()));
+  ZT_CHECK_AS(IoError, H5Tget_class(stored.get()) == H5T_STRING, "checkpoint '", path_, "': attribute '", key,
+              "' of '", object, "' is not a string");
+  const std::size_t size = H5Tget_size(stored.get());
+  const Hid type = string_type(size);
+  std::string value(size, '\0');
+  checked_status(H5Aread(attribute.get(), type.get(), value.data()), path_,
+                 "reading attribute '" + key + "'");
+  value.resize(std::strlen(value.c_str()));
+  return value;
+}
+
+std::vector<std::string> H5File::datasets() const {
+  std::vector<std::string> names;
+  checked_status(H5Ovisit2(
+                     file_.get(), H5_INDEX_NAME, H5_ITER_INC,
+                     [](hid_t, const char* name, const H5O_info_t* info, void* out) -> herr_t {
+                       if (info->type == H5O_TYPE_DATASET)
+                         static_cast<std::vector<std::string>*>(out)->push_back(name);
+                       return 0;
+                     },
+                     &names, H5O_INFO_BASIC),
+                 path_, "listing the datasets");
+  return names;
+}
+
+}  // namespace zt::io

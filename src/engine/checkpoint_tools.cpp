@@ -1,0 +1,148 @@
+// Checkpoint files without an engine: where they are, what they hold, are they intact, export.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "io/hdf5_file.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt {
+namespace fs = std::filesystem;
+
+std::string checkpoint_file(const std::string& dir, const std::string& tag) {
+  return (fs::path(dir) / (tag + ".h5")).string();
+}
+
+std::optional<std::string> latest_checkpoint_tag(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "latest");
+  if (!in) return std::nullopt;
+  std::string tag;
+  std::getline(in, tag);
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
+  if (tag.empty()) return std::nullopt;
+  return tag;
+}
+
+std::vector<std::string> checkpoint_tags_newest_first(const std::string& dir) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || name.front() == '.' || entry.path().extension() != ".h5") continue;
+    std::int64_t steps = -1;  // unreadable files sort last; verification decides about them
+    try {
+      io::H5File file = io::H5File::open_serial(entry.path().string());
+      steps = file.int_attribute("engine", "global_steps");
+    } catch (const Error&) {
+    }
+    found.emplace_back(steps, entry.path().stem().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  std::vector<std::string> tags;
+  for (auto& [steps, tag] : found) tags.push_back(std::move(tag));
+  return tags;
+}
+
+std::optional<std::string> newest_valid_checkpoint(const std::string& dir) {
+  std::vector<std::string> candidates;
+  if (const std::optional<std::string> latest = latest_checkpoint_tag(dir)) candidates.push_back(*latest);
+  for (std::string& tag : checkpoint_tags_newest_first(dir)) {
+    if (std::find(candidates.begin(), candidates.end(), tag) == candidates.end())
+      candidates.push_back(std::move(tag));
+  }
+  for (const std::string& tag : candidates) {
+    try {
+      verify_checkpoint(checkpoint_file(dir, tag));
+      return tag;
+    } catch (const Error& error) {
+      std::fprintf(stderr, "zerotrain: skipping checkpoint '%s': %s\n", tag.c_str(), error.what());
+    }
+  }
+  return std::nullopt;
+}
+
+CheckpointSummary inspect_checkpoint(const std::string& path) {
+  ZT_CHECK_AS(IoError, fs::exists(path), "checkpoint file '", path, "' does not exist");
+  io::H5File file = io::H5File::open_serial(path);
+  ZT_CHECK_AS(IoError,
+              file.has_attribute("", "format") && file.string_attribute("", "format") == kCheckpointFormat,
+              "'", path, "' is not a zerotrain checkpoint");
+  CheckpointSummary summary;
+  summary.path = path;
+  summary.tag = file.string_attribute("", "tag");
+  summary.format_version = file.int_attribute("", "format_version");
+  summary.global_steps = file.int_attribute("engine", "global_steps");
+  summary.global_samples = file.int_attribute("engine", "global_samples");
+  summary.world_size = file.int_attribute("engine", "world_size");
+  summary.zero_stage = static_cast<int>(file.int_attribute("engine", "zero_stage"));
+  summary.compute_dtype = file.string_attribute("engine", "compute_dtype");
+  summary.parameters = file.int_attribute("model", "parameters");
+  if (file.exists("optimizer")) summary.optimizer = file.string_attribute("optimizer", "type");
+  for (const std::string& name : file.datasets()) {
+    summary.datasets.push_back({name, file.shape(name), file.uint_attribute(name, "checksum")});
+  }
+  return summary;
+}
+
+void verify_checkpoint(const std::string& path) {
+  const CheckpointSummary summary = inspect_checkpoint(path);
+  io::H5File file = io::H5File::open_serial(path);
+  for (const CheckpointDataset& dataset : summary.datasets) {
+    std::int64_t count = 1;
+    for (std::int64_t d : dataset.shape) count *= d;
+    const bool integers = dataset.name == "engine/rng_streams";
+    std::vector<std::uint64_t> storage(static_cast<std::size_t>(count));  // room for 8-byte elements
+    std::uint64_t sum = 0;
+    if (integers) {
+      file.read_range(dataset.name, 0, count, storage.data(), DType::int64);
+      sum = io::range_checksum(storage.data(), sizeof(std::uint64_t), 0, count);
+    } else {
+      auto* values = reinterpret_cast<float*>(storage.data());
+      file.read_range(dataset.name, 0, count, values, DType::fp32);
+      sum = io::range_checksum(values, sizeof(float), 0, count);
+    }
+    ZT_CHECK_AS(IoError, sum == dataset.checksum, "checkpoint '", path, "' dataset '", dataset.name,
+                "' does not match its checksum (stored ", dataset.checksum, ", computed ", sum,
+                "): the file is corrupted");
+  }
+}
+
+void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
+  ZT_CHECK_AS(ConfigError, dtype == DType::fp32 || dtype == DType::bf16,
+              "export: --dtype must be fp32 or bf16, got ", dtype_name(dtype));
+  const CheckpointSummary summary = inspect_checkpoint(path);
+  io::H5File file = io::H5File::open_serial(path);
+  // Written next to OUT and renamed, so a failed export never leaves a partial file under OUT.
+  const std::string temporary = out + ".tmp";
+  {
+    io::H5File exported = io::H5File::create_serial(temporary);
+    for (const CheckpointDataset& dataset : summary.datasets) {
+      if (dataset.name.rfind("model/", 0) != 0) continue;
+      const std::string name = dataset.name.substr(6);
+      std::int64_t count = 1;
+      for (std::int64_t d : dataset.shape) count *= d;
+      std::vector<float> values(static_cast<std::size_t>(count));
+      file.read_range(dataset.name, 0, count, values.data(), DType::fp32);
+      exported.create_dataset(name, dataset.shape, dtype);
+      if (dtype == DType::fp32) {
+        exported.write_range(name, 0, count, values.data(), DType::fp32);
+      } else {
+        std::vector<bf16> rounded(values.begin(), values.end());
+        exported.write_range(name, 0, count, rounded.data(), DType::bf16);
+        exported.set_attribute(name, "dtype", std::string("bf16"));
+      }
+    }
+    exported.set_attribute("", "source", path);
+    exported.set_attribute("", "tag", summary.tag);
+    exported.set_attribute("", "global_steps", summary.global_steps);
+    exported.set_attribute("", "dtype", std::string(dtype_name(dtype)));
+    exported.close();
+  }
+  fs::rename(temporary, out);
+}
+
+}  // namespace zt
