@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,11 +40,27 @@ class TrainingData {
 std::unique_ptr<TrainingData> make_training_data(const Config& config, const Engine& engine,
                                                  const std::optional<std::string>& path_override);
 
+/// What `zerotrain train` exits with after a SIGTERM or SIGUSR1 stopped it: the step finished and
+/// the checkpoint is saved (EX_TEMPFAIL: "try again", e.g. requeue and --resume auto).
+inline constexpr int kPreemptedExitCode = 75;
+
 struct TrainOptions {
   std::int64_t steps = 100;                 // train until the global optimizer step reaches this
   std::optional<std::string> data_path;     // overrides the config's data.path
   std::optional<std::string> metrics_path;  // JSON lines, written by rank 0
   std::optional<std::int64_t> print_every;  // progress line interval; default: steps_per_print or 10
+  /// Checkpoints: directory (default: the config's checkpoint.save_dir), interval in optimizer
+  /// steps (default: checkpoint.save_interval; 0 = only at the end and on a signal) and how many
+  /// to keep (default: checkpoint.keep_last; 0 = all). With a directory the run also saves when it
+  /// reaches `steps`, and when SIGTERM or SIGUSR1 arrives (after finishing the current step).
+  std::optional<std::string> save_dir;
+  std::optional<std::int64_t> save_interval;
+  std::optional<std::int64_t> keep_last;
+  /// "auto": the newest checkpoint in save_dir that verifies (none: start afresh); otherwise a
+  /// checkpoint directory to load (its latest tag) or DIR/TAG.h5.
+  std::optional<std::string> resume;
+  /// Called on every rank after each optimizer step (progress hooks, tests).
+  std::function<void(const StepReport&)> on_step;
 };
 
 struct TrainSummary {
@@ -51,6 +68,9 @@ struct TrainSummary {
   double first_loss = 0.0;
   double last_loss = 0.0;
   double mean_step_seconds = 0.0;
+  std::int64_t resumed_from_step = 0;     // global step of the loaded checkpoint (0: fresh start)
+  std::optional<std::string> last_saved;  // tag of the last checkpoint written
+  bool preempted = false;                 // stopped by SIGTERM / SIGUSR1 (exit kPreemptedExitCode)
 };
 
 /// Build the model and engine from the config and train. Collective: every rank calls it.

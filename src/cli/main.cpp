@@ -26,6 +26,9 @@ constexpr const char* kUsage =
     "  train --config FILE [--data PATH] [--steps N] [--metrics PATH] [--print-every N]\n"
     "                             train the model of the config's \"model\" section (run under mpirun/srun\n"
     "                             for data parallelism); --steps: train until global step N (default 100)\n"
+    "        [--save-dir DIR] [--save-interval K] [--keep-last K] [--resume auto|DIR|DIR/TAG.h5]\n"
+    "                             checkpoints every K steps, at the end, and on SIGTERM/SIGUSR1 (then\n"
+    "                             exit 75); --resume auto: the newest valid checkpoint in --save-dir\n"
     "  estimate --config FILE --world-size N [--params P]\n"
     "                             model-state memory per rank predicted by the ZeRO formulas\n"
     "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
@@ -98,13 +101,17 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   options.data_path = flags.take("data");
   options.metrics_path = flags.take("metrics");
   options.print_every = flags.take_integer("print-every");
+  options.save_dir = flags.take("save-dir");
+  options.save_interval = flags.take_integer("save-interval");
+  options.keep_last = flags.take_integer("keep-last");
+  options.resume = flags.take("resume");
   flags.require_all_used();
   // Config warnings once, from rank 0.
   zt::ConfigParseOptions parse;
   if (runtime.world_rank() != 0) parse.warning_sink = {};
   zt::Config config = zt::Config::from_file(*config_path, parse);
-  zt::train(runtime, std::move(config), options);
-  return 0;
+  const zt::TrainSummary summary = zt::train(runtime, std::move(config), options);
+  return summary.preempted ? zt::kPreemptedExitCode : 0;
 }
 
 int estimate_command(zt::Runtime& runtime, int argc, char** argv) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "io/hdf5_file.hpp"
 #include "kernels/nn_kernels.hpp"
 #include "src/engine/parameter_gatherer.hpp"
+#include "src/engine/string_broadcast.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
@@ -24,6 +26,8 @@ namespace zt {
 namespace fs = std::filesystem;
 
 namespace {
+
+using engine_detail::broadcast_string;
 
 /// Every rank must call a checkpoint operation: wait for all at a non-blocking barrier, and give
 /// up with an error (not a hang) when some do not come within ZT_CHECKPOINT_SYNC_TIMEOUT seconds.
@@ -46,16 +50,6 @@ void wait_for_all_ranks(MPI_Comm comm, const char* operation) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-}
-
-/// Every rank agrees on rank 0's string (tags, paths, errors).
-std::string broadcast_string(Communicator& communicator, std::string value) {
-  const MPI_Comm comm = native_mpi_comm(communicator);
-  int length = static_cast<int>(value.size());
-  MPI_Bcast(&length, 1, MPI_INT, 0, comm);
-  value.resize(static_cast<std::size_t>(length));
-  if (length > 0) MPI_Bcast(value.data(), length, MPI_CHAR, 0, comm);
-  return value;
 }
 
 /// Run `work` on rank 0 only; if it throws, every rank throws the same error (so that no rank goes
@@ -166,6 +160,11 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
     ZT_CHECK_AS(IoError, fs::is_directory(directory), "checkpoint directory '", dir, "' is not a directory");
     ZT_CHECK_AS(IoError, ::access(directory.c_str(), W_OK) == 0, "checkpoint directory '", dir,
                 "' is not writable: ", std::strerror(errno));
+    // Temporaries of saves that died half-way (a killed job) are garbage: no save of this job runs.
+    for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
+      const std::string name = entry.path().filename().string();
+      if (name.front() == '.' && name.find(".h5.tmp-") != std::string::npos) fs::remove(entry.path(), error);
+    }
   });
   temporary =
       broadcast_string(data, (directory / ("." + tag + ".h5.tmp-" + std::to_string(::getpid()))).string());
@@ -186,6 +185,11 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
     };
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       write_piece("model/" + layout_[i].name, layout_[i], i, master_of(owned_[i]));
+    }
+    if (const char* fault = std::getenv("ZT_FAULT_INJECTION");
+        fault != nullptr && std::string_view(fault) == "kill_during_checkpoint_save" && data.rank() == 0) {
+      // Test hook (docs/testing.md): die half-way through writing, as a node failure would.
+      std::raise(SIGKILL);
     }
     for (const std::string_view state : optimizer_->state_names()) {
       for (std::size_t i = 0; i < layout_.size(); ++i) {

@@ -3,10 +3,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <variant>
 
+#include "src/engine/string_broadcast.hpp"
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/runtime.hpp"
 #include "zerotrain/trainer.hpp"
@@ -57,6 +61,44 @@ nlohmann::json memory_max_over_ranks(Communicator& world) {
   return memory;
 }
 
+volatile std::sig_atomic_t stop_signal_received = 0;
+
+extern "C" void remember_stop_signal(int signal) {
+  stop_signal_received = signal;
+}
+
+/// SIGTERM and SIGUSR1 (what Slurm and PBS send before a job's end) only set a flag while a run
+/// trains; the loop finishes the step, saves and stops. The previous handlers come back after.
+class StopSignals {
+ public:
+  StopSignals() {
+    stop_signal_received = 0;
+    struct sigaction action = {};
+    action.sa_handler = remember_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &action, &previous_term_);
+    sigaction(SIGUSR1, &action, &previous_usr1_);
+  }
+  ~StopSignals() {
+    sigaction(SIGTERM, &previous_term_, nullptr);
+    sigaction(SIGUSR1, &previous_usr1_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+  /// The signal any rank received (0: none); every rank gets the same answer.
+  static int agreed(Communicator& world) {
+    std::int64_t signal = stop_signal_received;
+    world.all_reduce(&signal, &signal, 1, DType::int64, ReduceOp::max);
+    return static_cast<int>(signal);
+  }
+
+ private:
+  struct sigaction previous_term_ = {};
+  struct sigaction previous_usr1_ = {};
+};
+
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::optional<std::string>& path) {
@@ -91,6 +133,69 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const std::int64_t print_every = options.print_every.value_or(cfg.steps_per_print.value_or(10));
 
   MetricsWriter metrics(leader ? options.metrics_path : std::nullopt);
+  TrainSummary summary;
+
+  // Checkpoints: the flags win over the config's "checkpoint" section.
+  const std::optional<std::string> save_dir = options.save_dir ? options.save_dir : cfg.checkpoint.save_dir;
+  const std::int64_t save_interval = options.save_interval.value_or(cfg.checkpoint.save_interval);
+  ZT_CHECK_AS(ConfigError, save_interval >= 0, "--save-interval must be >= 0, got ", save_interval);
+  auto save = [&](const char* why) {
+    const auto began = Clock::now();
+    SaveOptions save_options;
+    save_options.data_position = data->position();
+    save_options.keep_last = options.keep_last.value_or(cfg.checkpoint.keep_last);
+    save_options.file_mode = cfg.checkpoint.file_mode;
+    save_options.dir_mode = cfg.checkpoint.dir_mode;
+    const std::string tag = engine.save_checkpoint(*save_dir, save_options);
+    const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
+    summary.last_saved = tag;
+    metrics.write({{"event", "checkpoint"},
+                   {"tag", tag},
+                   {"step", engine.global_steps()},
+                   {"reason", why},
+                   {"path", checkpoint_file(*save_dir, tag)},
+                   {"seconds", seconds}});
+    if (leader) {
+      std::printf("zerotrain train: saved checkpoint %s (step %lld, %s) in %.2f s\n",
+                  checkpoint_file(*save_dir, tag).c_str(), static_cast<long long>(engine.global_steps()), why,
+                  seconds);
+      std::fflush(stdout);
+    }
+  };
+  if (options.resume) {
+    std::string dir;
+    std::optional<std::string> tag;
+    if (*options.resume == "auto") {
+      ZT_CHECK_AS(ConfigError, save_dir.has_value(),
+                  "--resume auto looks in the save directory: give --save-dir (or checkpoint.save_dir)");
+      dir = *save_dir;
+      std::string found;
+      if (leader && std::filesystem::is_directory(dir)) found = newest_valid_checkpoint(dir).value_or("");
+      found = engine_detail::broadcast_string(runtime.world(), found);
+      if (!found.empty()) tag = found;
+    } else if (std::filesystem::path(*options.resume).extension() == ".h5") {
+      dir = std::filesystem::path(*options.resume).parent_path().string();
+      tag = std::filesystem::path(*options.resume).stem().string();
+    } else {
+      dir = *options.resume;
+    }
+    if (tag || *options.resume != "auto") {
+      LoadOptions load_options;
+      load_options.tag = tag;
+      const LoadResult loaded = engine.load_checkpoint(dir, load_options);
+      if (loaded.data_position) data->restore(*loaded.data_position);
+      summary.resumed_from_step = engine.global_steps();
+      if (leader) {
+        std::printf(
+            "zerotrain train: resumed from %s at step %lld (saved on %lld rank(s) at ZeRO stage %d)\n",
+            loaded.path.c_str(), static_cast<long long>(engine.global_steps()),
+            static_cast<long long>(loaded.saved_world_size), loaded.saved_zero_stage);
+      }
+    } else if (leader) {
+      std::printf("zerotrain train: no valid checkpoint in %s; starting from step 0\n", dir.c_str());
+    }
+  }
+  StopSignals stop_signals;
   nlohmann::json start = {{"event", "start"},
                           {"world_size", runtime.world_size()},
                           {"data_parallel_size", batch.data_parallel_size},
@@ -103,7 +208,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"gradient_accumulation_steps", batch.gradient_accumulation_steps},
                           {"optimizer", to_string(cfg.optimizer->type)},
                           {"data", data->description()},
-                          {"target_steps", options.steps}};
+                          {"target_steps", options.steps},
+                          {"resumed_from_step", summary.resumed_from_step}};
   metrics.write(start);
   if (leader) {
     std::printf("zerotrain train: %s model, %lld parameters, %s, ZeRO stage %d, %d rank(s) on %d node(s)\n",
@@ -120,7 +226,6 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   }
 
   const double tokens_per_step = static_cast<double>(batch.train_batch_size * data->tokens_per_sample());
-  TrainSummary summary;
   double total_seconds = 0;
   while (engine.global_steps() < options.steps) {
     reset_memory_peaks();
@@ -168,6 +273,26 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
           static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20));
       std::fflush(stdout);
     }
+    if (options.on_step) options.on_step(report);
+    if (const int signal = StopSignals::agreed(runtime.world()); signal != 0) {
+      summary.preempted = true;
+      if (leader) {
+        std::printf("zerotrain train: %s received; stopping after step %lld\n",
+                    signal == SIGTERM ? "SIGTERM" : "SIGUSR1", static_cast<long long>(report.step));
+        std::fflush(stdout);
+      }
+      if (save_dir) {
+        save(signal == SIGTERM ? "SIGTERM" : "SIGUSR1");
+      } else if (leader) {
+        std::printf("zerotrain train: no --save-dir: nothing saved\n");
+      }
+      break;
+    }
+    if (save_dir && save_interval > 0 && report.step % save_interval == 0) save("interval");
+  }
+  if (save_dir && !summary.preempted && summary.steps > 0 &&
+      summary.last_saved != "global_step" + std::to_string(engine.global_steps())) {
+    save("end of run");
   }
   summary.mean_step_seconds = summary.steps > 0 ? total_seconds / static_cast<double>(summary.steps) : 0.0;
   if (leader && summary.steps > 0) {
@@ -177,6 +302,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   }
   metrics.write({{"event", "end"},
                  {"steps", engine.global_steps()},
+                 {"preempted", summary.preempted},
                  {"skipped_steps", engine.skipped_steps()},
                  {"first_loss", summary.first_loss},
                  {"last_loss", summary.last_loss},
