@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """The anchor of zt_bench_gpt_step: the same GPT-2 training step in PyTorch on the CPU.
 
-Same model as zerotrain's nn::Gpt (and tests/python/gpt_reference.py): learned positions, pre-LayerNorm
-blocks (eps 1e-5), fused qkv Linear(C, 3C), causal softmax attention, tanh GELU, tied lm_head, no
-dropout, fp32. Same optimizer: AdamW lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every
+Same model as zerotrain's nn::Gpt (bench/gpt_model.py, shared with bench/pytorch_ddp_gpt.py): learned
+positions, pre-LayerNorm blocks (eps 1e-5), fused qkv Linear(C, 3C), causal softmax attention, tanh GELU,
+tied lm_head, no dropout, fp32. Same optimizer: AdamW lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every
 parameter, no clipping, no scheduler. Same fixed batch (the LCG of bench_gpt_step.cpp). Times
 `warmup` untimed then `steps` timed steps of forward + cross-entropy + backward + optimizer.step()
 + zero_grad(), and prints median and best ms/step and tokens/s, as JSON.
@@ -17,7 +17,6 @@ Needs python3-torch (Debian 12: torch 1.13, CPU).
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -45,66 +44,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", str(ARGS.threads))
 os.environ.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
 
 import torch  # noqa: E402  (after the thread environment)
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model, n_head, seq_len):
-        super().__init__()
-        self.n_head = n_head
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.proj = nn.Linear(d_model, d_model)
-        self.register_buffer("mask", torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool)), persistent=False)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.n_head))
-        scores = scores.masked_fill(~self.mask[:T, :T], float("-inf"))
-        y = torch.softmax(scores, dim=-1) @ v
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
-
-
-class Block(nn.Module):
-    def __init__(self, d_model, n_head, seq_len):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
-        self.attn = CausalSelfAttention(d_model, n_head, seq_len)
-        self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.mlp_proj = nn.Linear(4 * d_model, d_model)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class Gpt(nn.Module):
-    def __init__(self, n_layer, n_head, d_model, seq_len, vocab):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d_model)
-        self.wpe = nn.Embedding(seq_len, d_model)
-        self.h = nn.ModuleList(Block(d_model, n_head, seq_len) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
-        # GPT-2 initialization, as zerotrain's.
-        residual_std = 0.02 / math.sqrt(2 * n_layer)
-        for name, parameter in self.named_parameters():
-            if name.endswith(".bias"):
-                torch.nn.init.zeros_(parameter)
-                continue
-            if ".ln" in name or name.startswith("ln_f"):
-                continue
-            std = residual_std if name.endswith("attn.proj.weight") or name.endswith("mlp_proj.weight") else 0.02
-            torch.nn.init.normal_(parameter, 0.0, std)
-
-    def forward(self, tokens):
-        T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe.weight[:T]
-        for block in self.h:
-            x = block(x)
-        return self.ln_f(x) @ self.wte.weight.T  # tied head
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_model import Gpt, adamw  # noqa: E402  (the model, shared with bench/pytorch_ddp_gpt.py)
 
 
 def fixed_batch(micro_batch, seq_len, vocab):
@@ -124,7 +67,7 @@ def run_shape(name, threads, steps, warmup):
     torch.manual_seed(1234)
     model = Gpt(n_layer, n_head, d_model, seq_len, vocab)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    optimizer = adamw(model)
     inputs, targets = fixed_batch(micro_batch, seq_len, vocab)
 
     def one_step():
