@@ -11,6 +11,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   openmpi-bin libopenmpi-dev          # MPI (Open MPI 4.1, UCX transport built in)
   libhdf5-openmpi-dev hdf5-tools      # parallel HDF5 and h5dump
+  python3-h5py                        # tests: checkpoints and exports read without zerotrain
   liburing-dev libaio-dev             # asynchronous I/O for NVMe offload
   libopenblas-dev                     # host GEMM
   nlohmann-json3-dev                  # ds_config parsing

@@ -73,6 +73,7 @@ struct CheckpointDataset {
   std::string name;
   std::vector<std::int64_t> shape;
   std::uint64_t checksum = 0;
+  std::string dtype = "fp32";  // element type as stored: fp32, or int64 (engine/rng_streams)
 };
 
 struct CheckpointSummary {
@@ -85,7 +86,10 @@ struct CheckpointSummary {
   int zero_stage = 0;
   std::string compute_dtype;
   std::string optimizer;
+  std::int64_t optimizer_step = 0;
   std::int64_t parameters = 0;  // elements of the model's parameters
+  std::string client_state;     // the JSON text given to save_checkpoint
+  std::uint64_t file_bytes = 0;
   std::vector<CheckpointDataset> datasets;
 };
 

@@ -2,13 +2,17 @@
 //   zerotrain report                         what this build and machine offer
 //   zerotrain train --config FILE [...]      train the model a config describes
 //   zerotrain data convert IN OUT            text file -> byte-token file
+//   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -32,6 +36,17 @@ constexpr const char* kUsage =
     "  estimate --config FILE --world-size N [--params P]\n"
     "                             model-state memory per rank predicted by the ZeRO formulas\n"
     "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
+    "  checkpoint inspect DIR [--tag T]\n"
+    "                             what a checkpoint holds: counters, world size and ZeRO stage it was\n"
+    "                             saved at, optimizer, every dataset with shape and checksum\n"
+    "  checkpoint verify DIR [--tag T]\n"
+    "                             check every dataset's checksum; prints OK or the damaged dataset\n"
+    "  checkpoint export DIR [--tag T] --out FILE.h5 [--dtype fp32|bf16]\n"
+    "                             the parameters alone, by name and shape, in a plain HDF5 file\n"
+    "                             (checksums verified first)\n"
+    "                             DIR/TAG.h5 is read, TAG from DIR/latest unless --tag; DIR may be a .h5\n"
+    "                             file; one process (no mpirun needed); exit 0 ok, 1 damaged or\n"
+    "                             unreadable checkpoint or failed write, 2 bad arguments, 3 not found\n"
     "  help                       this text\n";
 
 /// Command-line flags of the form --name VALUE.
@@ -144,6 +159,181 @@ int data_command(zt::Runtime& runtime, int argc, char** argv) {
   return 0;
 }
 
+/// A checkpoint directory, tag or file that is not there (`zerotrain checkpoint` exits 3).
+class CheckpointNotFound : public zt::IoError {
+ public:
+  using IoError::IoError;
+};
+
+namespace fs = std::filesystem;
+
+std::string tag_listing(const std::string& dir, const std::vector<std::string>& tags) {
+  if (tags.empty()) return "'" + dir + "' holds no checkpoint";
+  std::string text = "checkpoints in '" + dir + "': ";
+  for (std::size_t i = 0; i < tags.size(); ++i) text += (i ? ", " : "") + tags[i];
+  return text;
+}
+
+/// The file `zerotrain checkpoint` reads: DIR/TAG.h5, TAG from DIR/latest unless --tag; DIR may
+/// also name a checkpoint file.
+std::string resolve_checkpoint(const std::string& dir, const std::optional<std::string>& tag) {
+  if (!tag && fs::is_regular_file(dir)) return dir;
+  ZT_CHECK_AS(CheckpointNotFound, fs::exists(dir), "checkpoint directory '", dir, "' does not exist");
+  ZT_CHECK_AS(CheckpointNotFound, fs::is_directory(dir), "'", dir,
+              "' is neither a checkpoint directory nor a checkpoint file");
+  const std::vector<std::string> tags = zt::checkpoint_tags_newest_first(dir);
+  std::string chosen;
+  if (tag) {
+    ZT_CHECK_AS(zt::ConfigError, !tag->empty() && tag->find('/') == std::string::npos, "--tag '", *tag,
+                "': expected a tag name (the file name without .h5), not a path");
+    chosen = *tag;
+  } else {
+    const std::optional<std::string> latest = zt::latest_checkpoint_tag(dir);
+    ZT_CHECK_AS(CheckpointNotFound, latest.has_value(), "no file '", (fs::path(dir) / "latest").string(),
+                "' names the newest checkpoint; pass --tag TAG (", tag_listing(dir, tags), ")");
+    chosen = *latest;
+  }
+  const std::string path = zt::checkpoint_file(dir, chosen);
+  ZT_CHECK_AS(CheckpointNotFound, fs::is_regular_file(path), "checkpoint '", chosen, "' not found: no file '",
+              path, "' (", tag_listing(dir, tags), ")");
+  return path;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::string size_text(std::uint64_t bytes) {
+  char text[64];
+  if (bytes < (1u << 20)) {
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024.0);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  }
+  return text;
+}
+
+void print_summary(const zt::CheckpointSummary& summary, const std::string& dir) {
+  const auto row = [](const char* key, const std::string& value) {
+    std::printf("%-16s%s\n", key, value.c_str());
+  };
+  row("file", summary.path + " (" + size_text(summary.file_bytes) + ", " +
+                  std::to_string(summary.file_bytes) + " B)");
+  std::string tag = summary.tag;
+  if (fs::is_directory(dir) && zt::latest_checkpoint_tag(dir) == summary.tag) tag += " (latest)";
+  row("tag", tag);
+  row("format", std::string(zt::kCheckpointFormat) + " version " + std::to_string(summary.format_version));
+  row("global steps", std::to_string(summary.global_steps));
+  row("global samples", std::to_string(summary.global_samples));
+  row("saved at", "world size " + std::to_string(summary.world_size) + ", ZeRO stage " +
+                      std::to_string(summary.zero_stage) + " (loads at any world size and stage)");
+  row("compute dtype", summary.compute_dtype + " (parameters and optimizer states stored in fp32)");
+  row("optimizer", summary.optimizer.empty()
+                       ? std::string("none")
+                       : summary.optimizer + ", step " + std::to_string(summary.optimizer_step));
+  std::size_t tensors = 0;
+  for (const zt::CheckpointDataset& dataset : summary.datasets)
+    tensors += dataset.name.rfind("model/", 0) == 0;
+  row("parameters",
+      std::to_string(summary.parameters) + " elements in " + std::to_string(tensors) + " tensors");
+  row("client state", summary.client_state);
+  if (fs::is_directory(dir)) row("in directory", tag_listing(dir, zt::checkpoint_tags_newest_first(dir)));
+
+  std::size_t name_width = 7;
+  std::size_t shape_width = 5;
+  for (const zt::CheckpointDataset& dataset : summary.datasets) {
+    name_width = std::max(name_width, dataset.name.size());
+    shape_width = std::max(shape_width, shape_text(dataset.shape).size());
+  }
+  const int name_w = static_cast<int>(name_width);
+  const int shape_w = static_cast<int>(shape_width);
+  std::printf("\n%-*s  %-*s  %-5s  %20s\n", name_w, "dataset", shape_w, "shape", "dtype", "checksum");
+  std::uint64_t stored = 0;
+  for (const zt::CheckpointDataset& dataset : summary.datasets) {
+    std::int64_t count = 1;
+    for (std::int64_t d : dataset.shape) count *= d;
+    stored += static_cast<std::uint64_t>(count) * (dataset.dtype == "int64" ? 8u : 4u);
+    std::printf("%-*s  %-*s  %-5s  %20llu\n", name_w, dataset.name.c_str(), shape_w,
+                shape_text(dataset.shape).c_str(), dataset.dtype.c_str(),
+                static_cast<unsigned long long>(dataset.checksum));
+  }
+  std::printf("%zu datasets, %s of data\n", summary.datasets.size(), size_text(stored).c_str());
+}
+
+/// An error's message without the "zerotrain error on rank R (file:line): " prefix: the command's
+/// users want the what, not the where.
+std::string plain_message(const std::exception& error) {
+  const std::string_view text = error.what();
+  const std::size_t end = text.find("): ");
+  if (!text.starts_with("zerotrain error") || end == std::string_view::npos) return std::string(text);
+  return std::string(text.substr(end + 3));
+}
+
+/// zerotrain checkpoint inspect|verify|export DIR [--tag T] [--out FILE.h5] [--dtype fp32|bf16]:
+/// rank 0 alone reads the file (no collective), every rank exits with its code.
+int checkpoint_command(zt::Runtime& runtime, int argc, char** argv) {
+  int code = 0;
+  if (runtime.world_rank() == 0) {
+    const std::string action = argc > 2 ? argv[2] : "";
+    const std::string who = "zerotrain checkpoint" + (action.empty() ? "" : " " + action);
+    try {
+      ZT_CHECK_AS(zt::ConfigError,
+                  (action == "inspect" || action == "verify" || action == "export") && argc > 3,
+                  "usage: zerotrain checkpoint inspect|verify|export DIR [--tag T] [--out FILE.h5] "
+                  "[--dtype fp32|bf16] (see `zerotrain help`)");
+      const std::string dir = argv[3];
+      Flags flags(argc, argv, 4);
+      const std::optional<std::string> tag = flags.take("tag");
+      std::optional<std::string> out;
+      zt::DType dtype = zt::DType::fp32;
+      if (action == "export") {
+        out = flags.take("out");
+        ZT_CHECK_AS(zt::ConfigError, out.has_value(), "export needs --out FILE.h5");
+        const std::string dtype_name = flags.take("dtype").value_or("fp32");
+        ZT_CHECK_AS(zt::ConfigError, dtype_name == "fp32" || dtype_name == "bf16",
+                    "--dtype must be fp32 or bf16, got '", dtype_name, "'");
+        dtype = dtype_name == "bf16" ? zt::DType::bf16 : zt::DType::fp32;
+        const fs::path parent = fs::absolute(*out).parent_path();
+        ZT_CHECK_AS(CheckpointNotFound, fs::is_directory(parent), "cannot write '", *out, "': directory '",
+                    parent.string(), "' does not exist");
+      }
+      flags.require_all_used();
+      const std::string path = resolve_checkpoint(dir, tag);
+      if (action == "inspect") {
+        print_summary(zt::inspect_checkpoint(path), dir);
+      } else if (action == "verify") {
+        zt::verify_checkpoint(path);
+        const zt::CheckpointSummary summary = zt::inspect_checkpoint(path);
+        std::printf("OK %s: tag %s, global step %lld, %zu datasets, every checksum matches\n", path.c_str(),
+                    summary.tag.c_str(), static_cast<long long>(summary.global_steps),
+                    summary.datasets.size());
+      } else {
+        zt::verify_checkpoint(path);
+        zt::export_checkpoint(path, *out, dtype);
+        const zt::CheckpointSummary summary = zt::inspect_checkpoint(path);
+        std::printf("exported %lld parameter elements (%s) of %s (tag %s, global step %lld) to %s\n",
+                    static_cast<long long>(summary.parameters), std::string(zt::dtype_name(dtype)).c_str(),
+                    path.c_str(), summary.tag.c_str(), static_cast<long long>(summary.global_steps),
+                    out->c_str());
+      }
+    } catch (const zt::ConfigError& error) {
+      std::fprintf(stderr, "%s: %s\n", who.c_str(), plain_message(error).c_str());
+      code = 2;
+    } catch (const CheckpointNotFound& error) {
+      std::fprintf(stderr, "%s: %s\n", who.c_str(), plain_message(error).c_str());
+      code = 3;
+    } catch (const std::exception& error) {  // zt::IoError, std::filesystem_error, ...
+      std::fprintf(stderr, "%s: FAILED: %s\n", who.c_str(), plain_message(error).c_str());
+      code = 1;
+    }
+    std::fflush(stdout);
+  }
+  runtime.world().broadcast(&code, 1, zt::DType::int32, 0);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,6 +344,7 @@ int main(int argc, char** argv) {
     if (command == "train") return train_command(runtime, argc, argv);
     if (command == "estimate") return estimate_command(runtime, argc, argv);
     if (command == "data") return data_command(runtime, argc, argv);
+    if (command == "checkpoint") return checkpoint_command(runtime, argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
       if (runtime.world_rank() == 0) std::fputs(kUsage, stdout);
       return 0;

@@ -81,9 +81,15 @@ CheckpointSummary inspect_checkpoint(const std::string& path) {
   summary.zero_stage = static_cast<int>(file.int_attribute("engine", "zero_stage"));
   summary.compute_dtype = file.string_attribute("engine", "compute_dtype");
   summary.parameters = file.int_attribute("model", "parameters");
-  if (file.exists("optimizer")) summary.optimizer = file.string_attribute("optimizer", "type");
+  summary.client_state = file.string_attribute("", "client_state");
+  summary.file_bytes = static_cast<std::uint64_t>(fs::file_size(path));
+  if (file.exists("optimizer")) {
+    summary.optimizer = file.string_attribute("optimizer", "type");
+    summary.optimizer_step = file.int_attribute("optimizer", "step");
+  }
   for (const std::string& name : file.datasets()) {
-    summary.datasets.push_back({name, file.shape(name), file.uint_attribute(name, "checksum")});
+    summary.datasets.push_back({name, file.shape(name), file.uint_attribute(name, "checksum"),
+                                name == "engine/rng_streams" ? "int64" : "fp32"});
   }
   return summary;
 }
@@ -118,7 +124,7 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
   io::H5File file = io::H5File::open_serial(path);
   // Written next to OUT and renamed, so a failed export never leaves a partial file under OUT.
   const std::string temporary = out + ".tmp";
-  {
+  try {
     io::H5File exported = io::H5File::create_serial(temporary);
     for (const CheckpointDataset& dataset : summary.datasets) {
       if (dataset.name.rfind("model/", 0) != 0) continue;
@@ -141,6 +147,10 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
     exported.set_attribute("", "global_steps", summary.global_steps);
     exported.set_attribute("", "dtype", std::string(dtype_name(dtype)));
     exported.close();
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(temporary, ignored);
+    throw;
   }
   fs::rename(temporary, out);
 }
