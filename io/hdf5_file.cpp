@@ -341,31 +341,30 @@ Hid open_attribute(hid_t object, const std::string& path, const std::string& own
 
 }  // namespace
 
-std::int64_t H5File::int_attribute(const std::string& object, const std::string& key) const {
-  const Hid owner = open_object(object);
-  const Hid attribute = open_attribute(owner.get(), path_, object, key);
-  std::int64_t value = 0;
-  checked_status(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), path_,
-                 "reading attribute '" + key + "'");
+namespace {
+
+template <typename Value>
+Value read_scalar_attribute(hid_t owner, const std::string& path, const std::string& object,
+                            const std::string& key, hid_t type) {
+  const Hid attribute = open_attribute(owner, path, object, key);
+  Value value{};
+  checked_status(H5Aread(attribute.get(), type, &value), path, "reading attribute '" + key + "'");
   return value;
+}
+
+}  // namespace
+
+std::int64_t H5File::int_attribute(const std::string& object, const std::string& key) const {
+  return read_scalar_attribute<std::int64_t>(open_object(object).get(), path_, object, key, H5T_NATIVE_INT64);
 }
 
 std::uint64_t H5File::uint_attribute(const std::string& object, const std::string& key) const {
-  const Hid owner = open_object(object);
-  const Hid attribute = open_attribute(owner.get(), path_, object, key);
-  std::uint64_t value = 0;
-  checked_status(H5Aread(attribute.get(), H5T_NATIVE_UINT64, &value), path_,
-                 "reading attribute '" + key + "'");
-  return value;
+  return read_scalar_attribute<std::uint64_t>(open_object(object).get(), path_, object, key,
+                                              H5T_NATIVE_UINT64);
 }
 
 double H5File::double_attribute(const std::string& object, const std::string& key) const {
-  const Hid owner = open_object(object);
-  const Hid attribute = open_attribute(owner.get(), path_, object, key);
-  double value = 0;
-  checked_status(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), path_,
-                 "reading attribute '" + key + "'");
-  return value;
+  return read_scalar_attribute<double>(open_object(object).get(), path_, object, key, H5T_NATIVE_DOUBLE);
 }
 
 std::string H5File::string_attribute(const std::string& object, const std::string& key) const {
