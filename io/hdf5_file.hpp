@@ -29,6 +29,12 @@ class Hid {
   Hid& operator=(const Hid&) = delete;
   ~Hid();
   hid_t get() const { return id_; }
+  /// Give up ownership (the caller closes it).
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
   bool valid() const { return id_ >= 0; }
 
  private:
