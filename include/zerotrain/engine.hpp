@@ -36,6 +36,7 @@ class ExternalModel;
 namespace engine_detail {
 class GradientReducer;
 class ParameterGatherer;
+class SwappedOptimizerStates;
 }  // namespace engine_detail
 
 /// One micro-batch. For a GPT: int32 token ids [B, T] and int32 targets [B, T] (softmax
@@ -52,6 +53,13 @@ struct CommTiming {
   double busy_seconds = 0.0;  // from each collective's start until its completion was seen
 };
 
+/// The optimizer step's sub-group pipeline with NVMe offload (seconds, this rank; zero without it).
+struct OffloadTiming {
+  double wall_seconds = 0.0;     // from the first sub-group's read to the last one's write
+  double update_seconds = 0.0;   // the optimizer's updates of the sub-groups
+  double stalled_seconds = 0.0;  // waiting for reads and writes the updates did not hide
+};
+
 /// What the last optimizer step did. Values are the same on every rank.
 struct StepReport {
   std::int64_t step = 0;    // global optimizer steps after this one
@@ -62,6 +70,24 @@ struct StepReport {
   bool skipped = false;     // overflow: no update
   std::uint64_t comm_bytes = 0;  // bytes this rank sent for the step (estimated on the wire)
   CommTiming comm;               // gradient reduction and parameter gathering of the step
+  OffloadTiming offload;         // this rank's, not agreed across ranks
+};
+
+/// Where this rank's fp32 master weights (bf16/fp16 training) and optimizer states live
+/// (zero_optimization.offload_optimizer; docs/offload.md).
+struct OptimizerStatesPlacement {
+  /// none and cpu: host memory (this build trains on the host, so both are the same place); nvme:
+  /// the rank's swap file, streamed through `buffer_bytes` of host memory one sub-group at a time.
+  OffloadDevice device = OffloadDevice::none;
+  bool master_in_swap = false;     // nvme in 16-bit training: the fp32 master is swapped with the states
+  std::string swap_file;           // nvme: this rank's swap file
+  std::string swap_backend;        // nvme: io_uring, libaio or posix
+  std::uint64_t swap_bytes = 0;    // reserved in the swap file
+  std::uint64_t buffer_bytes = 0;  // host memory of the sub-group buffers
+  std::int64_t sub_groups = 0;
+  std::int64_t sub_group_elements = 0;
+  /// "host memory" or "nvme <file> (<backend>), <n> sub-groups of <m> elements, <b> buffers".
+  std::string describe() const;
 };
 
 /// Where each parameter sits in the flat buffers and in the ZeRO partition (docs/engine.md,
@@ -152,6 +178,8 @@ class Engine {
   /// Stage 3: most parameter elements gathered at once (not counting persistent ones) since the
   /// engine started; 0 at stages 0-2.
   std::int64_t peak_gathered_parameters() const;
+  /// Where the fp32 master and the optimizer states of this rank live.
+  OptimizerStatesPlacement optimizer_states_placement() const;
 
  private:
   /// This rank's part of one parameter as the optimizer sees it (element offsets).
@@ -168,6 +196,11 @@ class Engine {
   void build_buffers();
   void install_hooks();
   void build_optimizer();
+  void build_swapped_states();
+  /// NVMe offload: one optimizer update over the swapped sub-groups.
+  OffloadTiming step_swapped_optimizer(float grad_scale, float lr);
+  /// Index in the swap file's arrays of optimizer state `state` (after the master, when swapped).
+  std::size_t swapped_array_of_state(std::size_t state) const { return (master_in_swap_ ? 1 : 0) + state; }
   void reduce_external_gradients();
   void reduce_pass_leftovers();
   void all_gather_updated_parameters();
@@ -207,7 +240,9 @@ class Engine {
   bool reducing_this_pass_ = false;      // this backward's gradients are communicated
   std::unique_ptr<engine_detail::GradientReducer> reducer_;
   std::unique_ptr<engine_detail::ParameterGatherer> gatherer_;  // stage 3
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;                        // over no buffers when its states are swapped
+  std::unique_ptr<engine_detail::SwappedOptimizerStates> swapped_;  // NVMe offload
+  bool master_in_swap_ = false;  // NVMe offload in 16-bit training: master_ is not allocated
   std::unique_ptr<LRScheduler> scheduler_;
   LossScaler loss_scaler_;
   nn::SoftmaxCrossEntropy cross_entropy_;

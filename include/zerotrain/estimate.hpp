@@ -25,6 +25,27 @@ struct MemoryEstimate {
   /// Bytes of optimizer state per parameter: fp32 master (4, in bf16/fp16) + moments (Adam 8,
   /// SGD with momentum 4, plain SGD 0). Mixed-precision Adam: K = 12 as in the ZeRO paper.
   int optimizer_bytes_per_parameter = 0;
+
+  // ---- zero_optimization.offload_optimizer (docs/offload.md) ----------------------------------
+  OffloadDevice offload_device = OffloadDevice::none;
+  /// Host memory holding the optimizer states: all of `optimizer_states` without offload and with
+  /// "cpu"; with "nvme" the sub-group buffers, buffer_count x min(sub_group_size, shard) elements
+  /// of each fp32 array, each array rounded up to 4096 bytes (the direct-I/O alignment).
+  std::uint64_t optimizer_states_host = 0;
+  /// "nvme": bytes of the rank's swap file (= optimizer_states, before the alignment padding).
+  std::uint64_t nvme_bytes = 0;
+  /// With CUDA, where DeepSpeed puts model states per rank: the device keeps the 16-bit parameters
+  /// and gradients (and the states, without offload); with offload the host keeps the states (or
+  /// their buffers). This build trains on the host, where all of it is host memory.
+  std::uint64_t device_bytes_with_cuda = 0;
+  std::uint64_t host_bytes_with_cuda = 0;
+  /// DeepSpeed's own estimators (estimate_zero2/zero3_model_states_mem_needs, one node with N GPUs,
+  /// additional_buffer_factor 1.5) for the same settings: GPU bytes per GPU, CPU bytes per node.
+  /// largest_parameter (DeepSpeed's "largest layer", here the largest parameter tensor of the
+  /// config's model, 0 with --params) enters stage 3's formula.
+  std::uint64_t deepspeed_gpu_bytes = 0;
+  std::uint64_t deepspeed_cpu_bytes = 0;
+  std::int64_t largest_parameter = 0;
   /// A text table with the formula of each line.
   std::string table() const;
 };
@@ -36,11 +57,14 @@ struct MemoryEstimate {
 ///   stage 1: params kΨ, grads kΨ, states KΨ/N
 ///   stage 2: params kΨ, grads kΨ/N, states KΨ/N
 ///   stage 3: params kΨ/N, grads kΨ/N, states KΨ/N
-/// Partitioned sizes round up to whole elements per rank.
+/// Partitioned sizes round up to whole elements per rank. With optimizer offload, also where the
+/// states live (host, NVMe) and what would be on a GPU with CUDA (fields above).
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                                            std::int64_t parameters_count = 0);
 
 /// Number of parameters of the config's "model" section (without building it).
 std::int64_t model_parameter_count(const Config& config);
+/// Elements of the config's model's largest parameter tensor (0 without a "model" section).
+std::int64_t model_largest_parameter(const Config& config);
 
 }  // namespace zt

@@ -2,10 +2,12 @@
 //
 // The engine owns the parameters and gradients; an optimizer is handed spans of fp32 master weights
 // (whole flat buffers, or one rank's ZeRO shards of them) and allocates its own state next to them
-// (MemoryCategory::optimizer_states). Each step is one fused pass per buffer: unscale and clip the
-// gradient (grad_scale), update the state and the master weights, and optionally write a 16-bit copy
-// of the new weights. Independent of zt::Config: the engine maps the ds_config "optimizer" section
-// to OptimizerParams.
+// (MemoryCategory::optimizer_states). When the state lives elsewhere (NVMe offload swaps it into
+// host buffers one sub-group at a time), build the optimizer over no buffers and drive it with
+// begin_step() and update_range() on the caller's memory: the same kernels, the same step count. Each step is
+// one fused pass per buffer: unscale and clip the gradient (grad_scale), update the state and the master
+// weights, and optionally write a 16-bit copy of the new weights. Independent of zt::Config: the engine maps
+// the ds_config "optimizer" section to OptimizerParams.
 #pragma once
 
 #include <cstddef>
@@ -74,6 +76,17 @@ class Optimizer {
   /// The same for an optimizer over exactly one buffer.
   void step(GradBuffer grad, float grad_scale, float lr, HalfParamBuffer params_16bit = {});
 
+  /// Caller-stored state (ZeRO-Infinity's swapped sub-groups): one step is begin_step() once, then
+  /// update_range() over every range of master weights, in any order and pieces. begin_step checks
+  /// grad_scale and lr as step() does and increments step_count(), so the bias correction (Adam) and
+  /// the first-step rule (SGD momentum) are those of step().
+  void begin_step(float grad_scale, float lr);
+  /// Update `params.count` master weights with the state arrays `state[k]` (state_names()[k], each
+  /// params.count floats, caller-owned) and the gradient range `grad`; writes the 16-bit copy when
+  /// given. Elementwise: any split of a buffer into ranges gives the bits one call gives.
+  void update_range(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale,
+                    float lr, HalfParamBuffer params_16bit = {});
+
   std::size_t buffer_count() const { return params_.size(); }
   ParamBuffer params(std::size_t buffer) const;
 
@@ -100,15 +113,13 @@ class Optimizer {
 
   /// Allocate one zeroed state tensor per buffer under `name` (optimizer_states accounting).
   void add_state(std::string name);
-  float* state_data(std::size_t slot, std::size_t buffer) {
-    return states_[slot].buffers[buffer].as<float>();
-  }
 
   /// Check hyperparameters for this optimizer; throws ConfigError naming the bad value.
   virtual void validate(const OptimizerParams& hyperparameters) const = 0;
-  /// Update buffer `buffer`; step_count() already counts this step.
-  virtual void update(std::size_t buffer, GradBuffer grad, float grad_scale, float lr,
-                      HalfParamBuffer params_16bit) = 0;
+  /// Update `params` with its state arrays (in state_names() order); step_count() already counts
+  /// this step.
+  virtual void update(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale,
+                      float lr, HalfParamBuffer params_16bit) = 0;
 
  private:
   struct StateSlot {
@@ -116,6 +127,9 @@ class Optimizer {
     std::vector<Buffer> buffers;  // one per parameter buffer
   };
   std::size_t slot_index(std::string_view name) const;
+  void check_step_arguments(float grad_scale, float lr) const;
+  void check_range_arguments(std::size_t index, std::size_t count, GradBuffer grad,
+                             HalfParamBuffer params_16bit) const;
 
   std::vector<ParamBuffer> params_;
   OptimizerParams params_hp_;
@@ -133,7 +147,7 @@ class Adam final : public Optimizer {
 
  private:
   void validate(const OptimizerParams& hyperparameters) const override;
-  void update(std::size_t buffer, GradBuffer grad, float grad_scale, float lr,
+  void update(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
               HalfParamBuffer params_16bit) override;
 };
 
@@ -146,7 +160,7 @@ class Sgd final : public Optimizer {
 
  private:
   void validate(const OptimizerParams& hyperparameters) const override;
-  void update(std::size_t buffer, GradBuffer grad, float grad_scale, float lr,
+  void update(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
               HalfParamBuffer params_16bit) override;
   bool has_momentum_buffer_ = false;  // allocated when momentum != 0 at construction
 };

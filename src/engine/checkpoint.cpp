@@ -17,6 +17,7 @@
 #include "kernels/nn_kernels.hpp"
 #include "src/engine/parameter_gatherer.hpp"
 #include "src/engine/string_broadcast.hpp"
+#include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
@@ -183,20 +184,32 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
       names.push_back(name);
       sums.push_back(io::range_checksum(source, sizeof(float), first, count));
     };
+    // With NVMe offload the master (16-bit training) and the states are read from the swap file,
+    // one sub-group's array at a time (each is read once: pieces come in shard order).
+    std::vector<float> swapped_piece;
+    auto from_swap = [&](std::size_t array, std::size_t index) -> const float* {
+      swapped_piece.resize(static_cast<std::size_t>(owned_[index].count));
+      swapped_->read(array, owned_[index].shard_begin, owned_[index].count, swapped_piece.data());
+      return swapped_piece.data();
+    };
     for (std::size_t i = 0; i < layout_.size(); ++i) {
-      write_piece("model/" + layout_[i].name, layout_[i], i, master_of(owned_[i]));
+      write_piece("model/" + layout_[i].name, layout_[i], i,
+                  master_in_swap_ ? from_swap(0, i) : master_of(owned_[i]));
     }
     if (const char* fault = std::getenv("ZT_FAULT_INJECTION");
         fault != nullptr && std::string_view(fault) == "kill_during_checkpoint_save" && data.rank() == 0) {
       // Test hook (docs/testing.md): die half-way through writing, as a node failure would.
       std::raise(SIGKILL);
     }
-    for (const std::string_view state : optimizer_->state_names()) {
+    const std::vector<std::string_view> states = optimizer_->state_names();
+    for (std::size_t k = 0; k < states.size(); ++k) {
       for (std::size_t i = 0; i < layout_.size(); ++i) {
-        write_piece("optimizer/" + std::string(state) + "/" + layout_[i].name, layout_[i], i,
-                    optimizer_->state(state, i).data());
+        write_piece(
+            "optimizer/" + std::string(states[k]) + "/" + layout_[i].name, layout_[i], i,
+            swapped_ ? from_swap(swapped_array_of_state(k), i) : optimizer_->state(states[k], i).data());
       }
     }
+    if (swapped_) swapped_->flush();  // releases the read cache
     // Every rank's dropout streams, one row per rank.
     const std::vector<nn::Dropout*> dropouts = dropouts_of(model_);
     const std::int64_t streams = std::max<std::int64_t>(1, static_cast<std::int64_t>(dropouts.size()));
@@ -333,14 +346,24 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
       if (compute_dtype_ != DType::fp32) {
         const std::int64_t begin = stage_ == 0 ? 0 : data.rank() * slot.piece_numel;
         const std::int64_t real = std::clamp<std::int64_t>(slot.numel - begin, 0, owned.count);
-        std::fill_n(master_of(owned), owned.count, 0.0f);
-        std::copy_n(whole.data() + begin, real, master_of(owned));
+        if (master_in_swap_) {
+          std::vector<float> piece(static_cast<std::size_t>(owned.count), 0.0f);
+          std::copy_n(whole.data() + begin, real, piece.data());
+          swapped_->write(0, owned.shard_begin, owned.count, piece.data());
+        } else {
+          std::fill_n(master_of(owned), owned.count, 0.0f);
+          std::copy_n(whole.data() + begin, real, master_of(owned));
+        }
       }
     } else {
       std::vector<float> piece(static_cast<std::size_t>(owned.count), 0.0f);
       file.read_range(name, first, count, piece.data(), DType::fp32);
       sums.push_back(io::range_checksum(piece.data(), sizeof(float), first, count));
-      if (compute_dtype_ != DType::fp32) std::copy(piece.begin(), piece.end(), master_of(owned));
+      if (master_in_swap_) {
+        swapped_->write(0, owned.shard_begin, owned.count, piece.data());
+      } else if (compute_dtype_ != DType::fp32) {
+        std::copy(piece.begin(), piece.end(), master_of(owned));
+      }
       kernels::convert(Device::host(), piece.data(), DType::fp32, parameter_of(owned), compute_dtype_,
                        owned.count);
     }
@@ -357,12 +380,16 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
                   "'; load with load_optimizer_states = false to start the optimizer afresh");
       optimizer_->set_step_count(file.int_attribute("optimizer", "step"));
     }
-    for (const std::string_view state : optimizer_->state_names()) {
+    const std::vector<std::string_view> states = optimizer_->state_names();
+    std::vector<float> swapped_piece;  // NVMe offload: read here, then written to the swap file
+    for (std::size_t k = 0; k < states.size(); ++k) {
       for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const std::string name = "optimizer/" + std::string(state) + "/" + layout_[i].name;
+        const std::string name = "optimizer/" + std::string(states[k]) + "/" + layout_[i].name;
         ZT_CHECK_AS(IoError, file.exists(name), "checkpoint '", path, "' has no dataset '", name, "'");
         const auto [first, count] = checkpoint_range(i);
-        std::span<float> target = optimizer_->state(state, i);
+        if (swapped_) swapped_piece.resize(static_cast<std::size_t>(owned_[i].count));
+        std::span<float> target =
+            swapped_ ? std::span<float>(swapped_piece) : optimizer_->state(states[k], i);
         std::fill(target.begin(), target.end(), 0.0f);
         if (stage_ == 0) {
           file.read_range(name, 0, layout_[i].numel, target.data(), DType::fp32);
@@ -371,10 +398,13 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
           file.read_range(name, first, count, target.data(), DType::fp32);
           sums.push_back(io::range_checksum(target.data(), sizeof(float), first, count));
         }
+        if (swapped_)
+          swapped_->write(swapped_array_of_state(k), owned_[i].shard_begin, owned_[i].count, target.data());
         names.push_back(name);
       }
     }
   }
+  if (swapped_) swapped_->flush();  // the last sub-group's changes reach the swap file
   sum_checksums(data, sums);
   for (std::size_t k = 0; k < names.size(); ++k) {
     const std::uint64_t stored = file.uint_attribute(names[k], "checksum");

@@ -15,9 +15,11 @@
 #include "kernels/optimizer_kernels.hpp"
 #include "src/engine/gradient_reducer.hpp"
 #include "src/engine/parameter_gatherer.hpp"
+#include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
 #include "zerotrain/runtime.hpp"
+#include "zerotrain/swap.hpp"
 
 namespace zt {
 namespace {
@@ -63,12 +65,28 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
 
 void check_engine_supports(const Config& config) {
   const auto& zero = config.zero_optimization;
-  if (zero.offload_optimizer.device != OffloadDevice::none ||
-      zero.offload_param.device != OffloadDevice::none) {
-    ZT_THROW_AS(
-        ConfigError,
-        "zero_optimization.offload_optimizer / offload_param: offload is not available yet in this build; "
-        "set \"device\": \"none\" or remove the section");
+  if (zero.offload_param.device != OffloadDevice::none) {
+    ZT_THROW_AS(ConfigError, "zero_optimization.offload_param.device is \"",
+                to_string(zero.offload_param.device),
+                "\": parameter offload is not available yet in this build (optimizer offload is: "
+                "zero_optimization.offload_optimizer); set \"device\": \"none\" or remove the section");
+  }
+  const OffloadOptimizerConfig& offload = zero.offload_optimizer;
+  if (offload.device != OffloadDevice::none) {
+    ZT_CHECK_AS(ConfigError, zero.stage >= 1,
+                "zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3, but ",
+                "zero_optimization.stage is ", zero.stage);
+    ZT_CHECK_AS(ConfigError, offload.ratio >= 1.0, "zero_optimization.offload_optimizer.ratio is ",
+                offload.ratio,
+                ": partial optimizer offload is not supported; remove the key (1.0: everything offloaded)");
+    ZT_CHECK_AS(ConfigError, !offload.super_offload,
+                "zero_optimization.offload_optimizer.super_offload is not supported; remove the key");
+    ZT_CHECK_AS(ConfigError, offload.buffer_count >= 1,
+                "zero_optimization.offload_optimizer.buffer_count is ", offload.buffer_count,
+                "; expected >= 1 (4 by default; 3 or more overlap reads, updates and writes)");
+    ZT_CHECK_AS(
+        ConfigError, offload.device != OffloadDevice::nvme || !config.aio.use_gds,
+        "aio.use_gds: GPUDirect Storage is not supported; set it false (swaps go through host buffers)");
   }
   if (config.fp16.fp16_master_weights_and_grads || config.bf16.bf16_master_weights_and_grads ||
       config.bf16.bf16_optimizer_states) {
@@ -253,7 +271,9 @@ void Engine::build_buffers() {
       parameter.grad = Tensor();  // allocated for each module's backward, freed once reduced
     }
   }
-  if (compute_dtype_ != DType::fp32) {
+  master_in_swap_ = compute_dtype_ != DType::fp32 &&
+                    config_.zero_optimization.offload_optimizer.device == OffloadDevice::nvme;
+  if (compute_dtype_ != DType::fp32 && !master_in_swap_) {
     // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ); at
     // stages 1-3 each rank keeps the master of its pieces only.
     master_ = Buffer(Device::host(), static_cast<std::size_t>(shard_size_) * sizeof(float),
@@ -321,12 +341,116 @@ void Engine::install_hooks() {
 }
 
 void Engine::build_optimizer() {
+  const OptimizerParams hyperparameters = optimizer_params_of(*config_.optimizer);
+  if (config_.zero_optimization.offload_optimizer.device == OffloadDevice::nvme) {
+    // The optimizer keeps no state of its own: it updates the sub-groups swapped into the
+    // pipeline's buffers (update_range), with its step count and hyperparameters.
+    optimizer_ = make_optimizer(to_string(config_.optimizer->type), {}, hyperparameters);
+    if (master_in_swap_ || !optimizer_->state_names().empty()) {
+      build_swapped_states();
+      return;
+    }
+    // fp32 plain SGD has nothing to offload: the in-memory optimizer below is the same thing.
+  }
   std::vector<ParamBuffer> buffers;
   buffers.reserve(owned_.size());
   for (const OwnedRange& range : owned_)
     buffers.push_back({master_of(range), static_cast<std::size_t>(range.count)});
-  optimizer_ = make_optimizer(to_string(config_.optimizer->type), std::move(buffers),
-                              optimizer_params_of(*config_.optimizer));
+  optimizer_ = make_optimizer(to_string(config_.optimizer->type), std::move(buffers), hyperparameters);
+}
+
+void Engine::build_swapped_states() {
+  const auto& zero = config_.zero_optimization;
+  const OffloadOptimizerConfig& offload = zero.offload_optimizer;
+  engine_detail::SwappedStatesOptions options;
+  options.swap = SwapOptions::from_aio(config_.aio, *offload.nvme_path);
+  options.swap.rank = runtime_.world_rank();
+  options.shard_elements = shard_size_;
+  options.arrays = (master_in_swap_ ? 1 : 0) + optimizer_->state_names().size();
+  options.sub_group_elements = zero.sub_group_size;
+  options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+  swapped_ = std::make_unique<engine_detail::SwappedOptimizerStates>(options);
+
+  // Initial contents, as the in-memory optimizer's: the master converted from the parameters (the
+  // padding of the last piece stays zero), moments zero.
+  const std::size_t element = dtype_size(compute_dtype_);
+  std::size_t range_index = 0;
+  swapped_->for_each_sub_group([&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
+    for (float* array : arrays) std::fill_n(array, count, 0.0f);
+    if (!master_in_swap_) return;
+    while (range_index < owned_.size() &&
+           owned_[range_index].shard_begin + owned_[range_index].count <= first)
+      ++range_index;
+    for (std::size_t i = range_index; i < owned_.size() && owned_[i].shard_begin < first + count; ++i) {
+      const OwnedRange& range = owned_[i];
+      const std::int64_t begin = std::max(first, range.shard_begin);
+      const std::int64_t end = std::min(first + count, range.shard_begin + range.count);
+      kernels::convert(Device::host(),
+                       static_cast<const std::byte*>(parameter_of(range)) +
+                           static_cast<std::size_t>(begin - range.shard_begin) * element,
+                       compute_dtype_, arrays[0] + (begin - first), DType::fp32, end - begin);
+    }
+  });
+}
+
+OffloadTiming Engine::step_swapped_optimizer(float grad_scale, float lr) {
+  optimizer_->begin_step(grad_scale, lr);
+  const std::size_t element = dtype_size(compute_dtype_);
+  std::vector<float*> state(optimizer_->state_names().size());
+  std::size_t range_index = 0;  // owned_ is in shard order, and so are the sub-groups
+  const SwapPipeline::Stats stats = swapped_->for_each_sub_group(
+      [&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
+        while (range_index < owned_.size() &&
+               owned_[range_index].shard_begin + owned_[range_index].count <= first)
+          ++range_index;
+        // The parameter pieces this sub-group covers, in part or whole; the update is elementwise,
+        // so pieces split at sub-group boundaries update exactly as whole ones.
+        for (std::size_t i = range_index; i < owned_.size() && owned_[i].shard_begin < first + count; ++i) {
+          const OwnedRange& range = owned_[i];
+          const std::int64_t begin = std::max(first, range.shard_begin);
+          const std::int64_t end = std::min(first + count, range.shard_begin + range.count);
+          if (end <= begin) continue;
+          const std::int64_t in_group = begin - first;
+          const std::size_t in_range = static_cast<std::size_t>(begin - range.shard_begin);
+          for (std::size_t k = 0; k < state.size(); ++k)
+            state[k] = arrays[swapped_array_of_state(k)] + in_group;
+          const ParamBuffer master{master_in_swap_ ? arrays[0] + in_group : master_of(range) + in_range,
+                                   static_cast<std::size_t>(end - begin)};
+          const GradBuffer gradient{static_cast<const std::byte*>(gradient_of(range)) + in_range * element,
+                                    compute_dtype_};
+          HalfParamBuffer half;
+          if (compute_dtype_ != DType::fp32)
+            half = {static_cast<std::byte*>(parameter_of(range)) + in_range * element, compute_dtype_};
+          optimizer_->update_range(master, state, gradient, grad_scale, lr, half);
+        }
+      });
+  return {stats.wall_seconds, stats.work_seconds, stats.stalled_seconds};
+}
+
+OptimizerStatesPlacement Engine::optimizer_states_placement() const {
+  OptimizerStatesPlacement placement;
+  placement.device = config_.zero_optimization.offload_optimizer.device;
+  if (swapped_) {
+    placement.master_in_swap = master_in_swap_;
+    placement.swap_file = swapped_->swap().file_path().string();
+    placement.swap_backend = std::string(to_string(swapped_->swap().backend()));
+    placement.swap_bytes = swapped_->swap_bytes();
+    placement.buffer_bytes = swapped_->buffer_bytes();
+    placement.sub_groups = static_cast<std::int64_t>(swapped_->sub_group_count());
+    placement.sub_group_elements =
+        std::min<std::int64_t>(config_.zero_optimization.sub_group_size, shard_size_);
+  }
+  return placement;
+}
+
+std::string OptimizerStatesPlacement::describe() const {
+  if (swap_file.empty()) {
+    return device == OffloadDevice::cpu ? "host memory (offload_optimizer: cpu)" : "host memory";
+  }
+  return detail::concat("nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes, " bytes",
+                        master_in_swap ? ", fp32 master included" : "", "), ", sub_groups,
+                        " sub-group(s) of up to ", sub_group_elements, " elements through ", buffer_bytes,
+                        " bytes of host buffers");
 }
 
 void* Engine::gradient_of(const OwnedRange& range) {
@@ -341,6 +465,7 @@ void* Engine::parameter_of(const OwnedRange& range) {
 
 float* Engine::master_of(const OwnedRange& range) {
   if (compute_dtype_ == DType::fp32) return static_cast<float*>(parameter_of(range));
+  ZT_CHECK(!master_in_swap_, "internal: the fp32 master is in the swap file; read it through swapped_");
   return master_.as<float>() + range.shard_begin;
 }
 
@@ -472,6 +597,11 @@ void Engine::copy_parameters_out() {
 
 std::vector<float> Engine::master_parameters() const {
   std::vector<float> shard(static_cast<std::size_t>(shard_size_), 0.0f);
+  if (master_in_swap_) {
+    swapped_->read(0, 0, shard_size_, shard.data());
+    swapped_->flush();
+    return shard;
+  }
   for (const OwnedRange& range : owned_) {
     std::copy_n(master_of(range), range.count, shard.data() + range.shard_begin);
   }
@@ -622,7 +752,11 @@ bool Engine::step() {
       gradients.push_back({gradient_of(range), compute_dtype_});
       if (compute_dtype_ != DType::fp32) halves.push_back({parameter_of(range), compute_dtype_});
     }
-    optimizer_->step(gradients, grad_scale, static_cast<float>(report.lr), halves);
+    if (swapped_) {
+      report.offload = step_swapped_optimizer(grad_scale, static_cast<float>(report.lr));
+    } else {
+      optimizer_->step(gradients, grad_scale, static_cast<float>(report.lr), halves);
+    }
     if ((stage_ == 1 || stage_ == 2) && data.size() > 1) timed([&] { all_gather_updated_parameters(); });
     if (gatherer_) gatherer_->refresh_persistent();
     if (scheduler_) scheduler_->step();

@@ -25,6 +25,19 @@ std::int64_t model_parameter_count(const Config& config) {
   return count;
 }
 
+std::int64_t model_largest_parameter(const Config& config) {
+  if (!config.model.has_value()) return 0;
+  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
+    // Token and position tables, the MLP's d x 4d matrices (attention's are 3d x d and d x d).
+    return std::max(
+        {gpt->vocab_size * gpt->d_model, gpt->seq_len * gpt->d_model, 4 * gpt->d_model * gpt->d_model});
+  }
+  const auto& sizes = std::get<MlpModelConfig>(*config.model).sizes;
+  std::int64_t largest = 0;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) largest = std::max(largest, sizes[i] * sizes[i + 1]);
+  return largest;
+}
+
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                                            std::int64_t parameters_count) {
   ZT_CHECK_AS(ConfigError, world_size >= 1, "--world-size must be at least 1, got ", world_size);
@@ -48,6 +61,52 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
       static_cast<std::uint64_t>(estimate.optimizer_bytes_per_parameter) * (stage >= 1 ? shard : psi);
 
   const auto& zero = config.zero_optimization;
+  // Offload: where the states live, and where DeepSpeed would put everything with CUDA.
+  const OffloadOptimizerConfig& offload = zero.offload_optimizer;
+  estimate.offload_device = offload.device;
+  estimate.optimizer_states_host = estimate.optimizer_states;
+  const std::uint64_t arrays = static_cast<std::uint64_t>(estimate.optimizer_bytes_per_parameter) / 4;
+  if (offload.device == OffloadDevice::nvme && arrays > 0) {
+    constexpr std::uint64_t kAlignment = 4096;  // the usual direct-I/O alignment (statx says per disk)
+    const std::uint64_t owned = stage >= 1 ? shard : psi;
+    const std::uint64_t sub_group =
+        std::min<std::uint64_t>(static_cast<std::uint64_t>(zero.sub_group_size), owned);
+    const std::uint64_t groups = (owned + sub_group - 1) / sub_group;
+    const std::uint64_t buffers =
+        std::min<std::uint64_t>(static_cast<std::uint64_t>(offload.buffer_count), groups);
+    const std::uint64_t array_bytes = (sub_group * 4 + kAlignment - 1) / kAlignment * kAlignment;
+    const std::uint64_t group_bytes = (arrays - 1) * array_bytes + sub_group * 4;
+    estimate.optimizer_states_host = buffers * ((group_bytes + kAlignment - 1) / kAlignment * kAlignment);
+    estimate.nvme_bytes = estimate.optimizer_states;
+  }
+  estimate.device_bytes_with_cuda = estimate.parameters + estimate.gradients;
+  estimate.host_bytes_with_cuda = 0;
+  if (offload.device == OffloadDevice::none) {
+    estimate.device_bytes_with_cuda += estimate.optimizer_states;
+  } else {
+    estimate.host_bytes_with_cuda = estimate.optimizer_states_host;
+  }
+  // DeepSpeed's estimators, one node with N GPUs (reference: deepspeed-semantics.md §2).
+  estimate.largest_parameter = model_largest_parameter(config);
+  {
+    const double p = static_cast<double>(psi);
+    const double g = static_cast<double>(n);
+    const double factor = 1.5;
+    const double largest = static_cast<double>(estimate.largest_parameter);
+    double gpu = 0;
+    double cpu = 0;
+    const bool offloaded = offload.device != OffloadDevice::none;
+    if (stage <= 2) {  // DeepSpeed has no stage-1 estimator; its stage-2 one is used
+      gpu = offloaded ? 2 * p : 2 * p + 18 * p / g;
+      cpu = offloaded ? p * std::max(4 * g, 16.0) * factor : 4 * p * g * factor;
+    } else {
+      gpu = offloaded ? 4 * largest + 2 * p / g : 4 * largest + 18 * p / g;
+      cpu = offloaded ? 16 * p * factor : 4 * largest * g * factor;  // zero_init, one node
+    }
+    estimate.deepspeed_gpu_bytes = static_cast<std::uint64_t>(gpu);
+    estimate.deepspeed_cpu_bytes = static_cast<std::uint64_t>(cpu);
+  }
+
   const std::uint64_t wire = dtype_size(config.communication_data_type.value_or(estimate.compute_dtype));
   const bool reduces = stage >= 2 || n > 1;  // stages 0-1 on one rank communicate nothing
   if (reduces) {
@@ -83,6 +142,21 @@ std::string MemoryEstimate::table() const {
        std::to_string(big_k) + "Ψ" + (zero_stage >= 1 ? per_rank : ""));
   line(out, "total", total(), "");
   line(out, "bucket buffers", bucket_buffers, "reduce (x2 with overlap_comm) + all-gather buckets");
+  if (offload_device != OffloadDevice::none) {
+    out << "offload_optimizer: " << to_string(offload_device) << "\n";
+    line(out, "states in host", optimizer_states_host,
+         offload_device == OffloadDevice::nvme ? "buffer_count x sub-group x fp32 arrays (4 KiB aligned)"
+                                               : "all of optimizer_states");
+    if (offload_device == OffloadDevice::nvme) line(out, "states on NVMe", nvme_bytes, "swap file per rank");
+    line(out, "with CUDA: device", device_bytes_with_cuda, "parameters + gradients");
+    line(out, "with CUDA: host", host_bytes_with_cuda, "optimizer states (this build trains on the host)");
+  }
+  line(out, "DeepSpeed GPU", deepspeed_gpu_bytes,
+       std::string("per GPU, ") +
+           (zero_stage <= 2 ? "estimate_zero2_model_states_mem_needs"
+                            : "estimate_zero3_model_states_mem_needs") +
+           (offload_device != OffloadDevice::none ? " (cpu_offload)" : ""));
+  line(out, "DeepSpeed CPU", deepspeed_cpu_bytes, "per node of N GPUs, additional_buffer_factor 1.5");
   out << "  (activations, stage 3's gathered parameters and the allocator's slack come on top; the engine\n"
          "   pads each parameter to a multiple of N elements.)\n";
   return out.str();

@@ -75,8 +75,9 @@ std::vector<std::string_view> Optimizer::state_names() const {
 std::span<float> Optimizer::state(std::string_view name, std::size_t buffer) {
   const std::size_t slot = slot_index(name);
   ZT_CHECK(buffer < params_.size(), "state '", name, "' of buffer ", buffer, " requested; the optimizer has ",
-           params_.size(), " buffers");
-  return {state_data(slot, buffer), params_[buffer].count};
+           params_.size(), " buffers",
+           params_.empty() ? " (its state is stored by the caller, e.g. swapped to NVMe)" : "");
+  return {states_[slot].buffers[buffer].as<float>(), params_[buffer].count};
 }
 
 std::span<const float> Optimizer::state(std::string_view name, std::size_t buffer) const {
@@ -93,31 +94,65 @@ void Optimizer::set_hyperparameters(const OptimizerParams& hyperparameters) {
   params_hp_ = hyperparameters;
 }
 
+void Optimizer::check_step_arguments(float grad_scale, float lr) const {
+  ZT_CHECK(std::isfinite(lr) && lr >= 0.0f, "learning rate ", lr,
+           " passed to step; expected a finite value >= 0");
+  ZT_CHECK(
+      std::isfinite(grad_scale), "grad_scale ", grad_scale,
+      " is not finite; expected 1/loss_scale times the clip coefficient (skip overflowed steps instead)");
+}
+
+void Optimizer::check_range_arguments(std::size_t index, std::size_t count, GradBuffer grad,
+                                      HalfParamBuffer params_16bit) const {
+  check_grad_dtype(grad.dtype, index);
+  ZT_CHECK(grad.data != nullptr || count == 0, "gradient buffer ", index, " is null; expected ", count,
+           " elements");
+  if (params_16bit.data != nullptr) {
+    ZT_CHECK(params_16bit.dtype == DType::bf16 || params_16bit.dtype == DType::fp16,
+             "16-bit parameter buffer ", index, " has dtype ", dtype_name(params_16bit.dtype),
+             "; expected bf16 or fp16");
+  }
+}
+
 void Optimizer::step(std::span<const GradBuffer> grads, float grad_scale, float lr,
                      std::span<const HalfParamBuffer> params_16bit) {
   ZT_CHECK(grads.size() == params_.size(), "step got ", grads.size(),
            " gradient buffers; expected one per parameter buffer (", params_.size(), ")");
   ZT_CHECK(params_16bit.empty() || params_16bit.size() == params_.size(), "step got ", params_16bit.size(),
            " 16-bit parameter buffers; expected none or one per parameter buffer (", params_.size(), ")");
-  ZT_CHECK(std::isfinite(lr) && lr >= 0.0f, "learning rate ", lr,
-           " passed to step; expected a finite value >= 0");
-  ZT_CHECK(
-      std::isfinite(grad_scale), "grad_scale ", grad_scale,
-      " is not finite; expected 1/loss_scale times the clip coefficient (skip overflowed steps instead)");
+  check_step_arguments(grad_scale, lr);
   for (std::size_t i = 0; i < grads.size(); ++i) {
-    check_grad_dtype(grads[i].dtype, i);
-    ZT_CHECK(grads[i].data != nullptr || params_[i].count == 0, "gradient buffer ", i, " is null; expected ",
-             params_[i].count, " elements");
-    if (!params_16bit.empty() && params_16bit[i].data != nullptr) {
-      ZT_CHECK(params_16bit[i].dtype == DType::bf16 || params_16bit[i].dtype == DType::fp16,
-               "16-bit parameter buffer ", i, " has dtype ", dtype_name(params_16bit[i].dtype),
-               "; expected bf16 or fp16");
-    }
+    check_range_arguments(i, params_[i].count, grads[i],
+                          params_16bit.empty() ? HalfParamBuffer{} : params_16bit[i]);
   }
   ++step_count_;
+  std::vector<float*> state(states_.size());
   for (std::size_t i = 0; i < grads.size(); ++i) {
-    update(i, grads[i], grad_scale, lr, params_16bit.empty() ? HalfParamBuffer{} : params_16bit[i]);
+    for (std::size_t slot = 0; slot < states_.size(); ++slot)
+      state[slot] = states_[slot].buffers[i].as<float>();
+    update(params_[i], state, grads[i], grad_scale, lr,
+           params_16bit.empty() ? HalfParamBuffer{} : params_16bit[i]);
   }
+}
+
+void Optimizer::begin_step(float grad_scale, float lr) {
+  check_step_arguments(grad_scale, lr);
+  ++step_count_;
+}
+
+void Optimizer::update_range(ParamBuffer params, std::span<float* const> state, GradBuffer grad,
+                             float grad_scale, float lr, HalfParamBuffer params_16bit) {
+  ZT_CHECK(step_count_ > 0, "update_range before begin_step(); call begin_step() once per step first");
+  ZT_CHECK(state.size() == states_.size(), "update_range got ", state.size(), " state arrays; optimizer '",
+           name(), "' needs ", states_.size(), " (state_names() order)");
+  ZT_CHECK(params.data != nullptr || params.count == 0, "update_range: the master weights are null for ",
+           params.count, " elements");
+  for (float* array : state) {
+    ZT_CHECK(array != nullptr || params.count == 0, "update_range: a state array is null for ", params.count,
+             " elements");
+  }
+  check_range_arguments(0, params.count, grad, params_16bit);
+  update(params, state, grad, grad_scale, lr, params_16bit);
 }
 
 void Optimizer::step(GradBuffer grad, float grad_scale, float lr, HalfParamBuffer params_16bit) {
@@ -148,14 +183,13 @@ void Adam::validate(const OptimizerParams& hp) const {
               "adam: weight_decay = ", hp.weight_decay, "; expected >= 0");
 }
 
-void Adam::update(std::size_t buffer, GradBuffer grad, float grad_scale, float lr,
+void Adam::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
                   HalfParamBuffer params_16bit) {
   const OptimizerParams& hp = hyperparameters();
-  const ParamBuffer p = params(buffer);
   kernels::AdamStepArgs args;
   args.params = p.data;
-  args.exp_avg = state_data(0, buffer);
-  args.exp_avg_sq = state_data(1, buffer);
+  args.exp_avg = state[0];
+  args.exp_avg_sq = state[1];
   args.grads = grad.data;
   args.grad_dtype = grad.dtype;
   args.params_16bit = params_16bit.data;
@@ -200,13 +234,12 @@ void Sgd::validate(const OptimizerParams& hp) const {
               " after construction; expected it to stay ", has_momentum_buffer_ ? "non-zero" : "zero");
 }
 
-void Sgd::update(std::size_t buffer, GradBuffer grad, float grad_scale, float lr,
+void Sgd::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
                  HalfParamBuffer params_16bit) {
   const OptimizerParams& hp = hyperparameters();
-  const ParamBuffer p = params(buffer);
   kernels::SgdStepArgs args;
   args.params = p.data;
-  args.momentum_buffer = has_momentum_buffer_ ? state_data(0, buffer) : nullptr;
+  args.momentum_buffer = has_momentum_buffer_ ? state[0] : nullptr;
   args.grads = grad.data;
   args.grad_dtype = grad.dtype;
   args.params_16bit = params_16bit.data;

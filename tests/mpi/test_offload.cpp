@@ -1,0 +1,318 @@
+// Optimizer offload (zero_optimization.offload_optimizer): device "cpu" and "nvme" train exactly as
+// the in-memory optimizer at ZeRO stages 1-3, the NVMe swap keeps host memory to the sub-group
+// buffers, checkpoints move between offloaded and in-memory runs, and a bad nvme_path fails at
+// construction. Swap files go to a directory under the temporary directory (ZT_TEST_SWAP_DIR
+// chooses another; it must support O_DIRECT), removed afterwards.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "engine_runs.hpp"
+#include "mpi_test_main.hpp"
+#include "test_helpers.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/estimate.hpp"
+#include "zerotrain/trainer.hpp"
+
+namespace {
+
+using namespace zt::testing::engine_runs;
+namespace fs = std::filesystem;
+
+constexpr int kGlobalBatch = 8;
+constexpr int kSteps = 5;
+// Small sub-groups: the shard (about 35k elements at one rank, 9k at four) spans many of them, and
+// they split parameter pieces in the middle.
+constexpr int kSubGroup = 1500;
+
+/// A directory every rank sees (rank 0 makes it), removed at the end; `/ child` names inside it.
+class JobDirectory {
+ public:
+  JobDirectory() {
+    std::string name;
+    if (zt::testing::runtime().world_rank() == 0) {
+      const char* base = std::getenv("ZT_TEST_SWAP_DIR");
+      const std::string pattern_text =
+          (fs::path(base ? base : fs::temp_directory_path().c_str()) / "zt-offload-test-XXXXXX").string();
+      std::vector<char> pattern(pattern_text.begin(), pattern_text.end());
+      pattern.push_back('\0');
+      name = ::mkdtemp(pattern.data());
+    }
+    int length = static_cast<int>(name.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  ~JobDirectory() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (zt::testing::runtime().world_rank() == 0) fs::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& child) const { return (fs::path(path_) / child).string(); }
+  /// Files left in the directory (rank 0; others see the same directory).
+  std::size_t entries() const {
+    std::size_t count = 0;
+    for ([[maybe_unused]] const auto& entry : fs::directory_iterator(path_)) ++count;
+    return count;
+  }
+
+ private:
+  std::string path_;
+};
+
+std::string offload_section(const std::string& device, const std::string& nvme_path, int buffer_count = 3) {
+  std::string section = R"("offload_optimizer": {"device": ")" + device + "\"";
+  if (device == "nvme") {
+    section += R"(, "nvme_path": ")" + nvme_path + R"(", "buffer_count": )" + std::to_string(buffer_count);
+  }
+  return section + "}";
+}
+
+/// The test GPT at `stage` over the world; `offload` is "" (in memory) or an offload_optimizer entry.
+zt::Config config_for(int stage, const std::string& offload, const char* optimizer = kAdamW,
+                      const std::string& precision = "") {
+  const int world = zt::testing::runtime().world_size();
+  std::string zero = R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +
+                     R"(, "stage3_param_persistence_threshold": 0, "sub_group_size": )" +
+                     std::to_string(kSubGroup);
+  if (!offload.empty()) zero += ", " + offload;
+  zero += "}";
+  // Small aio blocks: many kernel requests per sub-group, as a large model's sub-groups would be.
+  const std::string aio = R"(, "aio": {"block_size": 65536, "queue_depth": 4})";
+  return parse(gpt_config(kGlobalBatch / world / 2, 2, zero + aio + precision, optimizer));
+}
+
+void expect_same_run(const RunResult& expected, const RunResult& actual, const std::string& what) {
+  ASSERT_EQ(expected.losses.size(), actual.losses.size()) << what;
+  for (std::size_t i = 0; i < expected.losses.size(); ++i)
+    EXPECT_EQ(expected.losses[i], actual.losses[i]) << what << ", step " << i + 1;
+  ASSERT_EQ(expected.master.size(), actual.master.size()) << what;
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < expected.master.size(); ++i)
+    differing += expected.master[i] != actual.master[i];
+  EXPECT_EQ(differing, 0u) << what << ": master weights differ (max "
+                           << max_abs_difference(expected.master, actual.master) << ")";
+}
+
+TEST(Offload, CpuReproducesTheInMemoryRunBitwise) {
+  for (int stage : {1, 2, 3}) {
+    const RunResult in_memory = run(config_for(stage, ""), kSteps, nullptr);
+    const zt::Config config = config_for(stage, offload_section("cpu", ""));
+    {
+      auto model = zt::build_model(config);
+      zt::Engine engine(zt::testing::runtime(), *model, config);
+      EXPECT_EQ(engine.optimizer_states_placement().device, zt::OffloadDevice::cpu);
+      EXPECT_EQ(engine.optimizer_states_placement().describe(), "host memory (offload_optimizer: cpu)");
+    }
+    expect_same_run(in_memory, run(config, kSteps, nullptr), "cpu offload, stage " + std::to_string(stage));
+  }
+}
+
+/// NVMe offload against the in-memory optimizer: AdamW and SGD with momentum, stages 1-3, fp32 (only
+/// the moments swap) and bf16 (the fp32 master swaps too), 1 to 4 pipeline buffers.
+TEST(Offload, NvmeReproducesTheInMemoryRunBitwise) {
+  JobDirectory directory;
+  struct Case {
+    int stage;
+    const char* optimizer;
+    const char* precision;
+    int buffers;
+  };
+  const Case cases[] = {
+      {1, kAdamW, "", 3},
+      {2, kAdamW, "", 4},
+      {3, kAdamW, "", 3},
+      {2, kSgd, "", 2},
+      {3, kSgd, "", 1},
+      {1, kAdamW, R"(, "bf16": {"enabled": true})", 3},
+      {3, kAdamW, R"(, "bf16": {"enabled": true})", 4},
+  };
+  for (const Case& c : cases) {
+    const std::string what = std::string("stage ") + std::to_string(c.stage) +
+                             (c.optimizer == kSgd ? " sgd" : " adamw") + (*c.precision ? " bf16" : " fp32") +
+                             ", " + std::to_string(c.buffers) + " buffers";
+    SCOPED_TRACE(what);
+    const RunResult in_memory = run(config_for(c.stage, "", c.optimizer, c.precision), kSteps, nullptr);
+    const RunResult offloaded = run(
+        config_for(c.stage, offload_section("nvme", directory.path(), c.buffers), c.optimizer, c.precision),
+        kSteps, nullptr);
+    expect_same_run(in_memory, offloaded, what);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (zt::testing::runtime().world_rank() == 0) {
+      EXPECT_EQ(directory.entries(), 0u) << "swap files left in " << directory.path();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+/// With NVMe offload the host holds the sub-group buffers only: buffer_count x sub-group x arrays.
+/// Measured against the estimate's host bytes, with the in-memory states for contrast.
+TEST(Offload, NvmeHostMemoryIsTheSubGroupBuffers) {
+  JobDirectory directory;
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  for (const char* precision : {"", R"(, "bf16": {"enabled": true})"}) {
+    for (int stage : {1, 3}) {
+      SCOPED_TRACE(std::string("stage ") + std::to_string(stage) + precision);
+      const int buffers = 2;
+      const zt::Config config =
+          config_for(stage, offload_section("nvme", directory.path(), buffers), kAdamW, precision);
+      const zt::MemoryEstimate predicted = zt::estimate_model_state_memory(config, world);
+      const auto before = zt::memory_snapshot(zt::DeviceType::host);
+      auto model = zt::build_model(config);
+      zt::Engine engine(runtime, *model, config);
+      const auto after = zt::memory_snapshot(zt::DeviceType::host);
+      auto measured = [&](const zt::MemorySnapshot& snapshot) {
+        return snapshot[zt::MemoryCategory::optimizer_states].current -
+               before[zt::MemoryCategory::optimizer_states].current;
+      };
+      const zt::OptimizerStatesPlacement placement = engine.optimizer_states_placement();
+      EXPECT_EQ(placement.device, zt::OffloadDevice::nvme);
+      EXPECT_EQ(placement.master_in_swap, *precision != '\0');
+      EXPECT_EQ(measured(after), placement.buffer_bytes);
+      const std::size_t arrays = *precision ? 3 : 2;  // (master,) exp_avg, exp_avg_sq
+      const std::uint64_t formula = buffers * static_cast<std::uint64_t>(kSubGroup) * arrays * sizeof(float);
+      // Each array of a sub-group starts at the direct-I/O alignment (4096 bytes here, at most 64 KiB).
+      EXPECT_GE(measured(after), formula);
+      EXPECT_LE(measured(after), formula + buffers * arrays * 65536);
+      // The estimate: host bytes of the states are the buffers, the swap file holds K x shard.
+      EXPECT_GE(predicted.optimizer_states_host, formula);
+      EXPECT_LE(predicted.optimizer_states_host, formula + buffers * arrays * 65536);
+      EXPECT_EQ(measured(after) >= predicted.optimizer_states_host
+                    ? measured(after) - predicted.optimizer_states_host
+                    : predicted.optimizer_states_host - measured(after),
+                0u)
+          << "measured " << measured(after) << ", predicted " << predicted.optimizer_states_host;
+      EXPECT_GE(placement.swap_bytes, predicted.optimizer_states);  // the whole states, on disk
+      EXPECT_EQ(predicted.nvme_bytes, predicted.optimizer_states);
+      EXPECT_LT(measured(after), predicted.optimizer_states);  // and less than in memory
+
+      auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+      for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+        engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+        engine.backward();
+        engine.step();
+      }
+      EXPECT_EQ(measured(zt::memory_snapshot(zt::DeviceType::host)), measured(after)) << "after a step";
+      EXPECT_GT(engine.last_step().offload.wall_seconds, 0.0);
+      EXPECT_GT(engine.last_step().offload.update_seconds, 0.0);
+    }
+  }
+}
+
+TEST(Offload, BadNvmePathFailsAtConstruction) {
+  JobDirectory directory;
+  zt::Runtime& runtime = zt::testing::runtime();
+  const std::string missing = directory / "missing";
+  const zt::Config config = config_for(2, offload_section("nvme", missing));
+  auto model = zt::build_model(config);
+  const std::string message = zt::testing::error_of([&] { zt::Engine engine(runtime, *model, config); });
+  EXPECT_NE(message.find("nvme_path '" + missing + "' is not usable: No such file or directory"),
+            std::string::npos)
+      << message;
+
+  // A file where the directory should be.
+  if (runtime.world_rank() == 0) std::ofstream(directory / "file") << "x";
+  MPI_Barrier(MPI_COMM_WORLD);
+  const zt::Config under_file = config_for(2, offload_section("nvme", directory / "file"));
+  auto model2 = zt::build_model(under_file);
+  const std::string message2 =
+      zt::testing::error_of([&] { zt::Engine engine(runtime, *model2, under_file); });
+  EXPECT_NE(message2.find("is not a directory"), std::string::npos) << message2;
+
+  // Settings this engine does not honour are refused with what to change.
+  const std::string partial = zt::testing::error_of([&] {
+    zt::check_engine_supports(parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"));
+  });
+  EXPECT_NE(partial.find("partial optimizer offload is not supported"), std::string::npos) << partial;
+  const std::string parameters = zt::testing::error_of([&] {
+    zt::check_engine_supports(parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+        "offload_param": {"device": "cpu"}}})"));
+  });
+  EXPECT_NE(parameters.find("parameter offload is not available yet"), std::string::npos) << parameters;
+}
+
+/// Checkpoints carry the real state values across offload settings: saved with NVMe offload and
+/// loaded in memory, and the reverse, the run continues bit for bit as the uninterrupted one.
+TEST(Offload, CheckpointsMoveBetweenNvmeAndMemory) {
+  JobDirectory directory;
+  constexpr int kSaveAt = 3;
+  constexpr int kAfter = 2;
+  const std::string swap = directory.path();
+  for (const char* precision : {"", R"(, "bf16": {"enabled": true})"}) {
+    for (int stage : {1, 3}) {
+      const std::string trace = "stage " + std::to_string(stage) + precision;
+      SCOPED_TRACE(trace);
+      const zt::Config in_memory = config_for(stage, "", kAdamW, precision);
+      const zt::Config nvme = config_for(stage, offload_section("nvme", swap), kAdamW, precision);
+      const RunResult uninterrupted = run(in_memory, kSaveAt + kAfter, nullptr);
+
+      struct Direction {
+        const zt::Config* saver;
+        const zt::Config* loader;
+        const char* name;
+      };
+      const Direction directions[] = {{&nvme, &in_memory, "nvme -> memory"},
+                                      {&in_memory, &nvme, "memory -> nvme"},
+                                      {&nvme, &nvme, "nvme -> nvme"}};
+      for (std::size_t d = 0; d < std::size(directions); ++d) {
+        const Direction& direction = directions[d];
+        SCOPED_TRACE(direction.name);
+        const std::string checkpoints = directory / ("ckpt-" + std::to_string(stage) +
+                                                     (*precision ? "-bf16-" : "-fp32-") + std::to_string(d));
+        RunResult resumed;
+        {
+          auto model = zt::build_model(*direction.saver);
+          zt::Engine engine(zt::testing::runtime(), *model, *direction.saver);
+          auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+          for (int step = 0; step < kSaveAt; ++step) {
+            for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+              engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+              engine.backward();
+              engine.step();
+            }
+            data->advance();
+            resumed.losses.push_back(engine.last_step().loss);
+          }
+          zt::SaveOptions options;
+          options.data_position = data->position();
+          engine.save_checkpoint(checkpoints, options);
+        }
+        {
+          auto model = zt::build_model(*direction.loader);
+          zt::Engine engine(zt::testing::runtime(), *model, *direction.loader);
+          auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+          const zt::LoadResult loaded = engine.load_checkpoint(checkpoints);
+          ASSERT_TRUE(loaded.data_position.has_value());
+          data->restore(*loaded.data_position);
+          for (int step = 0; step < kAfter; ++step) {
+            for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+              engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+              engine.backward();
+              engine.step();
+            }
+            data->advance();
+            resumed.losses.push_back(engine.last_step().loss);
+          }
+          const std::vector<float> flat = engine.gather_master_parameters();
+          for (const zt::FlatParameter& slot : engine.flat_layout())
+            resumed.master.insert(resumed.master.end(), flat.begin() + slot.offset,
+                                  flat.begin() + slot.offset + slot.numel);
+        }
+        expect_same_run(uninterrupted, resumed, trace + ", " + direction.name);
+      }
+    }
+  }
+}
+
+}  // namespace
