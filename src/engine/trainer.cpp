@@ -210,6 +210,14 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"data", data->description()},
                           {"target_steps", options.steps},
                           {"resumed_from_step", summary.resumed_from_step}};
+  const OptimizerStatesPlacement placement = engine.optimizer_states_placement();
+  if (placement.device != OffloadDevice::none) {  // rank 0's; the other ranks' files differ by rank
+    start["optimizer_states"] = {{"offload", to_string(placement.device)},
+                                 {"where", placement.describe()},
+                                 {"swap_bytes", placement.swap_bytes},
+                                 {"host_buffer_bytes", placement.buffer_bytes},
+                                 {"sub_groups", placement.sub_groups}};
+  }
   metrics.write(start);
   if (leader) {
     std::printf("zerotrain train: %s model, %lld parameters, %s, ZeRO stage %d, %d rank(s) on %d node(s)\n",
@@ -222,6 +230,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                 static_cast<long long>(batch.train_micro_batch_size_per_gpu),
                 static_cast<long long>(batch.gradient_accumulation_steps), batch.data_parallel_size,
                 data->description().c_str());
+    if (placement.device != OffloadDevice::none)
+      std::printf("  optimizer states (rank 0): %s\n", placement.describe().c_str());
     std::fflush(stdout);
   }
 
@@ -246,23 +256,29 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
 
     const nlohmann::json memory = memory_max_over_ranks(runtime.world());
     const double tokens_per_second = tokens_per_step / seconds;
-    metrics.write(
-        {{"event", "step"},
-         {"step", report.step},
-         {"samples", engine.global_samples()},
-         {"tokens", static_cast<std::int64_t>(engine.global_samples()) *
-                        static_cast<std::int64_t>(data->tokens_per_sample())},
-         {"loss", report.loss},
-         {"lr", report.lr},
-         {"loss_scale", report.loss_scale},
-         {"grad_norm", std::isfinite(report.grad_norm) ? nlohmann::json(report.grad_norm) : nlohmann::json()},
-         {"skipped", report.skipped},
-         {"step_time_s", seconds},
-         {"tokens_per_s", tokens_per_second},
-         {"mem", memory},
-         {"comm_bytes", report.comm_bytes},
-         {"comm_wait_s", report.comm.wait_seconds},
-         {"comm_busy_s", report.comm.busy_seconds}});
+    nlohmann::json step_line = {
+        {"event", "step"},
+        {"step", report.step},
+        {"samples", engine.global_samples()},
+        {"tokens", static_cast<std::int64_t>(engine.global_samples()) *
+                       static_cast<std::int64_t>(data->tokens_per_sample())},
+        {"loss", report.loss},
+        {"lr", report.lr},
+        {"loss_scale", report.loss_scale},
+        {"grad_norm", std::isfinite(report.grad_norm) ? nlohmann::json(report.grad_norm) : nlohmann::json()},
+        {"skipped", report.skipped},
+        {"step_time_s", seconds},
+        {"tokens_per_s", tokens_per_second},
+        {"mem", memory},
+        {"comm_bytes", report.comm_bytes},
+        {"comm_wait_s", report.comm.wait_seconds},
+        {"comm_busy_s", report.comm.busy_seconds}};
+    if (placement.device == OffloadDevice::nvme) {  // rank 0's sub-group pipeline
+      step_line["offload_wall_s"] = report.offload.wall_seconds;
+      step_line["offload_update_s"] = report.offload.update_seconds;
+      step_line["offload_stall_s"] = report.offload.stalled_seconds;
+    }
+    metrics.write(step_line);
     if (leader && print_every > 0 &&
         (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
       std::printf(

@@ -1,0 +1,197 @@
+// Optimizer step time with offload_optimizer "cpu" and "nvme" against the in-memory optimizer, at
+// the GPT shapes of zt_bench_gpt_step, in one process and one run (docs/offload.md, "Benchmark").
+//
+// Each round builds one engine per placement (ZeRO stage 1, one rank, fp32 AdamW), and times the
+// boundary engine.step() — gradient norm, optimizer update (with NVMe: the sub-group pipeline of
+// reads, updates and writes), zeroing the gradients — after an untimed forward/backward on a short
+// sequence (the optimizer's work depends on the parameter count only). Placements alternate within
+// each round; medians over all rounds' steps are reported with their ratio to in-memory.
+//
+//   zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] [--sub-group N]
+//                    [--buffers N] [--threads N]
+//
+// --dir is the nvme_path (default: the temporary directory; it must support O_DIRECT). --sub-group
+// (default 1e7 elements) and --buffers (default 4, DeepSpeed's buffer_count) set the pipeline; the
+// nvme placement is also run with 1 buffer (reads, updates and writes in turn) to show the overlap.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kernels/optimizer_kernels.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/runtime.hpp"
+
+namespace {
+
+struct Shape {
+  std::string name;
+  int n_layer, n_head, d_model, seq_len, vocab;
+};
+const Shape kSmall{"small", 4, 4, 128, 64, 512};
+const Shape kGpt2{"gpt2", 12, 12, 768, 1024, 50257};
+
+struct Options {
+  Shape shape = kGpt2;
+  int rounds = 3;
+  int steps = 3;
+  std::string dir = std::filesystem::temp_directory_path().string();
+  long long sub_group = 10'000'000;
+  int buffers = 4;
+  int threads = 0;
+};
+
+[[noreturn]] void usage(const std::string& message) {
+  std::fprintf(stderr,
+               "%s\nusage: zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] "
+               "[--sub-group N] [--buffers N] [--threads N]\n",
+               message.c_str());
+  std::exit(2);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("");
+    if (i + 1 >= argc) usage("missing value after " + flag);
+    const std::string value = argv[++i];
+    if (flag == "--shape") {
+      if (value != "small" && value != "gpt2") usage("--shape takes small or gpt2");
+      options.shape = value == "small" ? kSmall : kGpt2;
+    } else if (flag == "--rounds") {
+      options.rounds = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--steps") {
+      options.steps = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--dir") {
+      options.dir = value;
+    } else if (flag == "--sub-group") {
+      options.sub_group = std::max(1LL, std::atoll(value.c_str()));
+    } else if (flag == "--buffers") {
+      options.buffers = std::max(1, std::atoi(value.c_str()));
+    } else if (flag == "--threads") {
+      options.threads = std::atoi(value.c_str());
+    } else {
+      usage("unknown flag " + flag);
+    }
+  }
+  return options;
+}
+
+struct Placement {
+  std::string name;
+  std::string offload;  // the offload_optimizer entry, or empty
+};
+
+std::string config_json(const Shape& shape, const Placement& placement, long long sub_group) {
+  return R"({
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 1, "sub_group_size": )" +
+         std::to_string(sub_group) + (placement.offload.empty() ? "" : ", " + placement.offload) + R"(},
+    "model": {"type": "gpt", "n_layer": )" +
+         std::to_string(shape.n_layer) + R"(, "n_head": )" + std::to_string(shape.n_head) +
+         R"(, "d_model": )" + std::to_string(shape.d_model) + R"(, "seq_len": )" +
+         std::to_string(shape.seq_len) + R"(, "vocab_size": )" + std::to_string(shape.vocab) +
+         R"(, "dropout": 0.0, "tie_embeddings": true},
+    "seed": 1234
+  })";
+}
+
+zt::Batch short_batch(const Shape& shape) {
+  constexpr std::int64_t kTokens = 16;
+  std::vector<std::int32_t> inputs(kTokens), targets(kTokens);
+  for (std::int64_t t = 0; t < kTokens; ++t) {
+    inputs[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % shape.vocab);
+    targets[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919 + 1) % shape.vocab);
+  }
+  return {zt::Tensor::from_vector(inputs, {1, kTokens}), zt::Tensor::from_vector(targets, {1, kTokens})};
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+struct Samples {
+  std::vector<double> step_ms, wall_ms, update_ms, stalled_ms;
+  std::string where;
+  std::int64_t parameters = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  zt::Runtime runtime(&argc, &argv);
+  return zt::run_and_report([&] {
+    const Options options = parse_options(argc, argv);
+    ZT_CHECK(runtime.world_size() == 1, "zt_bench_offload is a single-process benchmark (got ",
+             runtime.world_size(), " ranks)");
+    const std::string nvme =
+        R"("offload_optimizer": {"device": "nvme", "nvme_path": ")" + options.dir + R"(", "buffer_count": )";
+    const std::vector<Placement> placements = {
+        {"memory", ""},
+        {"cpu", R"("offload_optimizer": {"device": "cpu"})"},
+        {"nvme", nvme + std::to_string(options.buffers) + "}"},
+        {"nvme-1buf", nvme + "1}"},
+    };
+    const zt::Batch batch = short_batch(options.shape);
+    std::vector<Samples> samples(placements.size());
+    for (int round = 0; round < options.rounds; ++round) {
+      for (std::size_t p = 0; p < placements.size(); ++p) {
+        const zt::Config config =
+            zt::Config::from_string(config_json(options.shape, placements[p], options.sub_group),
+                                    zt::ConfigParseOptions{.warning_sink = {}});
+        auto model = zt::build_model(config);
+        zt::Engine engine(runtime, *model, config);
+        if (options.threads > 0) zt::kernels::set_host_threads(options.threads);
+        samples[p].where = engine.optimizer_states_placement().describe();
+        samples[p].parameters = engine.parameter_count();
+        for (int step = 0; step < options.steps + 1; ++step) {  // the first is a warmup
+          engine.forward(batch);
+          engine.backward();
+          const auto start = std::chrono::steady_clock::now();
+          engine.step();
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+          if (step == 0) continue;
+          const zt::OffloadTiming& offload = engine.last_step().offload;
+          samples[p].step_ms.push_back(ms);
+          samples[p].wall_ms.push_back(offload.wall_seconds * 1e3);
+          samples[p].update_ms.push_back(offload.update_seconds * 1e3);
+          samples[p].stalled_ms.push_back(offload.stalled_seconds * 1e3);
+        }
+      }
+    }
+    std::printf(
+        "GPT %s: %lld parameters, ZeRO stage 1, 1 rank, fp32 AdamW, %d OpenMP threads, sub_group_size %lld\n",
+        options.shape.name.c_str(), static_cast<long long>(samples[0].parameters),
+        zt::kernels::host_threads(), options.sub_group);
+    std::printf("%d rounds x %d timed steps per placement; medians in ms\n\n", options.rounds, options.steps);
+    std::printf("| placement | optimizer step | vs memory | pipeline wall | updates | stalled on I/O |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    const double base = median(samples[0].step_ms);
+    for (std::size_t p = 0; p < placements.size(); ++p) {
+      const double step = median(samples[p].step_ms);
+      if (placements[p].name.starts_with("nvme")) {
+        std::printf("| %s | %.1f | %.2f | %.1f | %.1f | %.1f |\n", placements[p].name.c_str(), step,
+                    step / base, median(samples[p].wall_ms), median(samples[p].update_ms),
+                    median(samples[p].stalled_ms));
+      } else {
+        std::printf("| %s | %.1f | %.2f | | | |\n", placements[p].name.c_str(), step, step / base);
+      }
+    }
+    std::printf("\n");
+    for (std::size_t p = 0; p < placements.size(); ++p)
+      std::printf("%s: %s\n", placements[p].name.c_str(), samples[p].where.c_str());
+    return 0;
+  });
+}

@@ -1,0 +1,6 @@
+# The optimizer offload benchmark (include()d from bench/CMakeLists.txt): the optimizer step with
+# offload_optimizer "cpu" and "nvme" against in memory, at the GPT shapes (docs/offload.md).
+add_executable(zt_bench_offload ${CMAKE_CURRENT_LIST_DIR}/bench_offload.cpp)
+set_target_properties(zt_bench_offload PROPERTIES OUTPUT_NAME zt_bench_offload)
+target_include_directories(zt_bench_offload PRIVATE ${PROJECT_SOURCE_DIR})
+target_link_libraries(zt_bench_offload PRIVATE zerotrain zt_warnings)
