@@ -133,13 +133,22 @@ def main():
     if group:
         bucket_groups.append(group)
 
+    # Persistent flat buffers, as DDP's own buckets are: fresh 8 MiB tensors every step would be fresh
+    # mmap'ed pages (PyTorch's CPU allocator does not cache), and page faults cost tens of microseconds
+    # each in this VM (see "The cliff" above in docs/benchmarks.md) -- that is not communication.
+    blocking_flats = [torch.empty(sum(p.numel() for p in g)) for g in bucket_groups]
+
     def blocking_all_reduce():
         """What DDP does without overlap: after backward, all buckets all-reduced (mean), then copied back."""
-        flats = [torch.cat([p.grad.reshape(-1) for p in g]) for g in bucket_groups]
-        works = [dist.all_reduce(f, async_op=True) for f in flats]
+        for g, flat in zip(bucket_groups, blocking_flats):
+            offset = 0
+            for p in g:
+                flat[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+                offset += p.numel()
+        works = [dist.all_reduce(f, async_op=True) for f in blocking_flats]
         for w in works:
             w.wait()
-        for g, flat in zip(bucket_groups, flats):
+        for g, flat in zip(bucket_groups, blocking_flats):
             flat.div_(world)
             offset = 0
             for p in g:
@@ -230,7 +239,8 @@ def main():
             "steps": ARGS.steps, "warmup": ARGS.warmup, "median_ms": median_ms, "best_ms": min(step_ms),
             "tokens_per_s": tokens / (median_ms / 1000.0), "first_loss": first_loss, "last_loss": last_loss,
             "step_ms": step_ms, "ddp_ms": mode_ms["ddp"], "no_comm_ms": mode_ms["none"],
-            "blocking_ms": mode_ms["blocking"], "exposed_comm_ms": exposed_ms, "blocking_comm_ms": full_ms,
+            "blocking_ms": mode_ms["blocking"], "blocking_buffers": "persistent",
+            "exposed_comm_ms": exposed_ms, "blocking_comm_ms": full_ms,
             "allreduce_alone_ms": alone_ms, "allreduce_ms": allreduce_ms,
             "exposed_fraction": exposed_ms / median_ms,
             "overlap": 1.0 - exposed_ms / full_ms if full_ms > 0 else None,

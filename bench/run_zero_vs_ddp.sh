@@ -3,7 +3,7 @@
 # same batch, interleaved in rounds, at 2 and 4 MPI ranks.
 #
 #   bench/run_zero_vs_ddp.sh [--bin DIR] [--ranks "2 4"] [--shapes "small medium"] [--stages "0 1 2 3"]
-#                            [--rounds R] [--out DIR] [--summary-only]
+#                            [--rounds R] [--first-round K] [--out DIR] [--summary-only]
 #
 # Shapes (GPT-2 layout of bench/gpt_model.py, fp32; micro-batch per rank, global batch = micro x ranks):
 #   small:  4 layers, 4 heads, d_model 128, seq 64,  vocab 512,  micro 4, buckets 1 MiB, 23 steps (3 warm-up)
@@ -14,7 +14,8 @@
 # OPENBLAS_NUM_THREADS = 1, OMP_WAIT_POLICY=passive), mpirun --bind-to none. Both read the same random
 # token file (zerotrain: data.format "tokens"; PyTorch: bench/zt_tokens.py, zerotrain's sample order).
 # Peak RSS of every rank via /usr/bin/time. Metrics, JSON and logs stay in --out (default a temp dir);
-# --summary-only prints the table of an existing --out again.
+# --first-round K numbers the rounds from K (to add rounds to an existing --out); --summary-only prints
+# the table of an existing --out again.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +24,7 @@ ranks_list="2 4"
 shapes="small medium"
 stages="0 1 2 3"
 rounds=3
+first_round=1
 out=""
 summary_only=0
 while [[ $# -gt 0 ]]; do
@@ -32,6 +34,7 @@ while [[ $# -gt 0 ]]; do
     --shapes) shapes="$2"; shift 2 ;;
     --stages) stages="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
+    --first-round) first_round="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --summary-only) summary_only=1; shift ;;
     -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
@@ -65,11 +68,16 @@ for path in glob.glob(os.path.join(out, "*.jsonl")) + glob.glob(os.path.join(out
     warmup = int(open(prefix + ".warmup").read()) if os.path.exists(prefix + ".warmup") else 0
     if variant == "ddp":
         d = json.load(open(path))
-        common = {"state": d["model_state_bytes"], "peak": None, "rss": rss(prefix) or max(d["peak_rss_bytes_per_rank"]),
+        common = {"tokens": d["tokens_per_step"], "state": d["model_state_bytes"], "peak": None, "rss": rss(prefix) or max(d["peak_rss_bytes_per_rank"]),
                   "comm_mb": None, "busy_ms": d["allreduce_alone_ms"]}
         # DDP as it runs (phase A), and the same buckets all-reduced after backward (phase B, "blocking").
         runs.setdefault(key, {}).setdefault("ddp-on", {})[rnd] = dict(
             common, ms=d["median_ms"], tps=d["tokens_per_s"], wait_ms=d["exposed_comm_ms"], overlap=d["overlap"])
+        if d.get("blocking_buffers") != "persistent":
+            # An earlier version copied into fresh tensors every step (page faults counted as
+            # communication): its blocking numbers and DDP's overlap are left out.
+            runs[key]["ddp-on"][rnd]["overlap"] = None
+            continue
         blocking_ms = statistics.median(d["blocking_ms"])
         runs[key].setdefault("ddp-off", {})[rnd] = dict(
             common, ms=blocking_ms, tps=d["tokens_per_step"] / blocking_ms * 1e3, wait_ms=d["blocking_comm_ms"],
@@ -88,7 +96,8 @@ for path in glob.glob(os.path.join(out, "*.jsonl")) + glob.glob(os.path.join(out
              "busy_ms": med(s["comm_busy_s"] for s in timed) * 1e3,
              "state": mem["parameters"] + mem["gradients"] + mem["optimizer_states"],
              "peak": max(s["mem"]["peak"] for s in timed), "rss": rss(prefix),
-             "comm_mb": med(s["comm_bytes"] for s in timed) / 2**20}
+             "comm_mb": med(s["comm_bytes"] for s in timed) / 2**20,
+             "tokens": start["train_batch_size"] * start["model"]["seq_len"]}
     runs.setdefault(key, {}).setdefault(variant, {})[rnd] = r
 
 def fmt(x, spec, none="–"):
@@ -130,7 +139,7 @@ for key in sorted(runs, key=lambda k: (k[0], shape_order.get(k[1], 9), k[1])):
         peak = [r["peak"] for r in rs if r["peak"] is not None]
         rss_values = [r["rss"] for r in rs if r["rss"] is not None]
         comm = [r["comm_mb"] for r in rs if r["comm_mb"] is not None]
-        print(f"| {key[0]} | {key[1]} | {label} | {ms:.1f} | {med(r['tps'] for r in rs):.0f} | {ratio} | "
+        print(f"| {key[0]} | {key[1]} | {label} | {ms:.1f} | {rs[0]['tokens'] / ms * 1e3:.0f} | {ratio} | "
               f"{exposed:.0f} % | {med(r['wait_ms'] for r in rs):.1f} | {med(r['busy_ms'] for r in rs):.1f} | "
               f"{fmt(overlap, '.2f')} | {med(r['state'] for r in rs) / 2**20:.1f} | "
               f"{fmt(med(peak) / 2**20 if peak else None, '.1f')} | "
@@ -182,7 +191,7 @@ zero = {"stage": int(stage), "overlap_comm": overlap == "on", "reduce_bucket_siz
 if int(stage) == 3:
     # biases and LayerNorms (<= 4 d_model elements) stay whole; matrices are partitioned and gathered
     # per module, prefetching one bucket ahead; a parameter is kept from forward into backward only when
-    # it is reused within one bucket of other parameters (the last block's).
+    # it is used again within one bucket's worth of other parameters.
     zero.update({"stage3_prefetch_bucket_size": bucket, "stage3_param_persistence_threshold": 4 * d,
                  "stage3_max_reuse_distance": bucket})
 config = {
@@ -226,7 +235,7 @@ run_ddp() {  # base ranks shape-spec...
     >"$base.log" 2>&1 || echo "FAILED: ddp $base (see $base.log)" >&2
 }
 
-for round in $(seq 1 "$rounds"); do
+for round in $(seq "$first_round" $((first_round + rounds - 1))); do
   for n in $ranks_list; do
     for shape in $shapes; do
       spec=(${shape_spec[$shape]})
