@@ -340,6 +340,14 @@ int main(int argc, char** argv) {
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&]() -> int {
     const std::string_view command = argc > 1 ? argv[1] : "help";
+    // `zerotrain train --help` and friends: the usage, not an "unexpected argument" abort.
+    for (int i = 2; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      if (arg == "--help" || arg == "-h") {
+        if (runtime.world_rank() == 0) std::fputs(kUsage, stdout);
+        return 0;
+      }
+    }
     if (command == "report") return report_command(runtime);
     if (command == "train") return train_command(runtime, argc, argv);
     if (command == "estimate") return estimate_command(runtime, argc, argv);
