@@ -177,7 +177,11 @@ std::string tag_listing(const std::string& dir, const std::vector<std::string>& 
 /// The file `zerotrain checkpoint` reads: DIR/TAG.h5, TAG from DIR/latest unless --tag; DIR may
 /// also name a checkpoint file.
 std::string resolve_checkpoint(const std::string& dir, const std::optional<std::string>& tag) {
-  if (!tag && fs::is_regular_file(dir)) return dir;
+  if (fs::is_regular_file(dir)) {
+    ZT_CHECK_AS(zt::ConfigError, !tag, "--tag ", *tag, " needs a checkpoint directory; '", dir,
+                "' is a file");
+    return dir;
+  }
   ZT_CHECK_AS(CheckpointNotFound, fs::exists(dir), "checkpoint directory '", dir, "' does not exist");
   ZT_CHECK_AS(CheckpointNotFound, fs::is_directory(dir), "'", dir,
               "' is neither a checkpoint directory nor a checkpoint file");
