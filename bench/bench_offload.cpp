@@ -5,7 +5,8 @@
 // boundary engine.step() — gradient norm, optimizer update (with NVMe: the sub-group pipeline of
 // reads, updates and writes), zeroing the gradients — after an untimed forward/backward on a short
 // sequence (the optimizer's work depends on the parameter count only). Placements alternate within
-// each round; medians over all rounds' steps are reported with their ratio to in-memory.
+// each round, in an order rotated by one each round; medians over all rounds' steps are reported
+// with their ratio to in-memory.
 //
 //   zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] [--sub-group N]
 //                    [--buffers N] [--threads N]
@@ -146,7 +147,8 @@ int main(int argc, char** argv) {
     const zt::Batch batch = short_batch(options.shape);
     std::vector<Samples> samples(placements.size());
     for (int round = 0; round < options.rounds; ++round) {
-      for (std::size_t p = 0; p < placements.size(); ++p) {
+      for (std::size_t k = 0; k < placements.size(); ++k) {
+        const std::size_t p = (k + static_cast<std::size_t>(round)) % placements.size();  // rotate the order
         const zt::Config config =
             zt::Config::from_string(config_json(options.shape, placements[p], options.sub_group),
                                     zt::ConfigParseOptions{.warning_sink = {}});
