@@ -61,6 +61,20 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
   return params;
 }
 
+/// The parts of `ranges` (shard ranges in shard order) that overlap [first, first + count), as
+/// (range, begin, end) in shard elements; `cursor` remembers where to start for the next, later
+/// window.
+template <typename Range, typename Visit>
+void for_each_overlap(const std::vector<Range>& ranges, std::size_t& cursor, std::int64_t first,
+                      std::int64_t count, Visit&& visit) {
+  while (cursor < ranges.size() && ranges[cursor].shard_begin + ranges[cursor].count <= first) ++cursor;
+  for (std::size_t i = cursor; i < ranges.size() && ranges[i].shard_begin < first + count; ++i) {
+    const std::int64_t begin = std::max(first, ranges[i].shard_begin);
+    const std::int64_t end = std::min(first + count, ranges[i].shard_begin + ranges[i].count);
+    if (end > begin) visit(ranges[i], begin, end);
+  }
+}
+
 }  // namespace
 
 void check_engine_supports(const Config& config) {
@@ -374,22 +388,17 @@ void Engine::build_swapped_states() {
   // Initial contents, as the in-memory optimizer's: the master converted from the parameters (the
   // padding of the last piece stays zero), moments zero.
   const std::size_t element = dtype_size(compute_dtype_);
-  std::size_t range_index = 0;
+  std::size_t cursor = 0;
   swapped_->for_each_sub_group([&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
     for (float* array : arrays) std::fill_n(array, count, 0.0f);
     if (!master_in_swap_) return;
-    while (range_index < owned_.size() &&
-           owned_[range_index].shard_begin + owned_[range_index].count <= first)
-      ++range_index;
-    for (std::size_t i = range_index; i < owned_.size() && owned_[i].shard_begin < first + count; ++i) {
-      const OwnedRange& range = owned_[i];
-      const std::int64_t begin = std::max(first, range.shard_begin);
-      const std::int64_t end = std::min(first + count, range.shard_begin + range.count);
-      kernels::convert(Device::host(),
-                       static_cast<const std::byte*>(parameter_of(range)) +
-                           static_cast<std::size_t>(begin - range.shard_begin) * element,
-                       compute_dtype_, arrays[0] + (begin - first), DType::fp32, end - begin);
-    }
+    for_each_overlap(
+        owned_, cursor, first, count, [&](const OwnedRange& range, std::int64_t begin, std::int64_t end) {
+          kernels::convert(Device::host(),
+                           static_cast<const std::byte*>(parameter_of(range)) +
+                               static_cast<std::size_t>(begin - range.shard_begin) * element,
+                           compute_dtype_, arrays[0] + (begin - first), DType::fp32, end - begin);
+        });
   });
 }
 
@@ -397,32 +406,26 @@ OffloadTiming Engine::step_swapped_optimizer(float grad_scale, float lr) {
   optimizer_->begin_step(grad_scale, lr);
   const std::size_t element = dtype_size(compute_dtype_);
   std::vector<float*> state(optimizer_->state_names().size());
-  std::size_t range_index = 0;  // owned_ is in shard order, and so are the sub-groups
+  std::size_t cursor = 0;  // owned_ is in shard order, and so are the sub-groups
   const SwapPipeline::Stats stats = swapped_->for_each_sub_group(
       [&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
-        while (range_index < owned_.size() &&
-               owned_[range_index].shard_begin + owned_[range_index].count <= first)
-          ++range_index;
         // The parameter pieces this sub-group covers, in part or whole; the update is elementwise,
         // so pieces split at sub-group boundaries update exactly as whole ones.
-        for (std::size_t i = range_index; i < owned_.size() && owned_[i].shard_begin < first + count; ++i) {
-          const OwnedRange& range = owned_[i];
-          const std::int64_t begin = std::max(first, range.shard_begin);
-          const std::int64_t end = std::min(first + count, range.shard_begin + range.count);
-          if (end <= begin) continue;
-          const std::int64_t in_group = begin - first;
-          const std::size_t in_range = static_cast<std::size_t>(begin - range.shard_begin);
-          for (std::size_t k = 0; k < state.size(); ++k)
-            state[k] = arrays[swapped_array_of_state(k)] + in_group;
-          const ParamBuffer master{master_in_swap_ ? arrays[0] + in_group : master_of(range) + in_range,
-                                   static_cast<std::size_t>(end - begin)};
-          const GradBuffer gradient{static_cast<const std::byte*>(gradient_of(range)) + in_range * element,
-                                    compute_dtype_};
-          HalfParamBuffer half;
-          if (compute_dtype_ != DType::fp32)
-            half = {static_cast<std::byte*>(parameter_of(range)) + in_range * element, compute_dtype_};
-          optimizer_->update_range(master, state, gradient, grad_scale, lr, half);
-        }
+        for_each_overlap(
+            owned_, cursor, first, count, [&](const OwnedRange& range, std::int64_t begin, std::int64_t end) {
+              const std::int64_t in_group = begin - first;
+              const std::size_t in_range = static_cast<std::size_t>(begin - range.shard_begin);
+              for (std::size_t k = 0; k < state.size(); ++k)
+                state[k] = arrays[swapped_array_of_state(k)] + in_group;
+              const ParamBuffer master{master_in_swap_ ? arrays[0] + in_group : master_of(range) + in_range,
+                                       static_cast<std::size_t>(end - begin)};
+              const GradBuffer gradient{
+                  static_cast<const std::byte*>(gradient_of(range)) + in_range * element, compute_dtype_};
+              HalfParamBuffer half;
+              if (compute_dtype_ != DType::fp32)
+                half = {static_cast<std::byte*>(parameter_of(range)) + in_range * element, compute_dtype_};
+              optimizer_->update_range(master, state, gradient, grad_scale, lr, half);
+            });
       });
   return {stats.wall_seconds, stats.work_seconds, stats.stalled_seconds};
 }

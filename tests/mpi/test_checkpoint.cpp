@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine_runs.hpp"
+#include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
@@ -31,32 +32,6 @@ constexpr int kSaveAt = 3;  // steps before the save
 constexpr int kAfter = 3;   // steps after it
 constexpr const char* kOddModel =
     R"({"type": "gpt", "n_layer": 2, "n_head": 1, "d_model": 31, "seq_len": 15, "vocab_size": 257})";
-
-/// A directory every rank of the job sees (rank 0 makes it; removed at the end of the test).
-class JobDirectory {
- public:
-  JobDirectory() {
-    zt::Runtime& runtime = zt::testing::runtime();
-    std::string name;
-    if (runtime.world_rank() == 0) {
-      char pattern[] = "/tmp/zt-checkpoint-test-XXXXXX";
-      name = ::mkdtemp(pattern);
-    }
-    int length = static_cast<int>(name.size());
-    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    name.resize(static_cast<std::size_t>(length));
-    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-  }
-  ~JobDirectory() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (zt::testing::runtime().world_rank() == 0) fs::remove_all(path_);
-  }
-  std::string operator/(const std::string& child) const { return (fs::path(path_) / child).string(); }
-
- private:
-  std::string path_;
-};
 
 /// The first `size` ranks of the world as a data-parallel group (null on the others).
 std::unique_ptr<zt::Communicator> first_ranks(int size) {
@@ -126,7 +101,7 @@ struct Trainee {
 /// in fp32: losses, parameters and the samples each rank consumed.
 TEST(Checkpoint, ResumeIsExactAtTheSameWorldSizeAndStage) {
   const int world = zt::testing::runtime().world_size();
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-checkpoint-test");
   for (int stage : {0, 1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
     const zt::Config config = config_for(stage, world);
@@ -168,7 +143,7 @@ TEST(Checkpoint, ResumeIsExactAtTheSameWorldSizeAndStage) {
 TEST(Checkpoint, LoadsAtAnyWorldSizeAndStage) {
   zt::Runtime& runtime = zt::testing::runtime();
   const int world = runtime.world_size();
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-checkpoint-test");
   std::vector<int> sizes;
   for (int size : {1, 2, 4})
     if (size <= world) sizes.push_back(size);
@@ -229,7 +204,7 @@ TEST(Checkpoint, LoadsAtAnyWorldSizeAndStage) {
 /// Loading without the optimizer states or with the module only leaves those parts fresh.
 TEST(Checkpoint, LoadOptionsLeaveTheRestAlone) {
   const int world = zt::testing::runtime().world_size();
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-checkpoint-test");
   const zt::Config config = config_for(1, world);
   std::vector<float> saved_master;
   {
@@ -279,7 +254,7 @@ void corrupt_dataset(const std::string& path, const std::string& dataset) {
 TEST(Checkpoint, CorruptedOrTruncatedFilesAreClearErrors) {
   zt::Runtime& runtime = zt::testing::runtime();
   const int world = runtime.world_size();
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-checkpoint-test");
   const zt::Config config = config_for(2, world);
   const std::string dir = directory / "damaged";
   {
@@ -335,7 +310,7 @@ TEST(Checkpoint, CorruptedOrTruncatedFilesAreClearErrors) {
 TEST(Checkpoint, PermissionsLatestAndPruning) {
   zt::Runtime& runtime = zt::testing::runtime();
   const int world = runtime.world_size();
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-checkpoint-test");
   const std::string dir = directory / "nested/run";
   Trainee run(config_for(0, world), nullptr);
   RunResult ignored;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine_runs.hpp"
+#include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
@@ -32,42 +33,6 @@ constexpr int kSteps = 5;
 // Small sub-groups: the shard (about 35k elements at one rank, 9k at four) spans many of them, and
 // they split parameter pieces in the middle.
 constexpr int kSubGroup = 1500;
-
-/// A directory every rank sees (rank 0 makes it), removed at the end; `/ child` names inside it.
-class JobDirectory {
- public:
-  JobDirectory() {
-    std::string name;
-    if (zt::testing::runtime().world_rank() == 0) {
-      const char* base = std::getenv("ZT_TEST_SWAP_DIR");
-      const std::string pattern_text =
-          (fs::path(base ? base : fs::temp_directory_path().c_str()) / "zt-offload-test-XXXXXX").string();
-      std::vector<char> pattern(pattern_text.begin(), pattern_text.end());
-      pattern.push_back('\0');
-      name = ::mkdtemp(pattern.data());
-    }
-    int length = static_cast<int>(name.size());
-    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    name.resize(static_cast<std::size_t>(length));
-    MPI_Bcast(name.data(), length, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-  }
-  ~JobDirectory() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (zt::testing::runtime().world_rank() == 0) fs::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& child) const { return (fs::path(path_) / child).string(); }
-  /// Files left in the directory (rank 0; others see the same directory).
-  std::size_t entries() const {
-    std::size_t count = 0;
-    for ([[maybe_unused]] const auto& entry : fs::directory_iterator(path_)) ++count;
-    return count;
-  }
-
- private:
-  std::string path_;
-};
 
 std::string offload_section(const std::string& device, const std::string& nvme_path, int buffer_count = 3) {
   std::string section = R"("offload_optimizer": {"device": ")" + device + "\"";
@@ -120,7 +85,7 @@ TEST(Offload, CpuReproducesTheInMemoryRunBitwise) {
 /// NVMe offload against the in-memory optimizer: AdamW and SGD with momentum, stages 1-3, fp32 (only
 /// the moments swap) and bf16 (the fp32 master swaps too), 1 to 4 pipeline buffers.
 TEST(Offload, NvmeReproducesTheInMemoryRunBitwise) {
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-offload-test", "ZT_TEST_SWAP_DIR");
   struct Case {
     int stage;
     const char* optimizer;
@@ -157,7 +122,7 @@ TEST(Offload, NvmeReproducesTheInMemoryRunBitwise) {
 /// With NVMe offload the host holds the sub-group buffers only: buffer_count x sub-group x arrays.
 /// Measured against the estimate's host bytes, with the in-memory states for contrast.
 TEST(Offload, NvmeHostMemoryIsTheSubGroupBuffers) {
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-offload-test", "ZT_TEST_SWAP_DIR");
   zt::Runtime& runtime = zt::testing::runtime();
   const int world = runtime.world_size();
   for (const char* precision : {"", R"(, "bf16": {"enabled": true})"}) {
@@ -210,7 +175,7 @@ TEST(Offload, NvmeHostMemoryIsTheSubGroupBuffers) {
 }
 
 TEST(Offload, BadNvmePathFailsAtConstruction) {
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-offload-test", "ZT_TEST_SWAP_DIR");
   zt::Runtime& runtime = zt::testing::runtime();
   const std::string missing = directory / "missing";
   const zt::Config config = config_for(2, offload_section("nvme", missing));
@@ -245,7 +210,7 @@ TEST(Offload, BadNvmePathFailsAtConstruction) {
 /// Checkpoints carry the real state values across offload settings: saved with NVMe offload and
 /// loaded in memory, and the reverse, the run continues bit for bit as the uninterrupted one.
 TEST(Offload, CheckpointsMoveBetweenNvmeAndMemory) {
-  JobDirectory directory;
+  zt::testing::JobDirectory directory("zt-offload-test", "ZT_TEST_SWAP_DIR");
   constexpr int kSaveAt = 3;
   constexpr int kAfter = 2;
   const std::string swap = directory.path();
