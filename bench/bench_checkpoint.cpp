@@ -22,7 +22,6 @@
 // and are removed at the end.
 #include <fcntl.h>
 #include <mpi.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +39,7 @@
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/runtime.hpp"
+#include "zerotrain/swap.hpp"
 #include "zerotrain/trainer.hpp"
 
 namespace {
@@ -156,33 +156,6 @@ void evict(const std::string& path) {
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
 }
 
-std::string file_system_name(const std::string& path) {
-  struct statfs info {};
-  if (::statfs(path.c_str(), &info) != 0) return "unknown";
-  switch (static_cast<unsigned long>(info.f_type)) {
-    case 0xEF53:
-      return "ext4";
-    case 0x58465342:
-      return "xfs";
-    case 0x9123683E:
-      return "btrfs";
-    case 0x01021994:
-      return "tmpfs";
-    case 0x794C7630:
-      return "overlayfs";
-    case 0x6969:
-      return "nfs";
-    case 0x0BD00BD0:
-      return "lustre";
-    case 0x47504653:
-      return "gpfs";
-    default:
-      char text[32];
-      std::snprintf(text, sizeof text, "f_type 0x%lx", static_cast<unsigned long>(info.f_type));
-      return text;
-  }
-}
-
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t n = values.size();
@@ -273,7 +246,7 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
         "directory: %s (%s); O_DIRECT: %zu B per rank in %zu MiB blocks; %d rounds\n",
         arguments.d_model, arguments.layers, static_cast<long long>(engine.parameter_count()),
         static_cast<double>(checkpoint_bytes) / 1e6, ranks, arguments.stage, scratch.path().c_str(),
-        file_system_name(scratch.path()).c_str(), share, arguments.block_mib, arguments.rounds);
+        zt::file_system_name(scratch.path()).c_str(), share, arguments.block_mib, arguments.rounds);
     std::printf("%-6s %10s %10s %14s %14s %14s %14s   (seconds)\n", "round", "save", "load", "O_DIRECT write",
                 "O_DIRECT read", "buffered write", "buffered read");
   }

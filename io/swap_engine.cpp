@@ -213,7 +213,8 @@ std::string errno_text(int error) {
   return std::strerror(error);
 }
 
-/// The file system's name for messages ("ext4", "tmpfs", ...), from statfs's magic number.
+}  // namespace
+
 std::string file_system_name(const std::filesystem::path& path) {
   struct statfs info {};
   if (::statfs(path.c_str(), &info) != 0) return "unknown";
@@ -242,6 +243,8 @@ std::string file_system_name(const std::filesystem::path& path) {
       return concat("type 0x", std::hex, info.f_type);
   }
 }
+
+namespace {
 
 std::uint64_t free_bytes(const std::filesystem::path& path) {
   struct statvfs info {};

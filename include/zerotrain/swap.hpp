@@ -185,4 +185,8 @@ class SwapPipeline {
   std::vector<Buffer> buffers_;
 };
 
+/// The file system holding `path`, for messages ("ext2/3/4", "xfs", "tmpfs", "lustre", ...; from
+/// statfs's magic number, "type 0x..." when unknown, "unknown" when statfs fails).
+std::string file_system_name(const std::filesystem::path& path);
+
 }  // namespace zt
