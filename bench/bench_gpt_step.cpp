@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/gpt_bench_shapes.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
@@ -36,14 +37,13 @@
 
 namespace {
 
-struct Shape {
-  std::string name;
-  int n_layer, n_head, d_model, seq_len, vocab, micro_batch;
+struct Shape : zt::bench::GptBenchShape {
+  int micro_batch;
   int default_steps, default_warmup;
 };
 
-const Shape kSmall{"small", 4, 4, 128, 64, 512, 4, 20, 3};
-const Shape kGpt2{"gpt2", 12, 12, 768, 1024, 50257, 1, 3, 2};
+const Shape kSmall{zt::bench::kSmallGpt, 4, 20, 3};
+const Shape kGpt2{zt::bench::kGpt2, 1, 3, 2};
 
 struct Options {
   std::string shape = "both";
@@ -88,20 +88,9 @@ Options parse_options(int argc, char** argv) {
 }
 
 std::string config_json(const Shape& shape) {
-  return R"({
-    "train_micro_batch_size_per_gpu": )" +
-         std::to_string(shape.micro_batch) + R"(,
-    "gradient_accumulation_steps": 1,
-    "gradient_clipping": 0.0,
-    "optimizer": {"type": "AdamW",
-                  "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
-    "model": {"type": "gpt", "n_layer": )" +
-         std::to_string(shape.n_layer) + R"(, "n_head": )" + std::to_string(shape.n_head) +
-         R"(, "d_model": )" + std::to_string(shape.d_model) + R"(, "seq_len": )" +
-         std::to_string(shape.seq_len) + R"(, "vocab_size": )" + std::to_string(shape.vocab) +
-         R"(, "dropout": 0.0, "tie_embeddings": true},
-    "seed": 1234
-  })";
+  return R"({"train_micro_batch_size_per_gpu": )" + std::to_string(shape.micro_batch) +
+         R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "optimizer": )" +
+         zt::bench::kBenchAdamW + R"(, "model": )" + zt::bench::gpt_model_json(shape) + R"(, "seed": 1234})";
 }
 
 /// Fixed tokens: a simple LCG, so the batch is the same on every run (and in the PyTorch script).
@@ -180,9 +169,10 @@ Result run_shape(zt::Runtime& runtime, const Shape& shape, const Options& option
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Options first: usage() exits, which must happen before MPI is up.
+  const Options options = parse_options(argc, argv);
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&] {
-    const Options options = parse_options(argc, argv);
     ZT_CHECK(runtime.world_size() == 1, "zt_bench_gpt_step is a single-process benchmark; run it with ",
              "mpirun -n 1 or without mpirun (got ", runtime.world_size(), " ranks)");
     int threads = options.threads;

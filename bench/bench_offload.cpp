@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpt_bench_shapes.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
@@ -29,12 +30,9 @@
 
 namespace {
 
-struct Shape {
-  std::string name;
-  int n_layer, n_head, d_model, seq_len, vocab;
-};
-const Shape kSmall{"small", 4, 4, 128, 64, 512};
-const Shape kGpt2{"gpt2", 12, 12, 768, 1024, 50257};
+using Shape = zt::bench::GptBenchShape;
+const Shape& kSmall = zt::bench::kSmallGpt;
+const Shape& kGpt2 = zt::bench::kGpt2;
 
 struct Options {
   Shape shape = kGpt2;
@@ -89,21 +87,11 @@ struct Placement {
 };
 
 std::string config_json(const Shape& shape, const Placement& placement, long long sub_group) {
-  return R"({
-    "train_micro_batch_size_per_gpu": 1,
-    "gradient_accumulation_steps": 1,
-    "gradient_clipping": 1.0,
-    "optimizer": {"type": "AdamW",
-                  "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
-    "zero_optimization": {"stage": 1, "sub_group_size": )" +
-         std::to_string(sub_group) + (placement.offload.empty() ? "" : ", " + placement.offload) + R"(},
-    "model": {"type": "gpt", "n_layer": )" +
-         std::to_string(shape.n_layer) + R"(, "n_head": )" + std::to_string(shape.n_head) +
-         R"(, "d_model": )" + std::to_string(shape.d_model) + R"(, "seq_len": )" +
-         std::to_string(shape.seq_len) + R"(, "vocab_size": )" + std::to_string(shape.vocab) +
-         R"(, "dropout": 0.0, "tie_embeddings": true},
-    "seed": 1234
-  })";
+  return R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+    "optimizer": )" +
+         std::string(zt::bench::kBenchAdamW) + R"(, "zero_optimization": {"stage": 1, "sub_group_size": )" +
+         std::to_string(sub_group) + (placement.offload.empty() ? "" : ", " + placement.offload) +
+         R"(}, "model": )" + zt::bench::gpt_model_json(shape) + R"(, "seed": 1234})";
 }
 
 zt::Batch short_batch(const Shape& shape) {
@@ -131,9 +119,10 @@ struct Samples {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Options first: usage() exits, which must happen before MPI is up.
+  const Options options = parse_options(argc, argv);
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&] {
-    const Options options = parse_options(argc, argv);
     ZT_CHECK(runtime.world_size() == 1, "zt_bench_offload is a single-process benchmark (got ",
              runtime.world_size(), " ranks)");
     const std::string nvme =
