@@ -293,24 +293,22 @@ std::string buffered_io_hint() {
          "cache (slower, uses host memory): SwapOptions::allow_buffered_io = true, or ZT_SWAP_BUFFERED_IO=1";
 }
 
-/// The directory must exist and be a directory; the message says which of the two failed.
-void check_directory(const std::filesystem::path& directory) {
-  ZT_CHECK_AS(IoError, !directory.empty(),
-              "swap: nvme_path is empty; set offload_optimizer.nvme_path (or "
-              "offload_param.nvme_path) to a directory on a local NVMe disk");
+}  // namespace
+
+void check_swap_directory(const std::filesystem::path& directory, std::string_view key) {
+  ZT_CHECK_AS(IoError, !directory.empty(), key,
+              " is empty; set offload_optimizer.nvme_path (or offload_param.nvme_path) to a directory on "
+              "a local NVMe disk");
   struct stat info {};
   if (::stat(directory.c_str(), &info) != 0) {
     const int error = errno;
-    ZT_THROW_AS(IoError, "swap: nvme_path '", directory.string(), "' is not usable: ", errno_text(error),
+    ZT_THROW_AS(IoError, key, " '", directory.string(), "' is not usable: ", errno_text(error),
                 error == ENOENT    ? " (create the directory first)"
                 : error == ENOTDIR ? " (a component of the path is a file, not a directory)"
                                    : "");
   }
-  ZT_CHECK_AS(IoError, S_ISDIR(info.st_mode), "swap: nvme_path '", directory.string(),
-              "' is not a directory");
+  ZT_CHECK_AS(IoError, S_ISDIR(info.st_mode), key, " '", directory.string(), "' is not a directory");
 }
-
-}  // namespace
 
 std::string_view to_string(SwapBackend backend) {
   switch (backend) {
@@ -377,7 +375,7 @@ SwapEngine::SwapEngine(SwapOptions options) : options_(std::move(options)) {
               "aio.queue_depth must be in [1, 4096], got ", options_.queue_depth);
   ZT_CHECK_AS(ConfigError, options_.intra_op_parallelism > 0 && options_.intra_op_parallelism <= 64,
               "aio.intra_op_parallelism must be in [1, 64], got ", options_.intra_op_parallelism);
-  check_directory(options_.nvme_path);
+  check_swap_directory(options_.nvme_path, "swap: nvme_path");
 
   const int rank = options_.rank >= 0 ? options_.rank : std::max(detail::error_rank(), 0);
   const std::string job = options_.job_id.empty() ? default_job_id() : options_.job_id;
@@ -602,7 +600,12 @@ void SwapEngine::wait_all() {
 }
 
 Buffer SwapEngine::allocate_buffer(std::size_t bytes, MemoryCategory category) const {
-  return Buffer(Device::host(), round_up(std::max<std::size_t>(bytes, 1), alignment_), category, alignment_);
+  constexpr std::size_t kPinnedAlignment = 4096;  // cudaHostAlloc returns page-aligned memory
+  const HostMemoryKind kind = options_.pin_memory && alignment_ <= kPinnedAlignment
+                                  ? HostMemoryKind::pinned
+                                  : HostMemoryKind::pageable;
+  return Buffer(Device::host(), round_up(std::max<std::size_t>(bytes, 1), alignment_), category, alignment_,
+                kind);
 }
 
 }  // namespace zt

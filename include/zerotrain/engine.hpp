@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class ExternalModel;
 namespace engine_detail {
 class GradientReducer;
 class ParameterGatherer;
+class ParameterStore;
 class SwappedOptimizerStates;
 }  // namespace engine_detail
 
@@ -58,6 +60,10 @@ struct OffloadTiming {
   double wall_seconds = 0.0;     // from the first sub-group's read to the last one's write
   double update_seconds = 0.0;   // the optimizer's updates of the sub-groups
   double stalled_seconds = 0.0;  // waiting for reads and writes the updates did not hide
+  // offload_param nvme, over the whole step (forward, backward and update):
+  std::uint64_t parameter_bytes_read = 0;
+  std::uint64_t parameter_bytes_written = 0;
+  double parameter_wait_seconds = 0.0;  // blocked for parameter reads and writes not hidden
 };
 
 /// What the last optimizer step did. Values are the same on every rank.
@@ -87,6 +93,23 @@ struct OptimizerStatesPlacement {
   std::int64_t sub_groups = 0;
   std::int64_t sub_group_elements = 0;
   /// "host memory" or "nvme <file> (<backend>), <n> sub-groups of <m> elements, <b> buffers".
+  std::string describe() const;
+};
+
+/// Where this rank's stage-3 parameter pieces live (zero_optimization.offload_param;
+/// docs/offload.md, "Parameters on NVMe"). Stages 0-2: device none, everything in host memory.
+struct ParametersPlacement {
+  /// none and cpu: host memory (this build trains on the host, so both are the same place); nvme:
+  /// the rank's parameter swap file, except the pieces kept in host memory within max_in_cpu.
+  OffloadDevice device = OffloadDevice::none;
+  std::int64_t host_elements = 0;  // pieces in host memory (the whole shard unless nvme)
+  std::int64_t nvme_elements = 0;  // pieces in the swap file
+  std::string swap_file;           // nvme: this rank's parameter swap file
+  std::string swap_backend;        // nvme: io_uring, libaio or posix
+  std::uint64_t swap_bytes = 0;    // reserved in the swap file
+  std::uint64_t buffer_bytes = 0;  // host memory of the read/write buffers
+  std::int64_t buffer_count = 0;
+  /// "host memory" or "nvme <file> (<backend>): <n> elements on NVMe, <m> in host memory, ...".
   std::string describe() const;
 };
 
@@ -180,6 +203,8 @@ class Engine {
   std::int64_t peak_gathered_parameters() const;
   /// Where the fp32 master and the optimizer states of this rank live.
   OptimizerStatesPlacement optimizer_states_placement() const;
+  /// Where this rank's stage-3 parameter pieces live.
+  ParametersPlacement parameters_placement() const;
 
  private:
   /// This rank's part of one parameter as the optimizer sees it (element offsets).
@@ -191,14 +216,26 @@ class Engine {
   struct ModuleUse;  // a module whose forward/backward reads parameters
 
   void mark_step_start();
+  /// offload_param nvme: the parameter store's totals so far (parameter_* fields only).
+  OffloadTiming parameter_swap_counters() const;
   double total_wait_seconds() const;
   void build_layout();
   void build_buffers();
   void install_hooks();
   void build_optimizer();
   void build_swapped_states();
+  void build_parameter_store();
   /// NVMe offload: one optimizer update over the swapped sub-groups.
   OffloadTiming step_swapped_optimizer(float grad_scale, float lr);
+  /// offload_param nvme with the optimizer in memory: one update, range by range.
+  void step_with_swapped_parameters(float grad_scale, float lr);
+  /// Update shard elements [begin, end) of owned range `index` (master and state arrays start at
+  /// `begin`) and write the new parameters where they live in the compute dtype.
+  void update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
+                   std::span<float* const> state, float grad_scale, float lr);
+  /// The optimizer updates an fp32 master apart from the parameters: in bf16/fp16 training, and
+  /// with the parameters on NVMe.
+  bool keeps_separate_master() const { return compute_dtype_ != DType::fp32 || parameters_on_nvme_; }
   /// Index in the swap file's arrays of optimizer state `state` (after the master, when swapped).
   std::size_t swapped_array_of_state(std::size_t state) const { return (master_in_swap_ ? 1 : 0) + state; }
   void reduce_external_gradients();
@@ -229,7 +266,8 @@ class Engine {
   std::int64_t parameter_count_ = 0;  // unpadded
   std::int64_t flat_size_ = 0;
   std::int64_t shard_size_ = 0;  // elements this rank's optimizer owns (flat_size_ at stage 0)
-  Buffer parameters_;            // compute dtype: flat (stages 0-2) or this rank's shard (stage 3)
+  Buffer parameters_;            // compute dtype: flat (stages 0-2) or this rank's shard (stage 3;
+                                 // empty after construction with offload_param nvme)
   Buffer gradients_;             // compute dtype: flat (stages 0-1) or this rank's shard (stages 2-3)
   Buffer master_;                // fp32 master of this rank's shard (16-bit training only)
   Tensor allgather_staging_;     // stages 1-2: packs the updated pieces for the all-gather
@@ -239,10 +277,12 @@ class Engine {
   std::vector<char> reduced_this_pass_;  // the gradient went to the reducer in this backward
   bool reducing_this_pass_ = false;      // this backward's gradients are communicated
   std::unique_ptr<engine_detail::GradientReducer> reducer_;
-  std::unique_ptr<engine_detail::ParameterGatherer> gatherer_;  // stage 3
-  std::unique_ptr<Optimizer> optimizer_;                        // over no buffers when its states are swapped
+  std::unique_ptr<engine_detail::ParameterStore> parameter_store_;  // stage 3: the pieces' home
+  bool parameters_on_nvme_ = false;                                 // offload_param nvme
+  std::unique_ptr<engine_detail::ParameterGatherer> gatherer_;      // stage 3
+  std::unique_ptr<Optimizer> optimizer_;  // over no buffers when its states are swapped
   std::unique_ptr<engine_detail::SwappedOptimizerStates> swapped_;  // NVMe offload
-  bool master_in_swap_ = false;  // NVMe offload in 16-bit training: master_ is not allocated
+  bool master_in_swap_ = false;  // NVMe optimizer offload with a separate master: master_ is not allocated
   std::unique_ptr<LRScheduler> scheduler_;
   LossScaler loss_scaler_;
   nn::SoftmaxCrossEntropy cross_entropy_;
@@ -259,6 +299,7 @@ class Engine {
   double comm_seconds_at_step_start_ = 0.0;
   double step_wait_seconds_ = 0.0;  // blocking collectives in step() since construction
   double wait_seconds_at_step_start_ = 0.0;
+  OffloadTiming parameter_swap_at_step_start_;  // the store's counters when the step began
   bool step_started_ = false;
   StepReport last_step_;
 };

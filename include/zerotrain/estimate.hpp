@@ -34,6 +34,17 @@ struct MemoryEstimate {
   std::uint64_t optimizer_states_host = 0;
   /// "nvme": bytes of the rank's swap file (= optimizer_states, before the alignment padding).
   std::uint64_t nvme_bytes = 0;
+  // ---- zero_optimization.offload_param (stage 3) ------------------------------------------------
+  OffloadDevice param_offload_device = OffloadDevice::none;
+  /// Host memory holding the parameter pieces: all of `parameters` without offload_param and with
+  /// "cpu". With "nvme", the pieces kept within max_in_cpu, min(max_in_cpu, shard) x k, plus, when
+  /// some piece goes to NVMe, buffer_count buffers of the largest piece (ceil(L/N) x k, rounded up
+  /// to 4096 bytes). Exact when max_in_cpu is 0 or covers the shard; an upper bound between (whole
+  /// pieces are kept, the engine may keep fewer elements and use buffers of a smaller piece).
+  std::uint64_t parameters_host = 0;
+  /// "nvme": bytes of the parameter pieces in the rank's parameter swap file.
+  std::uint64_t parameters_nvme = 0;
+
   /// With CUDA, where DeepSpeed puts model states per rank: the device keeps the 16-bit parameters
   /// and gradients (and the states, without offload); with offload the host keeps the states (or
   /// their buffers). This build trains on the host, where all of it is host memory.

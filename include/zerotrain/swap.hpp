@@ -63,6 +63,10 @@ struct SwapOptions {
   /// refuses to start unless this is set; then it uses the page cache. Environment:
   /// ZT_SWAP_BUFFERED_IO=1 (read by from_aio).
   bool allow_buffered_io = false;
+  /// Page-lock the buffers of allocate_buffer() (offload_*.pin_memory) when a CUDA device is usable,
+  /// so that copies between them and the device run asynchronously; pageable otherwise, and when
+  /// the file system's alignment exceeds the page size that pinned allocations guarantee.
+  bool pin_memory = false;
   int rank = -1;       // in the file name; -1: the world rank zt::Runtime set, or 0
   std::string job_id;  // in the file name; empty: host name, process id and a per-process counter
 
@@ -184,6 +188,12 @@ class SwapPipeline {
   std::vector<std::string> names_;
   std::vector<Buffer> buffers_;
 };
+
+/// Throws zt::IoError unless `directory` exists and is a directory; the message starts with `key`
+/// (e.g. "zero_optimization.offload_param.nvme_path") and says what is wrong and what to do.
+/// SwapEngine's constructor checks its nvme_path so; check_engine_supports does it before a model
+/// is built.
+void check_swap_directory(const std::filesystem::path& directory, std::string_view key = "nvme_path");
 
 /// The file system holding `path`, for messages ("ext2/3/4", "xfs", "tmpfs", "lustre", ...; from
 /// statfs's magic number, "type 0x..." when unknown, "unknown" when statfs fails).

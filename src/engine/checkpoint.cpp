@@ -16,6 +16,7 @@
 #include "io/hdf5_file.hpp"
 #include "kernels/nn_kernels.hpp"
 #include "src/engine/parameter_gatherer.hpp"
+#include "src/engine/parameter_store.hpp"
 #include "src/engine/string_broadcast.hpp"
 #include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/engine.hpp"
@@ -343,7 +344,7 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
       kernels::convert(Device::host(), whole.data(), DType::fp32,
                        parameters_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
                        compute_dtype_, slot.numel);
-      if (compute_dtype_ != DType::fp32) {
+      if (keeps_separate_master()) {
         const std::int64_t begin = stage_ == 0 ? 0 : data.rank() * slot.piece_numel;
         const std::int64_t real = std::clamp<std::int64_t>(slot.numel - begin, 0, owned.count);
         if (master_in_swap_) {
@@ -361,11 +362,14 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
       sums.push_back(io::range_checksum(piece.data(), sizeof(float), first, count));
       if (master_in_swap_) {
         swapped_->write(0, owned.shard_begin, owned.count, piece.data());
-      } else if (compute_dtype_ != DType::fp32) {
+      } else if (keeps_separate_master()) {
         std::copy(piece.begin(), piece.end(), master_of(owned));
       }
-      kernels::convert(Device::host(), piece.data(), DType::fp32, parameter_of(owned), compute_dtype_,
+      // The piece goes where stage 3 keeps it: the shard in host memory, or the parameter swap file.
+      std::vector<std::byte> converted(static_cast<std::size_t>(owned.count) * element);
+      kernels::convert(Device::host(), piece.data(), DType::fp32, converted.data(), compute_dtype_,
                        owned.count);
+      parameter_store_->write(i, converted.data());
     }
     names.push_back(name);
   }

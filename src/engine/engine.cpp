@@ -15,6 +15,7 @@
 #include "kernels/optimizer_kernels.hpp"
 #include "src/engine/gradient_reducer.hpp"
 #include "src/engine/parameter_gatherer.hpp"
+#include "src/engine/parameter_store.hpp"
 #include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
@@ -79,11 +80,21 @@ void for_each_overlap(const std::vector<Range>& ranges, std::size_t& cursor, std
 
 void check_engine_supports(const Config& config) {
   const auto& zero = config.zero_optimization;
-  if (zero.offload_param.device != OffloadDevice::none) {
-    ZT_THROW_AS(ConfigError, "zero_optimization.offload_param.device is \"",
-                to_string(zero.offload_param.device),
-                "\": parameter offload is not available yet in this build (optimizer offload is: "
-                "zero_optimization.offload_optimizer); set \"device\": \"none\" or remove the section");
+  const OffloadParamConfig& offload_param = zero.offload_param;
+  if (offload_param.device != OffloadDevice::none) {
+    ZT_CHECK_AS(ConfigError, zero.stage == 3, "zero_optimization.offload_param needs ZeRO stage 3, but ",
+                "zero_optimization.stage is ", zero.stage);
+    ZT_CHECK_AS(ConfigError, offload_param.buffer_count >= 1,
+                "zero_optimization.offload_param.buffer_count is ", offload_param.buffer_count,
+                "; expected >= 1 (5 by default: pieces read from NVMe at once)");
+    ZT_CHECK_AS(ConfigError, offload_param.buffer_size >= 1,
+                "zero_optimization.offload_param.buffer_size is ", offload_param.buffer_size,
+                "; expected >= 1 (elements per buffer, 1e8 by default)");
+    ZT_CHECK_AS(ConfigError, offload_param.max_in_cpu >= 0, "zero_optimization.offload_param.max_in_cpu is ",
+                offload_param.max_in_cpu, "; expected >= 0 (parameter elements kept in host memory)");
+    ZT_CHECK_AS(
+        ConfigError, offload_param.device != OffloadDevice::nvme || !config.aio.use_gds,
+        "aio.use_gds: GPUDirect Storage is not supported; set it false (swaps go through host buffers)");
   }
   const OffloadOptimizerConfig& offload = zero.offload_optimizer;
   if (offload.device != OffloadDevice::none) {
@@ -102,6 +113,12 @@ void check_engine_supports(const Config& config) {
         ConfigError, offload.device != OffloadDevice::nvme || !config.aio.use_gds,
         "aio.use_gds: GPUDirect Storage is not supported; set it false (swaps go through host buffers)");
   }
+  // A bad nvme_path fails before the model is built; the swap engine names anything else wrong
+  // with it (permissions, space, O_DIRECT) when it creates its file.
+  if (zero.offload_optimizer.device == OffloadDevice::nvme && zero.offload_optimizer.nvme_path)
+    check_swap_directory(*zero.offload_optimizer.nvme_path, "zero_optimization.offload_optimizer.nvme_path");
+  if (offload_param.device == OffloadDevice::nvme && offload_param.nvme_path)
+    check_swap_directory(*offload_param.nvme_path, "zero_optimization.offload_param.nvme_path");
   if (config.fp16.fp16_master_weights_and_grads || config.bf16.bf16_master_weights_and_grads ||
       config.bf16.bf16_optimizer_states) {
     ZT_THROW_AS(
@@ -193,6 +210,9 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
 
   if (external_ == nullptr) install_hooks();
   build_optimizer();
+  // With offload_param "nvme" the parameter store holds the pieces now; the optimizer's master was
+  // initialized from this buffer above.
+  if (parameters_on_nvme_) parameters_ = Buffer();
   if (config_.scheduler) {
     scheduler_ = make_lr_scheduler(config_.scheduler->params, config_.optimizer->lr);
     if (config_.scheduler->last_batch_iteration >= 0)
@@ -285,11 +305,13 @@ void Engine::build_buffers() {
       parameter.grad = Tensor();  // allocated for each module's backward, freed once reduced
     }
   }
-  master_in_swap_ = compute_dtype_ != DType::fp32 &&
-                    config_.zero_optimization.offload_optimizer.device == OffloadDevice::nvme;
-  if (compute_dtype_ != DType::fp32 && !master_in_swap_) {
+  parameters_on_nvme_ = stage_ == 3 && config_.zero_optimization.offload_param.device == OffloadDevice::nvme;
+  master_in_swap_ =
+      keeps_separate_master() && config_.zero_optimization.offload_optimizer.device == OffloadDevice::nvme;
+  if (keeps_separate_master() && !master_in_swap_) {
     // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ); at
-    // stages 1-3 each rank keeps the master of its pieces only.
+    // stages 1-3 each rank keeps the master of its pieces only. With the parameters on NVMe, fp32
+    // training needs one too: the optimizer cannot update the swap file in place.
     master_ = Buffer(Device::host(), static_cast<std::size_t>(shard_size_) * sizeof(float),
                      MemoryCategory::optimizer_states);
     std::memset(master_.data(), 0, master_.size());
@@ -298,6 +320,28 @@ void Engine::build_buffers() {
                        range.count);
     }
   }
+  if (stage_ == 3) build_parameter_store();
+}
+
+void Engine::build_parameter_store() {
+  if (!parameters_on_nvme_) {
+    parameter_store_ =
+        std::make_unique<engine_detail::ParameterStore>(layout_, compute_dtype_, parameters_.as<std::byte>());
+    return;
+  }
+  const OffloadParamConfig& offload = config_.zero_optimization.offload_param;
+  ZT_CHECK_AS(ConfigError, offload.nvme_path.has_value(),
+              "zero_optimization.offload_param.nvme_path: required when device is \"nvme\"");
+  engine_detail::ParameterStoreOptions options;
+  options.dtype = compute_dtype_;
+  options.swap = SwapOptions::from_aio(config_.aio, *offload.nvme_path);
+  options.swap->rank = runtime_.world_rank();
+  options.swap->pin_memory = offload.pin_memory;
+  options.max_in_cpu = offload.max_in_cpu;
+  options.buffer_elements = offload.buffer_size;
+  options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+  parameter_store_ =
+      std::make_unique<engine_detail::ParameterStore>(layout_, options, parameters_.as<const std::byte>());
 }
 
 void Engine::install_hooks() {
@@ -350,7 +394,7 @@ void Engine::install_hooks() {
     gathering.max_reuse_distance = zero.stage3_max_reuse_distance;
     gathering.allgather_bucket_elements = zero.allgather_bucket_size;
     gatherer_ = std::make_unique<engine_detail::ParameterGatherer>(
-        *data_, layout_, parameters_list_, std::move(uses), parameters_.data(), gathering);
+        *data_, layout_, parameters_list_, std::move(uses), *parameter_store_, gathering);
   }
 }
 
@@ -379,6 +423,7 @@ void Engine::build_swapped_states() {
   engine_detail::SwappedStatesOptions options;
   options.swap = SwapOptions::from_aio(config_.aio, *offload.nvme_path);
   options.swap.rank = runtime_.world_rank();
+  options.swap.pin_memory = offload.pin_memory;
   options.shard_elements = shard_size_;
   options.arrays = (master_in_swap_ ? 1 : 0) + optimizer_->state_names().size();
   options.sub_group_elements = zero.sub_group_size;
@@ -404,7 +449,6 @@ void Engine::build_swapped_states() {
 
 OffloadTiming Engine::step_swapped_optimizer(float grad_scale, float lr) {
   optimizer_->begin_step(grad_scale, lr);
-  const std::size_t element = dtype_size(compute_dtype_);
   std::vector<float*> state(optimizer_->state_names().size());
   std::size_t cursor = 0;  // owned_ is in shard order, and so are the sub-groups
   const SwapPipeline::Stats stats = swapped_->for_each_sub_group(
@@ -417,17 +461,50 @@ OffloadTiming Engine::step_swapped_optimizer(float grad_scale, float lr) {
               const std::size_t in_range = static_cast<std::size_t>(begin - range.shard_begin);
               for (std::size_t k = 0; k < state.size(); ++k)
                 state[k] = arrays[swapped_array_of_state(k)] + in_group;
-              const ParamBuffer master{master_in_swap_ ? arrays[0] + in_group : master_of(range) + in_range,
-                                       static_cast<std::size_t>(end - begin)};
-              const GradBuffer gradient{
-                  static_cast<const std::byte*>(gradient_of(range)) + in_range * element, compute_dtype_};
-              HalfParamBuffer half;
-              if (compute_dtype_ != DType::fp32)
-                half = {static_cast<std::byte*>(parameter_of(range)) + in_range * element, compute_dtype_};
-              optimizer_->update_range(master, state, gradient, grad_scale, lr, half);
+              float* master = master_in_swap_ ? arrays[0] + in_group : master_of(range) + in_range;
+              update_part(static_cast<std::size_t>(&range - owned_.data()), begin, end, master, state,
+                          grad_scale, lr);
             });
       });
   return {stats.wall_seconds, stats.work_seconds, stats.stalled_seconds};
+}
+
+void Engine::step_with_swapped_parameters(float grad_scale, float lr) {
+  // The in-memory optimizer's states, driven range by range: its step() would write the 16-bit
+  // copy into a shard that is not in memory.
+  optimizer_->begin_step(grad_scale, lr);
+  const std::vector<std::string_view> names = optimizer_->state_names();
+  std::vector<float*> state(names.size());
+  for (std::size_t i = 0; i < owned_.size(); ++i) {
+    for (std::size_t k = 0; k < names.size(); ++k) state[k] = optimizer_->state(names[k], i).data();
+    update_part(i, owned_[i].shard_begin, owned_[i].shard_begin + owned_[i].count, master_of(owned_[i]),
+                state, grad_scale, lr);
+  }
+}
+
+void Engine::update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
+                         std::span<float* const> state, float grad_scale, float lr) {
+  const OwnedRange& range = owned_[index];
+  const std::size_t element = dtype_size(compute_dtype_);
+  const std::size_t in_range = static_cast<std::size_t>(begin - range.shard_begin);
+  const std::size_t count = static_cast<std::size_t>(end - begin);
+  const GradBuffer gradient{static_cast<const std::byte*>(gradient_of(range)) + in_range * element,
+                            compute_dtype_};
+  // Where the new parameters go in the compute dtype: the fused update writes 16-bit copies; in
+  // fp32 the master is the parameter itself, unless the parameters are on NVMe.
+  std::byte* parameters = nullptr;
+  if (parameters_on_nvme_) {
+    parameters = parameter_store_->update_target(index) + in_range * element;
+  } else if (compute_dtype_ != DType::fp32) {
+    parameters = static_cast<std::byte*>(parameter_of(range)) + in_range * element;
+  }
+  HalfParamBuffer half;
+  if (compute_dtype_ != DType::fp32) half = {parameters, compute_dtype_};
+  optimizer_->update_range({master, count}, state, gradient, grad_scale, lr, half);
+  if (parameters_on_nvme_) {
+    if (compute_dtype_ == DType::fp32) std::memcpy(parameters, master, count * sizeof(float));
+    if (end == range.shard_begin + range.count) parameter_store_->commit(index);  // the piece is complete
+  }
 }
 
 OptimizerStatesPlacement Engine::optimizer_states_placement() const {
@@ -446,6 +523,40 @@ OptimizerStatesPlacement Engine::optimizer_states_placement() const {
   return placement;
 }
 
+ParametersPlacement Engine::parameters_placement() const {
+  ParametersPlacement placement;
+  if (stage_ != 3) {
+    placement.host_elements = stage_ <= 2 ? flat_size_ : shard_size_;
+    return placement;
+  }
+  placement.device = config_.zero_optimization.offload_param.device;
+  placement.host_elements = parameter_store_->host_elements();
+  placement.nvme_elements = parameter_store_->nvme_elements();
+  if (const SwapEngine* swap = parameter_store_->swap()) {
+    placement.swap_file = swap->file_path().string();
+    placement.swap_backend = std::string(to_string(swap->backend()));
+    placement.swap_bytes = swap->reserved_bytes();
+    placement.buffer_bytes = parameter_store_->buffer_bytes();
+    placement.buffer_count = static_cast<std::int64_t>(parameter_store_->buffer_count());
+  }
+  return placement;
+}
+
+std::string ParametersPlacement::describe() const {
+  if (swap_file.empty()) {
+    return device == OffloadDevice::cpu ? "host memory (offload_param: cpu)" : "host memory";
+  }
+  if (nvme_elements == 0) {
+    return detail::concat("host memory: all ", host_elements,
+                          " elements fit in offload_param.max_in_cpu, none go to the nvme swap file ",
+                          swap_file, " (lower max_in_cpu, e.g. to 0, to move parameters to NVMe)");
+  }
+  return detail::concat("nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes,
+                        " bytes): ", nvme_elements, " elements on NVMe, ", host_elements,
+                        " in host memory (offload_param.max_in_cpu), read through ", buffer_count,
+                        " buffer(s) of ", buffer_bytes, " bytes in all");
+}
+
 std::string OptimizerStatesPlacement::describe() const {
   if (swap_file.empty()) {
     return device == OffloadDevice::cpu ? "host memory (offload_optimizer: cpu)" : "host memory";
@@ -462,12 +573,14 @@ void* Engine::gradient_of(const OwnedRange& range) {
 }
 
 void* Engine::parameter_of(const OwnedRange& range) {
+  ZT_CHECK(!parameters_.empty(),
+           "internal: with offload_param nvme the parameters are in the parameter store");
   const std::int64_t begin = stage_ <= 2 ? range.flat_begin : range.shard_begin;
   return parameters_.as<std::byte>() + static_cast<std::size_t>(begin) * dtype_size(compute_dtype_);
 }
 
 float* Engine::master_of(const OwnedRange& range) {
-  if (compute_dtype_ == DType::fp32) return static_cast<float*>(parameter_of(range));
+  if (!keeps_separate_master()) return static_cast<float*>(parameter_of(range));
   ZT_CHECK(!master_in_swap_, "internal: the fp32 master is in the swap file; read it through swapped_");
   return master_.as<float>() + range.shard_begin;
 }
@@ -643,6 +756,17 @@ void Engine::mark_step_start() {
   wire_bytes_at_step_start_ = total.wire_bytes;
   comm_seconds_at_step_start_ = total.seconds;
   wait_seconds_at_step_start_ = total_wait_seconds();
+  parameter_swap_at_step_start_ = parameter_swap_counters();
+}
+
+OffloadTiming Engine::parameter_swap_counters() const {
+  OffloadTiming counters;
+  if (!parameters_on_nvme_) return counters;
+  const engine_detail::ParameterStoreStats& stats = parameter_store_->stats();
+  counters.parameter_bytes_read = stats.bytes_read;
+  counters.parameter_bytes_written = stats.bytes_written;
+  counters.parameter_wait_seconds = stats.read_wait_seconds + stats.write_wait_seconds;
+  return counters;
 }
 
 double Engine::forward(const Batch& batch) {
@@ -748,18 +872,21 @@ bool Engine::step() {
     }
     const double coefficient = config_.gradient_clipping > 0 ? clip.coefficient : 1.0;
     const float grad_scale = kernels::combined_grad_scale(scale_used, coefficient);
-    std::vector<GradBuffer> gradients;
-    std::vector<HalfParamBuffer> halves;
-    gradients.reserve(owned_.size());
-    for (OwnedRange& range : owned_) {
-      gradients.push_back({gradient_of(range), compute_dtype_});
-      if (compute_dtype_ != DType::fp32) halves.push_back({parameter_of(range), compute_dtype_});
-    }
     if (swapped_) {
       report.offload = step_swapped_optimizer(grad_scale, static_cast<float>(report.lr));
+    } else if (parameters_on_nvme_) {
+      step_with_swapped_parameters(grad_scale, static_cast<float>(report.lr));
     } else {
+      std::vector<GradBuffer> gradients;
+      std::vector<HalfParamBuffer> halves;
+      gradients.reserve(owned_.size());
+      for (OwnedRange& range : owned_) {
+        gradients.push_back({gradient_of(range), compute_dtype_});
+        if (compute_dtype_ != DType::fp32) halves.push_back({parameter_of(range), compute_dtype_});
+      }
       optimizer_->step(gradients, grad_scale, static_cast<float>(report.lr), halves);
     }
+    if (parameters_on_nvme_) parameter_store_->finish_updates();
     if ((stage_ == 1 || stage_ == 2) && data.size() > 1) timed([&] { all_gather_updated_parameters(); });
     if (gatherer_) gatherer_->refresh_persistent();
     if (scheduler_) scheduler_->step();
@@ -779,6 +906,13 @@ bool Engine::step() {
   report.comm_bytes = traffic.wire_bytes - wire_bytes_at_step_start_;  // this step's model traffic
   report.comm.busy_seconds = traffic.seconds - comm_seconds_at_step_start_;
   report.comm.wait_seconds = total_wait_seconds() - wait_seconds_at_step_start_;
+  const OffloadTiming swap_now = parameter_swap_counters();
+  report.offload.parameter_bytes_read =
+      swap_now.parameter_bytes_read - parameter_swap_at_step_start_.parameter_bytes_read;
+  report.offload.parameter_bytes_written =
+      swap_now.parameter_bytes_written - parameter_swap_at_step_start_.parameter_bytes_written;
+  report.offload.parameter_wait_seconds =
+      swap_now.parameter_wait_seconds - parameter_swap_at_step_start_.parameter_wait_seconds;
   step_started_ = false;
 
   // The reported loss is the mean over micro-batches and ranks (identical on every rank).

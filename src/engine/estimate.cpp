@@ -79,6 +79,26 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
     estimate.optimizer_states_host = buffers * ((group_bytes + kAlignment - 1) / kAlignment * kAlignment);
     estimate.nvme_bytes = estimate.optimizer_states;
   }
+  // Parameter offload (stage 3): the pieces kept in host memory and the read buffers.
+  const OffloadParamConfig& offload_param = zero.offload_param;
+  estimate.param_offload_device = stage >= 3 ? offload_param.device : OffloadDevice::none;
+  estimate.largest_parameter = model_largest_parameter(config);
+  estimate.parameters_host = estimate.parameters;
+  if (estimate.param_offload_device == OffloadDevice::nvme) {
+    constexpr std::uint64_t kAlignment = 4096;
+    const std::uint64_t kept = std::min<std::uint64_t>(
+        static_cast<std::uint64_t>(std::max<std::int64_t>(offload_param.max_in_cpu, 0)), shard);
+    estimate.parameters_host = element * kept;
+    estimate.parameters_nvme = element * (shard - kept);
+    if (kept < shard) {
+      const std::uint64_t largest_piece =
+          estimate.largest_parameter > 0
+              ? (static_cast<std::uint64_t>(estimate.largest_parameter) + n - 1) / n
+              : std::min<std::uint64_t>(static_cast<std::uint64_t>(offload_param.buffer_size), shard);
+      const std::uint64_t buffer = (largest_piece * element + kAlignment - 1) / kAlignment * kAlignment;
+      estimate.parameters_host += static_cast<std::uint64_t>(offload_param.buffer_count) * buffer;
+    }
+  }
   estimate.device_bytes_with_cuda = estimate.parameters + estimate.gradients;
   estimate.host_bytes_with_cuda = 0;
   if (offload.device == OffloadDevice::none) {
@@ -86,8 +106,12 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   } else {
     estimate.host_bytes_with_cuda = estimate.optimizer_states_host;
   }
+  if (estimate.param_offload_device != OffloadDevice::none) {
+    // The device then holds gathered parameters only (activations' share, not counted here).
+    estimate.device_bytes_with_cuda -= estimate.parameters;
+    estimate.host_bytes_with_cuda += estimate.parameters_host;
+  }
   // DeepSpeed's estimators, one node with N GPUs (reference: deepspeed-semantics.md §2).
-  estimate.largest_parameter = model_largest_parameter(config);
   {
     const double p = static_cast<double>(psi);
     const double g = static_cast<double>(n);
@@ -96,9 +120,14 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
     double gpu = 0;
     double cpu = 0;
     const bool offloaded = offload.device != OffloadDevice::none;
+    // DeepSpeed's stage-3 estimator knows parameter offload only together with optimizer offload.
+    const bool params_offloaded = estimate.param_offload_device != OffloadDevice::none;
     if (stage <= 2) {  // DeepSpeed has no stage-1 estimator; its stage-2 one is used
       gpu = offloaded ? 2 * p : 2 * p + 18 * p / g;
       cpu = offloaded ? p * std::max(4 * g, 16.0) * factor : 4 * p * g * factor;
+    } else if (params_offloaded) {
+      gpu = 4 * largest;
+      cpu = 18 * p * factor;  // zero_init, one node
     } else {
       gpu = offloaded ? 4 * largest + 2 * p / g : 4 * largest + 18 * p / g;
       cpu = offloaded ? 16 * p * factor : 4 * largest * g * factor;  // zero_init, one node
@@ -148,14 +177,32 @@ std::string MemoryEstimate::table() const {
          offload_device == OffloadDevice::nvme ? "buffer_count x sub-group x fp32 arrays (4 KiB aligned)"
                                                : "all of optimizer_states");
     if (offload_device == OffloadDevice::nvme) line(out, "states on NVMe", nvme_bytes, "swap file per rank");
-    line(out, "with CUDA: device", device_bytes_with_cuda, "parameters + gradients");
-    line(out, "with CUDA: host", host_bytes_with_cuda, "optimizer states (this build trains on the host)");
+    const bool params = param_offload_device != OffloadDevice::none;
+    line(out, "with CUDA: device", device_bytes_with_cuda, params ? "gradients" : "parameters + gradients");
+    line(out, "with CUDA: host", host_bytes_with_cuda,
+         std::string("optimizer states") + (params ? " + parameter pieces" : "") +
+             " (this build trains on the host)");
+  }
+  if (param_offload_device != OffloadDevice::none) {
+    out << "offload_param: " << to_string(param_offload_device) << "\n";
+    line(out, "params in host", parameters_host,
+         param_offload_device == OffloadDevice::nvme
+             ? "min(max_in_cpu, shard) x k + buffer_count x largest piece (4 KiB aligned)"
+             : "all of parameters");
+    if (param_offload_device == OffloadDevice::nvme)
+      line(out, "params on NVMe", parameters_nvme, "swap file per rank");
+    if (offload_device == OffloadDevice::none) {
+      line(out, "with CUDA: device", device_bytes_with_cuda, "gradients + optimizer states");
+      line(out, "with CUDA: host", host_bytes_with_cuda, "parameter pieces (this build trains on the host)");
+    }
   }
   line(out, "DeepSpeed GPU", deepspeed_gpu_bytes,
        std::string("per GPU, ") +
            (zero_stage <= 2 ? "estimate_zero2_model_states_mem_needs"
                             : "estimate_zero3_model_states_mem_needs") +
-           (offload_device != OffloadDevice::none ? " (cpu_offload)" : ""));
+           (param_offload_device != OffloadDevice::none ? " (cpu_offload, cpu_offload_params)"
+            : offload_device != OffloadDevice::none     ? " (cpu_offload)"
+                                                        : ""));
   line(out, "DeepSpeed CPU", deepspeed_cpu_bytes, "per node of N GPUs, additional_buffer_factor 1.5");
   out << "  (activations, stage 3's gathered parameters and the allocator's slack come on top; the engine\n"
          "   pads each parameter to a multiple of N elements.)\n";

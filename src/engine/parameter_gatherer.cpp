@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "src/engine/parameter_store.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
@@ -20,13 +21,13 @@ double seconds_since(Clock::time_point start) {
 
 ParameterGatherer::ParameterGatherer(Communicator& communicator, const std::vector<FlatParameter>& layout,
                                      std::vector<nn::Parameter*> parameters,
-                                     std::vector<std::vector<std::size_t>> uses, const void* shard,
+                                     std::vector<std::vector<std::size_t>> uses, ParameterStore& shard,
                                      ParameterGathererOptions options)
     : communicator_(communicator),
       layout_(layout),
       parameters_(std::move(parameters)),
       uses_(std::move(uses)),
-      shard_(static_cast<const std::byte*>(shard)),
+      shard_(shard),
       options_(options),
       slots_(layout.size()) {
   ZT_CHECK(parameters_.size() == layout_.size(), "ParameterGatherer: ", parameters_.size(),
@@ -71,8 +72,8 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
   for (std::size_t m = 0; m < members.size(); ++m) {
     const FlatParameter& parameter = layout_[members[m]];
     std::memcpy(mine + static_cast<std::size_t>(gather.member_offsets[m]) * element,
-                shard_ + static_cast<std::size_t>(parameter.shard_offset) * element,
-                static_cast<std::size_t>(parameter.piece_numel) * element);
+                shard_.acquire(members[m]), static_cast<std::size_t>(parameter.piece_numel) * element);
+    shard_.release(members[m]);
   }
   return gather;
 }
@@ -207,7 +208,19 @@ void ParameterGatherer::prefetch() {
     }
     planned = 0;
     launch(std::move(to_gather));
-    if (window > options_.prefetch_elements) break;
+    if (window > options_.prefetch_elements) {
+      read_ahead(e);
+      return;
+    }
+  }
+}
+
+void ParameterGatherer::read_ahead(std::size_t from) {
+  for (std::size_t e = from; e < trace_.size(); ++e) {
+    for (std::size_t index : uses_[trace_[e].use]) {
+      if (slots_[index].state != State::released) continue;
+      if (!shard_.prefetch(index)) return;  // no buffer free: the rest waits for its turn
+    }
   }
 }
 

@@ -10,7 +10,9 @@
 //     elements of other parameters' use (the tied lm_head's weight from its forward to its backward);
 // while never holding more than stage3_max_live_parameters gathered elements (beyond what the
 // current module needs). Parameters of at most stage3_param_persistence_threshold elements stay
-// gathered for good and are refreshed after each optimizer step.
+// gathered for good and are refreshed after each optimizer step. With offload_param "nvme" the
+// pieces come from the ParameterStore's swap file: prefetching also starts the reads of the pieces
+// after the gather window, as far as the store's buffers allow.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,8 @@
 #include "zerotrain/nn.hpp"
 
 namespace zt::engine_detail {
+
+class ParameterStore;
 
 struct ParameterGathererOptions {
   DType dtype = DType::fp32;                             // of the parameters and of the shard
@@ -36,12 +40,12 @@ enum class Phase : std::uint8_t { forward, backward };
 
 class ParameterGatherer {
  public:
-  /// `uses[u]` lists the parameter indices module use u reads. `shard` holds this rank's pieces
-  /// (layout[i].shard_offset); `parameters[i]->value` is the gathered tensor or undefined.
+  /// `uses[u]` lists the parameter indices module use u reads. `shard` holds this rank's pieces;
+  /// `parameters[i]->value` is the gathered tensor or undefined.
   /// Non-persistent parameters are released here; persistent ones keep their current value.
   ParameterGatherer(Communicator& communicator, const std::vector<FlatParameter>& layout,
                     std::vector<nn::Parameter*> parameters, std::vector<std::vector<std::size_t>> uses,
-                    const void* shard, ParameterGathererOptions options);
+                    ParameterStore& shard, ParameterGathererOptions options);
   ~ParameterGatherer();
   ParameterGatherer(const ParameterGatherer&) = delete;
   ParameterGatherer& operator=(const ParameterGatherer&) = delete;
@@ -91,13 +95,15 @@ class ParameterGatherer {
   void release(std::size_t index);
   void make_room(std::int64_t needed, const std::vector<std::size_t>& keep);
   void prefetch();
+  /// Start reading the NVMe pieces of the parameters used after event `from` of the trace.
+  void read_ahead(std::size_t from);
   bool reused_soon(std::size_t index) const;
 
   Communicator& communicator_;
   const std::vector<FlatParameter>& layout_;
   std::vector<nn::Parameter*> parameters_;
   std::vector<std::vector<std::size_t>> uses_;
-  const std::byte* shard_;
+  ParameterStore& shard_;
   ParameterGathererOptions options_;
   std::vector<Slot> slots_;
   std::deque<Gather> in_flight_;

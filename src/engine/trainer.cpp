@@ -218,6 +218,13 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                                  {"host_buffer_bytes", placement.buffer_bytes},
                                  {"sub_groups", placement.sub_groups}};
   }
+  const ParametersPlacement parameters = engine.parameters_placement();
+  if (parameters.device != OffloadDevice::none) {
+    start["parameters"] = {
+        {"offload", to_string(parameters.device)},   {"where", parameters.describe()},
+        {"host_elements", parameters.host_elements}, {"nvme_elements", parameters.nvme_elements},
+        {"swap_bytes", parameters.swap_bytes},       {"host_buffer_bytes", parameters.buffer_bytes}};
+  }
   metrics.write(start);
   if (leader) {
     std::printf("zerotrain train: %s model, %lld parameters, %s, ZeRO stage %d, %d rank(s) on %d node(s)\n",
@@ -232,6 +239,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                 data->description().c_str());
     if (placement.device != OffloadDevice::none)
       std::printf("  optimizer states (rank 0): %s\n", placement.describe().c_str());
+    if (parameters.device != OffloadDevice::none)
+      std::printf("  parameters (rank 0): %s\n", parameters.describe().c_str());
     std::fflush(stdout);
   }
 
@@ -277,6 +286,11 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       step_line["offload_wall_s"] = report.offload.wall_seconds;
       step_line["offload_update_s"] = report.offload.update_seconds;
       step_line["offload_stall_s"] = report.offload.stalled_seconds;
+    }
+    if (parameters.device == OffloadDevice::nvme) {  // rank 0's parameter swap traffic
+      step_line["param_read_bytes"] = report.offload.parameter_bytes_read;
+      step_line["param_written_bytes"] = report.offload.parameter_bytes_written;
+      step_line["param_wait_s"] = report.offload.parameter_wait_seconds;
     }
     metrics.write(step_line);
     if (leader && print_every > 0 &&

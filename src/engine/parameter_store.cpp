@@ -1,0 +1,281 @@
+// ZeRO-3's parameter shard in host memory or on NVMe (see parameter_store.hpp).
+#include "src/engine/parameter_store.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::engine_detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* host_shard)
+    : layout_(layout), dtype_(dtype), pieces_(layout.size()) {
+  const std::size_t element = dtype_size(dtype_);
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    pieces_[i].host = host_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element;
+    pieces_[i].bytes = static_cast<std::size_t>(layout_[i].piece_numel) * element;
+    host_elements_ += layout_[i].piece_numel;
+  }
+}
+
+ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const ParameterStoreOptions& options,
+                               const std::byte* initial_shard)
+    : layout_(layout), dtype_(options.dtype), pieces_(layout.size()) {
+  ZT_CHECK(options.swap.has_value(), "ParameterStore: the NVMe store needs swap options");
+  ZT_CHECK_AS(ConfigError, options.buffer_count >= 1, "zero_optimization.offload_param.buffer_count is ",
+              options.buffer_count, "; expected >= 1 (pieces read from NVMe at once)");
+  ZT_CHECK_AS(ConfigError, options.max_in_cpu >= 0, "zero_optimization.offload_param.max_in_cpu is ",
+              options.max_in_cpu, "; expected >= 0 (parameter elements kept in host memory)");
+  const std::size_t element = dtype_size(dtype_);
+  // Whole pieces stay in host memory while they fit in max_in_cpu elements, in layout order.
+  std::vector<bool> in_host(layout_.size(), false);
+  std::int64_t budget = options.max_in_cpu;
+  std::size_t largest_swapped = 0;  // index
+  std::size_t swapped = 0;
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    const std::int64_t piece = layout_[i].piece_numel;
+    pieces_[i].bytes = static_cast<std::size_t>(piece) * element;
+    if (piece <= budget) {
+      in_host[i] = true;
+      budget -= piece;
+      host_elements_ += piece;
+    } else {
+      nvme_elements_ += piece;
+      if (swapped == 0 || piece > layout_[largest_swapped].piece_numel) largest_swapped = i;
+      ++swapped;
+    }
+  }
+  if (swapped > 0) {
+    const FlatParameter& largest = layout_[largest_swapped];
+    ZT_CHECK_AS(ConfigError, options.buffer_elements >= largest.piece_numel,
+                "zero_optimization.offload_param.buffer_size is ", options.buffer_elements,
+                " elements, but this rank's piece of parameter '", largest.name, "' (", largest.numel,
+                " elements split over the data-parallel ranks) has ", largest.piece_numel,
+                ": raise buffer_size to at least ", largest.piece_numel,
+                " (or keep more parameters in host memory with max_in_cpu)");
+  }
+  // The swap file exists even when every piece fits in host memory: a bad nvme_path fails now,
+  // not when the model grows.
+  swap_ = std::make_unique<SwapEngine>(*options.swap);
+  if (host_elements_ > 0) {
+    host_ = Buffer(Device::host(), static_cast<std::size_t>(host_elements_) * element,
+                   MemoryCategory::parameters);
+  }
+  std::size_t host_offset = 0;
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    if (in_host[i]) {
+      pieces_[i].host = host_.as<std::byte>() + host_offset;
+      host_offset += pieces_[i].bytes;
+    } else {
+      pieces_[i].swap_name = "parameter." + layout_[i].name;
+      swap_->register_tensor(pieces_[i].swap_name, pieces_[i].bytes);  // reserves the disk space now
+    }
+  }
+  if (swapped > 0) {
+    const std::size_t buffer_bytes = pieces_[largest_swapped].bytes;
+    pool_.resize(std::min(options.buffer_count, swapped));
+    for (PoolBuffer& buffer : pool_)
+      buffer.memory = swap_->allocate_buffer(buffer_bytes, MemoryCategory::parameters);
+  }
+  for (std::size_t i = 0; i < layout_.size(); ++i) {
+    std::byte* target = update_target(i);
+    std::memcpy(target, initial_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element,
+                pieces_[i].bytes);
+    commit(i);
+  }
+  finish_updates();
+  stats_ = {};  // the initial writes are not training traffic
+}
+
+ParameterStore::~ParameterStore() {
+  // The pool's buffers must not be freed under requests still in flight.
+  if (!swap_) return;
+  try {
+    swap_->wait_all();
+  } catch (const std::exception&) {  // an error nobody waited for: the run is over anyway
+  }
+}
+
+std::uint64_t ParameterStore::buffer_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const PoolBuffer& buffer : pool_) bytes += buffer.memory.size();
+  return bytes;
+}
+
+void ParameterStore::check_index(std::size_t index, const char* what) const {
+  ZT_CHECK(index < pieces_.size(), "ParameterStore::", what, ": parameter ", index, " of ", pieces_.size());
+}
+
+ParameterStore::PoolBuffer* ParameterStore::buffer_of(std::size_t index) {
+  for (PoolBuffer& buffer : pool_) {
+    if (buffer.state != BufferState::free && buffer.piece == index) return &buffer;
+  }
+  return nullptr;
+}
+
+void ParameterStore::set_state(PoolBuffer& buffer, BufferState state) {
+  buffer.state = state;
+  buffer.stamp = ++clock_;
+}
+
+void ParameterStore::complete(PoolBuffer& buffer) {
+  const bool was_write = buffer.state == BufferState::writing;
+  const SwapHandle io = std::exchange(buffer.io, SwapHandle());
+  set_state(buffer, BufferState::free);  // a failed request leaves nothing valid behind
+  swap_->wait(io);                       // throws zt::IoError naming the file and offset
+  set_state(buffer, BufferState::ready);
+  if (was_write) buffer.used = true;
+}
+
+ParameterStore::PoolBuffer& ParameterStore::take_buffer() {
+  auto oldest = [this](auto&& pick) -> PoolBuffer* {
+    PoolBuffer* found = nullptr;
+    for (PoolBuffer& buffer : pool_) {
+      if (pick(buffer) && (found == nullptr || buffer.stamp < found->stamp)) found = &buffer;
+    }
+    return found;
+  };
+  PoolBuffer* chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::free; });
+  if (chosen == nullptr)
+    chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::ready && b.used; });
+  if (chosen == nullptr) {
+    chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::writing; });
+    if (chosen != nullptr) {
+      const auto started = Clock::now();
+      complete(*chosen);
+      stats_.write_wait_seconds += seconds_since(started);
+    }
+  }
+  if (chosen == nullptr) chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::ready; });
+  if (chosen == nullptr) {
+    chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::reading; });
+    if (chosen != nullptr) complete(*chosen);
+  }
+  ZT_CHECK(chosen != nullptr, "ParameterStore: all ", pool_.size(),
+           " offload_param buffers hold pieces in use; none is left for another");
+  set_state(*chosen, BufferState::free);
+  chosen->used = false;
+  return *chosen;
+}
+
+bool ParameterStore::prefetch(std::size_t index) {
+  check_index(index, "prefetch");
+  if (!on_nvme(index) || buffer_of(index) != nullptr) return true;
+  // Writes that finished make their buffers reusable without waiting.
+  for (PoolBuffer& buffer : pool_) {
+    if (buffer.state == BufferState::writing && buffer.io.ready()) complete(buffer);
+  }
+  PoolBuffer* chosen = nullptr;
+  for (PoolBuffer& buffer : pool_) {
+    const bool reusable =
+        buffer.state == BufferState::free || (buffer.state == BufferState::ready && buffer.used);
+    if (reusable && (chosen == nullptr || buffer.stamp < chosen->stamp)) chosen = &buffer;
+  }
+  if (chosen == nullptr) return false;  // every buffer holds a piece still to be used
+  chosen->piece = index;
+  chosen->used = false;
+  chosen->io = swap_->swap_in(pieces_[index].swap_name, chosen->memory.data());
+  set_state(*chosen, BufferState::reading);
+  ++stats_.reads;
+  stats_.bytes_read += pieces_[index].bytes;
+  return true;
+}
+
+const std::byte* ParameterStore::acquire(std::size_t index) {
+  check_index(index, "acquire");
+  if (!on_nvme(index)) return pieces_[index].host;
+  PoolBuffer* buffer = buffer_of(index);
+  ZT_CHECK(buffer == nullptr || buffer->state != BufferState::held, "ParameterStore: parameter '",
+           layout_[index].name, "' is acquired twice");
+  if (buffer == nullptr) {
+    buffer = &take_buffer();
+    buffer->piece = index;
+    buffer->io = swap_->swap_in(pieces_[index].swap_name, buffer->memory.data());
+    set_state(*buffer, BufferState::reading);
+    ++stats_.reads;
+    stats_.bytes_read += pieces_[index].bytes;
+  }
+  if (buffer->state == BufferState::reading || buffer->state == BufferState::writing) {
+    if (!buffer->io.ready()) ++stats_.reads_waited;
+    const auto started = Clock::now();
+    complete(*buffer);
+    stats_.read_wait_seconds += seconds_since(started);
+  } else {
+    ++stats_.cache_hits;
+  }
+  set_state(*buffer, BufferState::held);
+  buffer->used = true;
+  return buffer->memory.as<std::byte>();
+}
+
+void ParameterStore::release(std::size_t index) {
+  check_index(index, "release");
+  if (!on_nvme(index)) return;
+  PoolBuffer* buffer = buffer_of(index);
+  ZT_CHECK(buffer != nullptr && buffer->state == BufferState::held, "ParameterStore: parameter '",
+           layout_[index].name, "' is released without being acquired");
+  set_state(*buffer, BufferState::ready);
+}
+
+std::byte* ParameterStore::update_target(std::size_t index) {
+  check_index(index, "update_target");
+  if (!on_nvme(index)) return pieces_[index].host;
+  PoolBuffer* buffer = buffer_of(index);
+  if (buffer != nullptr && buffer->state == BufferState::held) return buffer->memory.as<std::byte>();
+  if (buffer != nullptr) {
+    // Its old value is about to be replaced: let the read or write in flight finish first.
+    if (buffer->state == BufferState::reading || buffer->state == BufferState::writing) {
+      const auto started = Clock::now();
+      complete(*buffer);
+      stats_.write_wait_seconds += seconds_since(started);
+    }
+  } else {
+    buffer = &take_buffer();
+    buffer->piece = index;
+  }
+  set_state(*buffer, BufferState::held);
+  buffer->used = true;
+  return buffer->memory.as<std::byte>();
+}
+
+void ParameterStore::commit(std::size_t index) {
+  check_index(index, "commit");
+  if (!on_nvme(index)) return;
+  PoolBuffer* buffer = buffer_of(index);
+  ZT_CHECK(buffer != nullptr && buffer->state == BufferState::held, "ParameterStore: parameter '",
+           layout_[index].name, "' is committed without update_target");
+  buffer->io = swap_->swap_out(pieces_[index].swap_name, buffer->memory.data());
+  set_state(*buffer, BufferState::writing);
+  stats_.bytes_written += pieces_[index].bytes;
+}
+
+void ParameterStore::finish_updates() {
+  const auto started = Clock::now();
+  for (PoolBuffer& buffer : pool_) {
+    if (buffer.state == BufferState::writing) complete(buffer);
+  }
+  stats_.write_wait_seconds += seconds_since(started);
+}
+
+void ParameterStore::write(std::size_t index, const void* source) {
+  std::memcpy(update_target(index), source, pieces_[index].bytes);
+  commit(index);
+  if (PoolBuffer* buffer = buffer_of(index); buffer != nullptr) complete(*buffer);
+}
+
+void ParameterStore::read(std::size_t index, void* destination) {
+  std::memcpy(destination, acquire(index), pieces_[index].bytes);
+  release(index);
+}
+
+}  // namespace zt::engine_detail
