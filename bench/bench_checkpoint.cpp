@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
@@ -154,12 +155,6 @@ void evict(const std::string& path) {
   const Fd fd(path, O_RDONLY);
   ::fdatasync(fd.get());
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 /// Seconds `work` takes on the slowest rank: barrier, work, barrier.
@@ -290,17 +285,18 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
     std::printf(
         "median MB/s: save %.1f, O_DIRECT write %.1f (save/O_DIRECT %.2f); load %.1f, O_DIRECT read %.1f "
         "(load/O_DIRECT %.2f)\n",
-        median(save_rate), median(write_rate), median(write_ratio), median(load_rate), median(read_rate),
-        median(read_ratio));
+        zt::bench::median(save_rate), zt::bench::median(write_rate), zt::bench::median(write_ratio),
+        zt::bench::median(load_rate), zt::bench::median(read_rate), zt::bench::median(read_ratio));
     std::printf("median MB/s of the buffered anchor: pwrite + fsync %.1f, cold pread %.1f\n",
-                median(buffered_write_rate), median(buffered_read_rate));
+                zt::bench::median(buffered_write_rate), zt::bench::median(buffered_read_rate));
     std::printf(
         "RESULT ranks=%d stage=%d bytes=%llu save_mb_s=%.1f direct_write_mb_s=%.1f write_ratio=%.3f "
         "load_mb_s=%.1f direct_read_mb_s=%.1f read_ratio=%.3f buffered_write_mb_s=%.1f "
         "buffered_read_mb_s=%.1f\n",
-        ranks, arguments.stage, static_cast<unsigned long long>(checkpoint_bytes), median(save_rate),
-        median(write_rate), median(write_ratio), median(load_rate), median(read_rate), median(read_ratio),
-        median(buffered_write_rate), median(buffered_read_rate));
+        ranks, arguments.stage, static_cast<unsigned long long>(checkpoint_bytes),
+        zt::bench::median(save_rate), zt::bench::median(write_rate), zt::bench::median(write_ratio),
+        zt::bench::median(load_rate), zt::bench::median(read_rate), zt::bench::median(read_ratio),
+        zt::bench::median(buffered_write_rate), zt::bench::median(buffered_read_rate));
   }
   return 0;
 }

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_helpers.hpp"
 #include "bench/gpt_bench_shapes.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "zerotrain/engine.hpp"
@@ -94,22 +95,6 @@ std::string config_json(const Shape& shape, const Placement& placement, long lon
          R"(}, "model": )" + zt::bench::gpt_model_json(shape) + R"(, "seed": 1234})";
 }
 
-zt::Batch short_batch(const Shape& shape) {
-  constexpr std::int64_t kTokens = 16;
-  std::vector<std::int32_t> inputs(kTokens), targets(kTokens);
-  for (std::int64_t t = 0; t < kTokens; ++t) {
-    inputs[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919) % shape.vocab);
-    targets[static_cast<std::size_t>(t)] = static_cast<std::int32_t>((t * 7919 + 1) % shape.vocab);
-  }
-  return {zt::Tensor::from_vector(inputs, {1, kTokens}), zt::Tensor::from_vector(targets, {1, kTokens})};
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 struct Samples {
   std::vector<double> step_ms, wall_ms, update_ms, stalled_ms;
   std::string where;
@@ -133,7 +118,7 @@ int main(int argc, char** argv) {
         {"nvme", nvme + std::to_string(options.buffers) + "}"},
         {"nvme-1buf", nvme + "1}"},
     };
-    const zt::Batch batch = short_batch(options.shape);
+    const zt::Batch batch = zt::bench::token_batch(options.shape, 16);
     std::vector<Samples> samples(placements.size());
     for (int round = 0; round < options.rounds; ++round) {
       for (std::size_t k = 0; k < placements.size(); ++k) {
@@ -169,13 +154,13 @@ int main(int argc, char** argv) {
     std::printf("%d rounds x %d timed steps per placement; medians in ms\n\n", options.rounds, options.steps);
     std::printf("| placement | optimizer step | vs memory | pipeline wall | updates | stalled on I/O |\n");
     std::printf("|---|---|---|---|---|---|\n");
-    const double base = median(samples[0].step_ms);
+    const double base = zt::bench::median(samples[0].step_ms);
     for (std::size_t p = 0; p < placements.size(); ++p) {
-      const double step = median(samples[p].step_ms);
+      const double step = zt::bench::median(samples[p].step_ms);
       if (placements[p].name.starts_with("nvme")) {
         std::printf("| %s | %.1f | %.2f | %.1f | %.1f | %.1f |\n", placements[p].name.c_str(), step,
-                    step / base, median(samples[p].wall_ms), median(samples[p].update_ms),
-                    median(samples[p].stalled_ms));
+                    step / base, zt::bench::median(samples[p].wall_ms),
+                    zt::bench::median(samples[p].update_ms), zt::bench::median(samples[p].stalled_ms));
       } else {
         std::printf("| %s | %.1f | %.2f | | | |\n", placements[p].name.c_str(), step, step / base);
       }

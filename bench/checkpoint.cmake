@@ -4,3 +4,4 @@
 add_executable(zt_bench_checkpoint ${CMAKE_CURRENT_LIST_DIR}/bench_checkpoint.cpp)
 set_target_properties(zt_bench_checkpoint PROPERTIES OUTPUT_NAME zt_bench_checkpoint)
 target_link_libraries(zt_bench_checkpoint PRIVATE zerotrain zt_warnings)
+target_include_directories(zt_bench_checkpoint PRIVATE ${PROJECT_SOURCE_DIR})

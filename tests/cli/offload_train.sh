@@ -41,5 +41,5 @@ memory_losses=$(grep -o '"loss":[^,]*' "$work/memory.jsonl")
 nvme_losses=$(grep -o '"loss":[^,]*' "$work/nvme.jsonl")
 [ "$memory_losses" = "$nvme_losses" ] || fail "losses differ: memory [$memory_losses] nvme [$nvme_losses]"
 [ -z "$(ls -A "$work/swap")" ] || fail "swap files left: $(ls "$work/swap")"
-grep "zerotrain train:" "$work/nvme.txt"
+grep -E "zerotrain train:|parameters \(rank 0\)" "$work/nvme.txt"
 echo "PASS: offload_nvme ($(echo "$nvme_losses" | wc -l) steps, same losses)"
