@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -482,6 +483,29 @@ const SwapSlot& SwapEngine::register_tensor(const std::string& name, std::size_t
   slot.padded_bytes = round_up(bytes, alignment_);
   slot.offset = reserve_region(bytes, concat("swap tensor '", name, "'"));
   return slots_.emplace(name, slot).first->second;
+}
+
+void SwapEngine::register_tensors(const std::vector<std::pair<std::string, std::size_t>>& tensors) {
+  if (tensors.empty()) return;
+  std::set<std::string_view> names;
+  std::size_t total = 0;
+  for (const auto& [name, bytes] : tensors) {
+    ZT_CHECK(!slots_.contains(name) && names.insert(name).second, "swap tensor '", name,
+             "' is registered already");
+    ZT_CHECK(bytes > 0, "swap tensor '", name, "' has no bytes");
+    total += round_up(bytes, alignment_);
+  }
+  std::uint64_t offset =
+      reserve_region(total, concat(tensors.size(), " swap tensors ('", tensors.front().first, "' to '",
+                                   tensors.back().first, "')"));
+  for (const auto& [name, bytes] : tensors) {
+    SwapSlot slot;
+    slot.bytes = bytes;
+    slot.padded_bytes = round_up(bytes, alignment_);
+    slot.offset = offset;
+    offset += slot.padded_bytes;
+    slots_.emplace(name, slot);
+  }
 }
 
 bool SwapEngine::has_tensor(const std::string& name) const {

@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zerotrain/config.hpp"
@@ -114,6 +115,10 @@ class SwapEngine {
   /// Reserve `bytes` for `name` (fallocate): a full disk fails here with zt::IoError, not mid-run.
   /// On failure nothing is registered and the file is as before.
   const SwapSlot& register_tensor(const std::string& name, std::size_t bytes);
+  /// Register `tensors` (name, bytes) in order, one after the other, with one reservation for all of
+  /// them: a disk too small fails with the size the whole set needs, not the size up to the tensor
+  /// that did not fit. On failure none is registered and the file is as before.
+  void register_tensors(const std::vector<std::pair<std::string, std::size_t>>& tensors);
   bool has_tensor(const std::string& name) const;
   const SwapSlot& slot(const std::string& name) const;
   SwapHandle swap_out(const std::string& name, const void* source);  // write slot(name).bytes

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "zerotrain/error.hpp"
 
@@ -30,14 +33,17 @@ SwappedOptimizerStates::SwappedOptimizerStates(const SwappedStatesOptions& optio
     groups_.push_back(std::move(group));
   }
   std::size_t largest = 0;
+  std::vector<std::pair<std::string, std::size_t>> tensors;
   std::vector<std::string> names;
   for (const SubGroup& group : groups_) {
     const std::size_t bytes =
         (arrays_ - 1) * array_stride_bytes(group) + static_cast<std::size_t>(group.count) * sizeof(float);
-    swap_.register_tensor(group.name, bytes);  // reserves the disk space now
+    tensors.emplace_back(group.name, bytes);
     largest = std::max(largest, bytes);
     names.push_back(group.name);
   }
+  // One reservation for the whole file, now: a disk too small fails here, saying what all of it needs.
+  swap_.register_tensors(tensors);
   if (groups_.empty()) return;
   const std::size_t buffers = std::min<std::size_t>(options.buffer_count, groups_.size());
   buffer_bytes_ = buffers * round_up(largest, swap_.alignment());

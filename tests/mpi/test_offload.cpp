@@ -17,6 +17,7 @@
 #include "engine_runs.hpp"
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
+#include "offload_configs.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/engine.hpp"
@@ -28,45 +29,8 @@ namespace {
 using namespace zt::testing::engine_runs;
 namespace fs = std::filesystem;
 
-constexpr int kGlobalBatch = 8;
 constexpr int kSteps = 5;
-// Small sub-groups: the shard (about 35k elements at one rank, 9k at four) spans many of them, and
-// they split parameter pieces in the middle.
-constexpr int kSubGroup = 1500;
-
-std::string offload_section(const std::string& device, const std::string& nvme_path, int buffer_count = 3) {
-  std::string section = R"("offload_optimizer": {"device": ")" + device + "\"";
-  if (device == "nvme") {
-    section += R"(, "nvme_path": ")" + nvme_path + R"(", "buffer_count": )" + std::to_string(buffer_count);
-  }
-  return section + "}";
-}
-
-/// The test GPT at `stage` over the world; `offload` is "" (in memory) or an offload_optimizer entry.
-zt::Config config_for(int stage, const std::string& offload, const char* optimizer = kAdamW,
-                      const std::string& precision = "") {
-  const int world = zt::testing::runtime().world_size();
-  std::string zero = R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +
-                     R"(, "stage3_param_persistence_threshold": 0, "sub_group_size": )" +
-                     std::to_string(kSubGroup);
-  if (!offload.empty()) zero += ", " + offload;
-  zero += "}";
-  // Small aio blocks: many kernel requests per sub-group, as a large model's sub-groups would be.
-  const std::string aio = R"(, "aio": {"block_size": 65536, "queue_depth": 4})";
-  return parse(gpt_config(kGlobalBatch / world / 2, 2, zero + aio + precision, optimizer));
-}
-
-void expect_same_run(const RunResult& expected, const RunResult& actual, const std::string& what) {
-  ASSERT_EQ(expected.losses.size(), actual.losses.size()) << what;
-  for (std::size_t i = 0; i < expected.losses.size(); ++i)
-    EXPECT_EQ(expected.losses[i], actual.losses[i]) << what << ", step " << i + 1;
-  ASSERT_EQ(expected.master.size(), actual.master.size()) << what;
-  std::size_t differing = 0;
-  for (std::size_t i = 0; i < expected.master.size(); ++i)
-    differing += expected.master[i] != actual.master[i];
-  EXPECT_EQ(differing, 0u) << what << ": master weights differ (max "
-                           << max_abs_difference(expected.master, actual.master) << ")";
-}
+constexpr int kSubGroup = kOffloadSubGroup;
 
 TEST(Offload, CpuReproducesTheInMemoryRunBitwise) {
   for (int stage : {1, 2, 3}) {

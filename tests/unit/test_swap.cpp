@@ -2,14 +2,9 @@
 // backend, the swap file's life cycle, the errors at initialization (missing, unwritable or full
 // nvme_path, no O_DIRECT) and mid-run (short read, failed write), and the double-buffered pipeline
 // against the same work done in memory.
-#include <fcntl.h>
 #include <linux/filter.h>
-#include <linux/fs.h>
 #include <linux/seccomp.h>
-#include <sys/ioctl.h>
-#include <sys/mount.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "swap_test_fixtures.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/error.hpp"
@@ -44,6 +40,8 @@ using zt::SwapEngine;
 using zt::SwapHandle;
 using zt::SwapOptions;
 using zt::testing::error_of;
+using zt::testing::ScopedMount;
+using zt::testing::UnwritableDirectory;
 
 /// "prefix" followed by the number (built by appending: GCC 12 warns falsely on "literal" + string).
 std::string numbered(const char* prefix, long long number) {
@@ -76,28 +74,6 @@ class TestDirectory {
 
  private:
   fs::path path_;
-};
-
-/// A file system mounted for one test (needs root and a kernel that lets this process mount).
-class ScopedMount {
- public:
-  ScopedMount(const fs::path& target, const char* type, const char* data) : target_(target) {
-    fs::create_directories(target);
-    mounted_ = ::mount(type, target.c_str(), type, 0, data) == 0;
-    if (!mounted_) reason_ = std::string("mount -t ") + type + " failed: " + std::strerror(errno);
-  }
-  ~ScopedMount() {
-    if (mounted_) ::umount2(target_.c_str(), MNT_DETACH);
-  }
-  ScopedMount(const ScopedMount&) = delete;
-  ScopedMount& operator=(const ScopedMount&) = delete;
-  bool mounted() const { return mounted_; }
-  const std::string& reason() const { return reason_; }
-
- private:
-  fs::path target_;
-  bool mounted_ = false;
-  std::string reason_;
 };
 
 SwapOptions small_options(const fs::path& directory, SwapBackend backend = SwapBackend::automatic) {
@@ -421,44 +397,20 @@ TEST(SwapEngine, MissingOrNonDirectoryPathIsAClearError) {
   EXPECT_NE(error_of([] { SwapEngine engine(SwapOptions{}); }).find("nvme_path is empty"), std::string::npos);
 }
 
-/// Marks a directory immutable (chattr +i) for the test's duration: even root cannot create files in it.
-class ImmutableDirectory {
- public:
-  explicit ImmutableDirectory(const fs::path& path) : fd_(::open(path.c_str(), O_RDONLY | O_DIRECTORY)) {
-    if (fd_ < 0 || ::ioctl(fd_, FS_IOC_GETFLAGS, &flags_) != 0) return;
-    int immutable = flags_ | FS_IMMUTABLE_FL;
-    applied_ = ::ioctl(fd_, FS_IOC_SETFLAGS, &immutable) == 0;
-  }
-  ~ImmutableDirectory() {
-    if (applied_) ::ioctl(fd_, FS_IOC_SETFLAGS, &flags_);
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ImmutableDirectory(const ImmutableDirectory&) = delete;
-  ImmutableDirectory& operator=(const ImmutableDirectory&) = delete;
-  bool applied() const { return applied_; }
-
- private:
-  int fd_;
-  int flags_ = 0;
-  bool applied_ = false;
-};
-
 TEST(SwapEngine, UnwritablePathIsAClearError) {
   TestDirectory directory;
   const fs::path locked = directory.path() / "locked";
   fs::create_directories(locked);
   std::string message;
-  if (::geteuid() == 0) {
-    ImmutableDirectory immutable(locked);  // root ignores permission bits, but not the immutable flag
-    if (!immutable.applied()) GTEST_SKIP() << "running as root and the file system has no chattr +i";
+  {
+    UnwritableDirectory unwritable(locked);  // root ignores permission bits, but not chattr +i
+    if (!unwritable.applied())
+      GTEST_SKIP() << "cannot make a directory unwritable here: " << unwritable.reason();
     message = error_of([&] { SwapEngine engine(small_options(locked)); });
-  } else {
-    fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
-    message = error_of([&] { SwapEngine engine(small_options(locked)); });
-    fs::permissions(locked, fs::perms::owner_all);
   }
   EXPECT_NE(message.find("cannot create the swap file '" + locked.string()), std::string::npos) << message;
   EXPECT_NE(message.find("not writable"), std::string::npos) << message;
+  EXPECT_TRUE(fs::is_empty(locked));
 }
 
 TEST(SwapEngine, FileSystemWithoutDirectIoIsRefusedUnlessBufferedIoIsAllowed) {
@@ -487,11 +439,7 @@ TEST(SwapEngine, FileSystemWithoutDirectIoIsRefusedUnlessBufferedIoIsAllowed) {
 /// A 4 MiB tmpfs (O_DIRECT since Linux 6.6; buffered before).
 SwapOptions options_on_small_tmpfs(const fs::path& mount_point) {
   SwapOptions options = small_options(mount_point);
-  std::error_code error;
-  const int fd = ::open((mount_point / "probe").c_str(), O_CREAT | O_RDWR | O_DIRECT, 0600);
-  options.allow_buffered_io = fd < 0;
-  if (fd >= 0) ::close(fd);
-  fs::remove(mount_point / "probe", error);
+  options.allow_buffered_io = !zt::testing::supports_direct_io(mount_point);
   return options;
 }
 
@@ -511,7 +459,26 @@ TEST(SwapEngine, FullFileSystemFailsAtRegistrationAndLeavesTheEngineAsItWas) {
   EXPECT_FALSE(engine.has_tensor("too_big"));
   EXPECT_EQ(engine.reserved_bytes(), 1u << 20);
   EXPECT_EQ(fs::file_size(engine.file_path()), 1u << 20);  // what fallocate took is given back
-  check_round_trips(engine, 6, 11);                        // and the engine still works
+
+  // Several tensors in one reservation (as the optimizer's sub-groups): the message gives what the
+  // whole set needs, and none of them is registered.
+  const std::string all = error_of([&] { engine.register_tensors({{"x", 3 << 20}, {"y", 3 << 20}}); });
+  EXPECT_NE(
+      all.find("cannot reserve 6291456 bytes (6.0 MiB) for 2 swap tensors ('x' to 'y') at offset 1048576"),
+      std::string::npos)
+      << all;
+  EXPECT_NE(all.find("the swap file needs 7340032 bytes (7.0 MiB) in all on this rank"), std::string::npos)
+      << all;
+  EXPECT_FALSE(engine.has_tensor("x"));
+  EXPECT_EQ(fs::file_size(engine.file_path()), 1u << 20);
+  const std::string twice = error_of([&] { engine.register_tensors({{"d", 1}, {"d", 1}}); });
+  EXPECT_NE(twice.find("swap tensor 'd' is registered already"), std::string::npos) << twice;
+  EXPECT_FALSE(engine.has_tensor("d"));
+  engine.register_tensors({{"p", 5000}, {"q", 1}});  // one after the other, each at the alignment
+  EXPECT_EQ(engine.slot("p").offset, 1u << 20);
+  EXPECT_EQ(engine.slot("q").offset, engine.slot("p").offset + engine.slot("p").padded_bytes);
+  EXPECT_EQ(engine.reserved_bytes(), engine.slot("q").offset + engine.slot("q").padded_bytes);
+  check_round_trips(engine, 6, 11);  // and the engine still works
 }
 
 TEST(SwapEngine, ShortReadNamesTheFileAndOffset) {
