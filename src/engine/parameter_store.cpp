@@ -72,15 +72,18 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
                    MemoryCategory::parameters);
   }
   std::size_t host_offset = 0;
+  std::vector<std::pair<std::string, std::size_t>> swapped_pieces;
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     if (in_host[i]) {
       pieces_[i].host = host_.as<std::byte>() + host_offset;
       host_offset += pieces_[i].bytes;
     } else {
       pieces_[i].swap_name = "parameter." + layout_[i].name;
-      swap_->register_tensor(pieces_[i].swap_name, pieces_[i].bytes);  // reserves the disk space now
+      swapped_pieces.emplace_back(pieces_[i].swap_name, pieces_[i].bytes);
     }
   }
+  // One reservation for all: a disk too small fails now, with the size the whole file needs.
+  swap_->register_tensors(swapped_pieces);
   if (swapped > 0) {
     const std::size_t buffer_bytes = pieces_[largest_swapped].bytes;
     pool_.resize(std::min(options.buffer_count, swapped));

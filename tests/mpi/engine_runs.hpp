@@ -59,6 +59,24 @@ struct RunResult {
   std::int64_t peak_gathered = 0;
 };
 
+/// `steps` optimizer steps (every micro-batch of each), calling `after_step()` after each one.
+template <typename AfterStep>
+void train_steps(Engine& engine, TrainingData& data, int steps, AfterStep&& after_step) {
+  for (int step = 0; step < steps; ++step) {
+    for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+      engine.forward(data.load(static_cast<std::uint64_t>(micro)));
+      engine.backward();
+      EXPECT_EQ(engine.step(), micro + 1 == engine.batch().gradient_accumulation_steps);
+    }
+    data.advance();
+    after_step();
+  }
+}
+
+inline void train_steps(Engine& engine, TrainingData& data, int steps) {
+  train_steps(engine, data, steps, [] {});
+}
+
 /// Train `steps` optimizer steps with the engine on `data_parallel` (nullptr: the world).
 inline RunResult run(const Config& config, int steps, Communicator* data_parallel) {
   Runtime& runtime = zt::testing::runtime();
@@ -66,16 +84,10 @@ inline RunResult run(const Config& config, int steps, Communicator* data_paralle
   Engine engine(runtime, *model, config, EngineOptions{.data_parallel = data_parallel});
   auto data = make_training_data(engine.config(), engine, std::nullopt);
   RunResult result;
-  for (int step = 0; step < steps; ++step) {
-    for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
-      engine.forward(data->load(static_cast<std::uint64_t>(micro)));
-      engine.backward();
-      EXPECT_EQ(engine.step(), micro + 1 == engine.batch().gradient_accumulation_steps);
-    }
-    data->advance();
+  train_steps(engine, *data, steps, [&] {
     result.losses.push_back(engine.last_step().loss);
     result.comm_bytes.push_back(engine.last_step().comm_bytes);
-  }
+  });
   // The layout's padding depends on the rank count and the stage: keep the real elements only.
   const std::vector<float> flat = engine.gather_master_parameters();
   for (const FlatParameter& slot : engine.flat_layout()) {

@@ -204,45 +204,8 @@ TEST(Offload, CheckpointsMoveBetweenNvmeAndMemory) {
         SCOPED_TRACE(direction.name);
         const std::string checkpoints = directory / ("ckpt-" + std::to_string(stage) +
                                                      (*precision ? "-bf16-" : "-fp32-") + std::to_string(d));
-        RunResult resumed;
-        {
-          auto model = zt::build_model(*direction.saver);
-          zt::Engine engine(zt::testing::runtime(), *model, *direction.saver);
-          auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-          for (int step = 0; step < kSaveAt; ++step) {
-            for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
-              engine.forward(data->load(static_cast<std::uint64_t>(micro)));
-              engine.backward();
-              engine.step();
-            }
-            data->advance();
-            resumed.losses.push_back(engine.last_step().loss);
-          }
-          zt::SaveOptions options;
-          options.data_position = data->position();
-          engine.save_checkpoint(checkpoints, options);
-        }
-        {
-          auto model = zt::build_model(*direction.loader);
-          zt::Engine engine(zt::testing::runtime(), *model, *direction.loader);
-          auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-          const zt::LoadResult loaded = engine.load_checkpoint(checkpoints);
-          ASSERT_TRUE(loaded.data_position.has_value());
-          data->restore(*loaded.data_position);
-          for (int step = 0; step < kAfter; ++step) {
-            for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
-              engine.forward(data->load(static_cast<std::uint64_t>(micro)));
-              engine.backward();
-              engine.step();
-            }
-            data->advance();
-            resumed.losses.push_back(engine.last_step().loss);
-          }
-          const std::vector<float> flat = engine.gather_master_parameters();
-          for (const zt::FlatParameter& slot : engine.flat_layout())
-            resumed.master.insert(resumed.master.end(), flat.begin() + slot.offset,
-                                  flat.begin() + slot.offset + slot.numel);
-        }
+        const RunResult resumed =
+            run_through_checkpoint(*direction.saver, *direction.loader, kSaveAt, kAfter, checkpoints);
         expect_same_run(uninterrupted, resumed, trace + ", " + direction.name);
       }
     }

@@ -114,18 +114,6 @@ std::string construction_error(const zt::Config& config) {
   return io_error_of([&] { zt::Engine engine(zt::testing::runtime(), *model, config); });
 }
 
-/// `steps` optimizer steps (all micro-batches of each).
-void train(zt::Engine& engine, zt::TrainingData& data, int steps) {
-  for (int step = 0; step < steps; ++step) {
-    for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
-      engine.forward(data.load(static_cast<std::uint64_t>(micro)));
-      engine.backward();
-      engine.step();
-    }
-    data.advance();
-  }
-}
-
 /// Bytes of this rank's swap file for the test GPT (an engine built on the job directory's disk).
 std::uint64_t swap_bytes_of_this_rank(const std::string& nvme_path) {
   const zt::Config config = config_for(kStage, offload_section("nvme", nvme_path));
@@ -243,7 +231,7 @@ TEST(OffloadErrors, TruncatedSwapFileStopsTheStepNamingFileAndOffset) {
     auto model = zt::build_model(config);
     zt::Engine engine(zt::testing::runtime(), *model, config);
     auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-    train(engine, *data, 2);
+    train_steps(engine, *data, 2);
     const zt::OptimizerStatesPlacement placement = engine.optimizer_states_placement();
     swap_file = placement.swap_file;
     const std::uint64_t cut = placement.swap_bytes / 2 / 4096 * 4096;
@@ -251,7 +239,7 @@ TEST(OffloadErrors, TruncatedSwapFileStopsTheStepNamingFileAndOffset) {
     const int error = errno;
     ASSERT_TRUE(on_every_rank(truncated)) << "truncate to " << cut << " bytes: " << std::strerror(error);
 
-    const std::string message = io_error_of([&] { train(engine, *data, 1); });
+    const std::string message = io_error_of([&] { train_steps(engine, *data, 1); });
     const std::regex short_read(
         "swap: short read at offset ([0-9]+) of swap file '([^']*)': ([0-9]+) of ([0-9]+) "
         "bytes \\(was the file truncated or replaced behind zerotrain's back\\?\\)");
@@ -291,7 +279,7 @@ TEST(OffloadErrors, FullDiskMidRunStopsTheStepNamingFileAndOffset) {
     auto model = zt::build_model(config);
     zt::Engine engine(zt::testing::runtime(), *model, config);
     auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-    train(engine, *data, 2);
+    train_steps(engine, *data, 2);
     const zt::OptimizerStatesPlacement placement = engine.optimizer_states_placement();
     swap_file = placement.swap_file;
     {
@@ -311,7 +299,7 @@ TEST(OffloadErrors, FullDiskMidRunStopsTheStepNamingFileAndOffset) {
     }
     MPI_Barrier(MPI_COMM_WORLD);
 
-    const std::string message = io_error_of([&] { train(engine, *data, 1); });
+    const std::string message = io_error_of([&] { train_steps(engine, *data, 1); });
     const std::regex failed_write(
         "swap: (write of [0-9]+ bytes at offset [0-9]+ of swap file '([^']*)' failed: "
         "No space left on device|short write at offset [0-9]+ of swap file "

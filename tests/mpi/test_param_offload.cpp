@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "engine_runs.hpp"
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
+#include "offload_configs.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/estimate.hpp"
@@ -25,22 +25,14 @@ namespace {
 using namespace zt::testing::engine_runs;
 namespace fs = std::filesystem;
 
-constexpr int kGlobalBatch = 8;
 constexpr int kSteps = 4;
 constexpr const char* kBf16 = R"(, "bf16": {"enabled": true})";
 
-/// Stage 3 on the test GPT over the world. `offload` holds the offload sections (or is empty), `zero`
-/// more zero_optimization keys (each starting with a comma).
+/// Stage 3 on the test GPT; `offload` holds offload sections (or is empty), `zero` more
+/// zero_optimization keys (each from a comma).
 zt::Config stage3_config(const std::string& offload, const char* optimizer = kAdamW,
                          const std::string& precision = "", const std::string& zero = "") {
-  const int world = zt::testing::runtime().world_size();
-  std::string section =
-      R"(, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 1500)" +
-      zero;
-  if (!offload.empty()) section += ", " + offload;
-  section += "}";
-  const std::string aio = R"(, "aio": {"block_size": 65536, "queue_depth": 4})";
-  return parse(gpt_config(kGlobalBatch / world / 2, 2, section + aio + precision, optimizer));
+  return config_for(3, offload, optimizer, precision, zero);
 }
 
 /// An offload_param section on `device`; for nvme under `path`, with the given keys appended.
@@ -51,40 +43,12 @@ std::string param_section(const std::string& device, const std::string& path = "
   return section + keys + "}";
 }
 
-std::string optimizer_section(const std::string& device, const std::string& path = "") {
-  std::string section = R"("offload_optimizer": {"device": ")" + device + "\"";
-  if (device == "nvme") section += R"(, "nvme_path": ")" + path + R"(", "buffer_count": 3)";
-  return section + "}";
-}
-
-void expect_same_run(const RunResult& expected, const RunResult& actual, const std::string& what) {
-  ASSERT_EQ(expected.losses.size(), actual.losses.size()) << what;
-  for (std::size_t i = 0; i < expected.losses.size(); ++i)
-    EXPECT_EQ(expected.losses[i], actual.losses[i]) << what << ", step " << i + 1;
-  ASSERT_EQ(expected.master.size(), actual.master.size()) << what;
-  std::size_t differing = 0;
-  for (std::size_t i = 0; i < expected.master.size(); ++i)
-    differing += expected.master[i] != actual.master[i];
-  EXPECT_EQ(differing, 0u) << what << ": master weights differ (max "
-                           << max_abs_difference(expected.master, actual.master) << ")";
-}
-
 void expect_no_files_left(const zt::testing::JobDirectory& directory) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (zt::testing::runtime().world_rank() == 0) {
     EXPECT_EQ(directory.entries(), 0u) << "swap files left in " << directory.path();
   }
   MPI_Barrier(MPI_COMM_WORLD);
-}
-
-/// Trains one optimizer step (all its micro-batches).
-void train_step(zt::Engine& engine, zt::TrainingData& data) {
-  for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
-    engine.forward(data.load(static_cast<std::uint64_t>(micro)));
-    engine.backward();
-    engine.step();
-  }
-  data.advance();
 }
 
 TEST(ParamOffload, CpuReproducesTheInMemoryRunBitwise) {
@@ -122,15 +86,15 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
   };
   const Case cases[] = {
       {"fp32 adamw, all on nvme", kAdamW, "", "", R"(, "max_in_cpu": 0)", ""},
-      {"bf16 adamw, optimizer on nvme too, one buffer", kAdamW, kBf16, optimizer_section("nvme", path),
+      {"bf16 adamw, optimizer on nvme too, one buffer", kAdamW, kBf16, offload_section("nvme", path),
        R"(, "max_in_cpu": 0, "buffer_count": 1)", ""},
-      {"fp32 sgd, optimizer cpu, part kept in host memory", kSgd, "", optimizer_section("cpu"),
+      {"fp32 sgd, optimizer cpu, part kept in host memory", kSgd, "", offload_section("cpu", ""),
        R"(, "max_in_cpu": 6000, "buffer_count": 2)", ""},
       {"bf16 adamw, small prefetch window, reads ahead", kAdamW, kBf16, "",
        R"(, "max_in_cpu": 0, "buffer_count": 3)",
        R"(, "stage3_prefetch_bucket_size": 3000, "stage3_max_live_parameters": 20000)"},
       {"fp32 adamw, optimizer on nvme, everything fits in max_in_cpu", kAdamW, "",
-       optimizer_section("nvme", path), "", ""},
+       offload_section("nvme", path), "", ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -149,8 +113,7 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
       if (c.param_keys.find("\"max_in_cpu\": 0") != std::string::npos) {
         EXPECT_EQ(placement.host_elements, 0);
         auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-        train_step(engine, *data);
-        train_step(engine, *data);
+        train_steps(engine, *data, 2);
         // Every piece is read for the forward and again for the backward, and written by the update.
         const zt::OffloadTiming& offload_timing = engine.last_step().offload;
         const std::uint64_t shard_bytes =
@@ -206,7 +169,7 @@ TEST(ParamOffload, HostMemoryIsTheKeptPiecesAndTheBuffers) {
         EXPECT_EQ(predicted.parameters_nvme, 0u);
       }
       auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-      train_step(engine, *data);
+      train_steps(engine, *data, 1);
       EXPECT_EQ(measured(), placement.host_elements * element + placement.buffer_bytes) << "after a step";
     }
   }
@@ -256,7 +219,7 @@ TEST(ParamOffload, CheckpointsMoveBetweenNvmeAndMemory) {
     SCOPED_TRACE(*precision ? "bf16" : "fp32");
     const zt::Config in_memory = stage3_config("", kAdamW, precision);
     const zt::Config nvme = stage3_config(
-        param_section("nvme", path, R"(, "max_in_cpu": 0)") + ", " + optimizer_section("nvme", path), kAdamW,
+        param_section("nvme", path, R"(, "max_in_cpu": 0)") + ", " + offload_section("nvme", path), kAdamW,
         precision);
     const RunResult uninterrupted = run(in_memory, kSaveAt + kAfter, nullptr);
     const zt::Config* directions[][2] = {{&nvme, &in_memory}, {&in_memory, &nvme}};
@@ -265,35 +228,8 @@ TEST(ParamOffload, CheckpointsMoveBetweenNvmeAndMemory) {
       SCOPED_TRACE(name);
       const std::string checkpoints =
           directory / ("ckpt-" + std::string(*precision ? "bf16-" : "fp32-") + std::to_string(d));
-      RunResult resumed;
-      {
-        auto model = zt::build_model(*directions[d][0]);
-        zt::Engine engine(zt::testing::runtime(), *model, *directions[d][0]);
-        auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-        for (int step = 0; step < kSaveAt; ++step) {
-          train_step(engine, *data);
-          resumed.losses.push_back(engine.last_step().loss);
-        }
-        zt::SaveOptions options;
-        options.data_position = data->position();
-        engine.save_checkpoint(checkpoints, options);
-      }
-      {
-        auto model = zt::build_model(*directions[d][1]);
-        zt::Engine engine(zt::testing::runtime(), *model, *directions[d][1]);
-        auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-        const zt::LoadResult loaded = engine.load_checkpoint(checkpoints);
-        ASSERT_TRUE(loaded.data_position.has_value());
-        data->restore(*loaded.data_position);
-        for (int step = 0; step < kAfter; ++step) {
-          train_step(engine, *data);
-          resumed.losses.push_back(engine.last_step().loss);
-        }
-        const std::vector<float> flat = engine.gather_master_parameters();
-        for (const zt::FlatParameter& slot : engine.flat_layout())
-          resumed.master.insert(resumed.master.end(), flat.begin() + slot.offset,
-                                flat.begin() + slot.offset + slot.numel);
-      }
+      const RunResult resumed =
+          run_through_checkpoint(*directions[d][0], *directions[d][1], kSaveAt, kAfter, checkpoints);
       expect_same_run(uninterrupted, resumed, name);
     }
   }
@@ -311,10 +247,10 @@ TEST(ParamOffload, TruncatedSwapFileStopsTheForwardNamingFileAndOffset) {
     auto model = zt::build_model(config);
     zt::Engine engine(zt::testing::runtime(), *model, config);
     auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-    train_step(engine, *data);
+    train_steps(engine, *data, 1);
     swap_file = engine.parameters_placement().swap_file;
     ASSERT_EQ(::truncate(swap_file.c_str(), 0), 0) << swap_file;
-    message = zt::testing::error_of([&] { train_step(engine, *data); });
+    message = zt::testing::error_of([&] { train_steps(engine, *data, 1); });
   }
   EXPECT_NE(message.find("short read at offset"), std::string::npos) << message;
   EXPECT_NE(message.find(swap_file), std::string::npos) << message;
