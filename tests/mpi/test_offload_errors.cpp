@@ -1,8 +1,8 @@
-// NVMe optimizer offload under bad conditions, through the training engine: an unwritable, full or
-// O_DIRECT-less nvme_path fails in Engine's constructor with a clear zt::IoError and leaves no file
-// behind (buffered I/O only when asked for, and then it trains as in memory); a swap file truncated,
-// or a disk filled, behind the engine's back mid-run stops the next optimizer step with an error
-// naming the file and the offset, on every rank, and the engine is still destroyed cleanly.
+// NVMe optimizer and parameter offload under bad conditions, through the training engine: an unwritable, full
+// or O_DIRECT-less nvme_path fails in Engine's constructor with a clear zt::IoError and leaves no file behind
+// (buffered I/O only when asked for, and then it trains as in memory); a swap file truncated, or a disk
+// filled, behind the engine's back mid-run stops the next optimizer step with an error naming the file and
+// the offset, on every rank, and the engine is still destroyed cleanly.
 //
 // The bad conditions are made on purpose (tests/swap_test_fixtures.hpp): chattr +i, and ramfs and
 // tmpfs mounts made by rank 0 for the job (the ranks of a test share one machine). Where this process
@@ -122,6 +122,12 @@ std::uint64_t swap_bytes_of_this_rank(const std::string& nvme_path) {
   return engine.optimizer_states_placement().swap_bytes;
 }
 
+/// Stage 3 with every parameter piece in a swap file under `nvme_path` (the optimizer in memory).
+zt::Config parameters_on_nvme(const std::string& nvme_path) {
+  return config_for(
+      3, R"("offload_param": {"device": "nvme", "nvme_path": ")" + nvme_path + R"(", "max_in_cpu": 0})");
+}
+
 /// tmpfs "size=" of `bytes`, in whole pages.
 std::string tmpfs_size(std::uint64_t bytes) {
   return "size=" + std::to_string(std::max<std::uint64_t>(bytes / 4096, 1) * 4) + "k";
@@ -219,6 +225,56 @@ TEST(OffloadErrors, FullNvmePathFailsAtConstruction) {
     ADD_FAILURE() << "not a failed reservation of the whole swap file with its sizes: " << message;
   }
   EXPECT_EQ(leftovers(mount_point), "") << "no swap file may stay after a failed construction";
+}
+
+/// The same for the parameter swap file (offload_param): refused on a file system without O_DIRECT,
+/// and a disk too small fails with the size of all the pieces, naming the first and the last.
+TEST(OffloadErrors, ParameterSwapFileOnABadFileSystemFailsAtConstruction) {
+  zt::testing::JobDirectory directory("zt-offload-errors", "ZT_TEST_SWAP_DIR");
+  const std::string ramfs_point = directory / "ramfs";
+  {
+    JobMount ramfs(ramfs_point, "ramfs", nullptr);
+    if (!ramfs.mounted())
+      GTEST_SKIP() << "cannot make a file system without O_DIRECT here: " << ramfs.reason();
+    zt::testing::ScopedEnvironment direct_only("ZT_SWAP_BUFFERED_IO", std::nullopt);
+    const std::string message = construction_error(parameters_on_nvme(ramfs_point));
+    EXPECT_NE(
+        message.find("the file system of nvme_path '" + ramfs_point + "' (ramfs) does not support O_DIRECT"),
+        std::string::npos)
+        << message;
+    EXPECT_EQ(leftovers(ramfs_point), "");
+  }
+
+  std::uint64_t needed = 0;
+  {
+    const zt::Config on_disk = parameters_on_nvme(directory.path());
+    auto model = zt::build_model(on_disk);
+    zt::Engine engine(zt::testing::runtime(), *model, on_disk);
+    needed = engine.parameters_placement().swap_bytes;
+  }
+  std::uint64_t smallest = needed;
+  MPI_Allreduce(&needed, &smallest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  const std::string small_point = directory / "small";
+  JobMount tmpfs(small_point, "tmpfs", tmpfs_size(smallest / 2).c_str());
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot make a small file system here: " << tmpfs.reason();
+  zt::testing::ScopedEnvironment buffered("ZT_SWAP_BUFFERED_IO", buffered_io_unless_direct(small_point));
+  const std::string message = construction_error(parameters_on_nvme(small_point));
+  const std::regex reservation(
+      "swap: cannot reserve ([0-9]+) bytes \\([0-9.]+ [KM]iB\\) for [0-9]+ swap tensors "
+      "\\('parameter\\.wte\\.weight' to 'parameter\\.[a-z_.0-9]+'\\) at offset 0 of '[^']*': No space left "
+      "on device \\(nvme_path '([^']*)' has ([0-9]+) bytes(?: \\([^)]*\\))? free; the swap file needs "
+      "([0-9]+) "
+      "bytes");
+  std::smatch parts;
+  if (std::regex_search(message, parts, reservation)) {
+    EXPECT_EQ(std::stoull(parts[1].str()), needed) << message;
+    EXPECT_EQ(parts[2].str(), small_point);
+    EXPECT_LT(std::stoull(parts[3].str()), needed) << message;
+    EXPECT_EQ(std::stoull(parts[4].str()), needed) << message;
+  } else {
+    ADD_FAILURE() << "not a failed reservation of all the parameter pieces with their sizes: " << message;
+  }
+  EXPECT_EQ(leftovers(small_point), "") << "no swap file may stay after a failed construction";
 }
 
 /// The swap file loses its second half behind the engine's back after a few steps (every rank its
