@@ -295,6 +295,40 @@ void Stream::synchronize() const {
   if (native_ != nullptr) detail::cuda_stream_synchronize(native_);
 }
 
+Event::Event(Device device) : device_(device) {
+  if (device.is_cuda()) native_ = detail::cuda_event_create(device.index);
+}
+
+Event::Event(Event&& other) noexcept
+    : device_(other.device_), native_(std::exchange(other.native_, nullptr)) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (native_ != nullptr) detail::cuda_event_destroy(native_);
+    device_ = other.device_;
+    native_ = std::exchange(other.native_, nullptr);
+  }
+  return *this;
+}
+
+Event::~Event() {
+  if (native_ != nullptr) detail::cuda_event_destroy(native_);
+}
+
+void Event::record(const Stream& stream) {
+  ZT_CHECK(native_ != nullptr || stream.native() == nullptr, "Event::record: a host event on a ",
+           stream.device().str(), " stream; make the event with Event(", stream.device().str(), ")");
+  if (native_ != nullptr) detail::cuda_event_record(native_, stream.native());
+}
+
+void Event::synchronize() const {
+  if (native_ != nullptr) detail::cuda_event_synchronize(native_);
+}
+
+bool Event::ready() const {
+  return native_ == nullptr || detail::cuda_event_query(native_);
+}
+
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream) {
   if (bytes == 0) return;

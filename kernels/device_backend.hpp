@@ -16,6 +16,11 @@ void cuda_stream_destroy(void* stream) noexcept;
 void cuda_stream_synchronize(void* stream);
 /// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing) on `stream`, then a sync if stream is null.
 void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream);
+void* cuda_event_create(int device_index);
+void cuda_event_destroy(void* event) noexcept;
+void cuda_event_record(void* event, void* stream);
+void cuda_event_synchronize(void* event);
+bool cuda_event_query(void* event);
 void cuda_set_device(int device_index);
 CudaStatus query_cuda_status();
 

@@ -29,6 +29,19 @@ void cuda_stream_synchronize(void*) {
 void cuda_copy(void*, const void*, std::size_t, void*) {
   no_cuda("copying to or from a CUDA device");
 }
+void* cuda_event_create(int) {
+  no_cuda("creating a CUDA event");
+}
+void cuda_event_destroy(void*) noexcept {}
+void cuda_event_record(void*, void*) {
+  no_cuda("recording a CUDA event");
+}
+void cuda_event_synchronize(void*) {
+  no_cuda("waiting for a CUDA event");
+}
+bool cuda_event_query(void*) {
+  no_cuda("querying a CUDA event");
+}
 void cuda_set_device(int) {
   no_cuda("selecting a CUDA device");
 }

@@ -13,10 +13,11 @@ if [ ! -f build-gpu/CMakeCache.txt ]; then
   # shellcheck disable=SC2086
   cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release $ZT_CMAKE_ARGS
 fi
-cmake --build build-gpu -j "$(nproc)" --target zerotrain_cli unit_device mpi_nccl
+cmake --build build-gpu -j "$(nproc)" --target zerotrain_cli unit_device unit_device_offload mpi_nccl
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 build-gpu/bin/zerotrain report
 build-gpu/bin/unit_device
+build-gpu/bin/unit_device_offload
 mpirun --oversubscribe -n 1 build-gpu/bin/mpi_nccl
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
 if [ "$gpus" -ge 2 ]; then

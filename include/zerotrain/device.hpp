@@ -149,6 +149,28 @@ class Stream {
   void* native_ = nullptr;
 };
 
+/// A point in a stream's work (a cudaEvent_t, without timing): record() marks the work queued so far,
+/// synchronize() waits for it, ready() polls. Work on the host stream runs at once, so a host event
+/// is always reached. Move-only; the CUDA event is destroyed with it.
+class Event {
+ public:
+  Event() = default;  // a host event
+  explicit Event(Device device);
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+
+  void record(const Stream& stream);
+  void synchronize() const;
+  bool ready() const;
+
+ private:
+  Device device_{};
+  void* native_ = nullptr;
+};
+
 /// Copy bytes between any two devices; asynchronous on `stream` when a CUDA device is involved.
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream = nullptr);

@@ -107,6 +107,33 @@ void cuda_copy(void* destination, const void* source, std::size_t bytes, void* s
   if (stream == nullptr) ZT_CHECK_CUDA(cudaStreamSynchronize(nullptr));
 }
 
+void* cuda_event_create(int device_index) {
+  require_usable("creating a CUDA event");
+  ZT_CHECK_CUDA(cudaSetDevice(device_index));
+  cudaEvent_t event = nullptr;
+  ZT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void cuda_event_destroy(void* event) noexcept {
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void cuda_event_record(void* event, void* stream) {
+  ZT_CHECK_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
+
+void cuda_event_synchronize(void* event) {
+  ZT_CHECK_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+}
+
+bool cuda_event_query(void* event) {
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (status == cudaErrorNotReady) return false;
+  ZT_CHECK_CUDA(status);
+  return true;
+}
+
 void cuda_set_device(int device_index) {
   require_usable("selecting a CUDA device");
   ZT_CHECK_CUDA(cudaSetDevice(device_index));

@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
+#include "test_helpers.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -106,8 +108,25 @@ TEST(Cuda, DeviceRoundTrip) {
                     zt::kHostAlignment, zt::HostMemoryKind::pinned);
   zt::copy_bytes(device.data(), device.device(), host.data(), zt::Device::host(), device.size(), &stream);
   zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), device.device(), device.size(), &stream);
-  stream.synchronize();
+  zt::Event copied(zt::Device::cuda(0));
+  copied.record(stream);
+  copied.synchronize();
+  EXPECT_TRUE(copied.ready());
   EXPECT_EQ(std::memcmp(pinned.data(), host.data(), device.size()), 0);
+}
+
+TEST(Event, OnTheHostStreamIsReachedAtOnce) {
+  zt::Stream host_stream;
+  zt::Event event;
+  event.record(host_stream);
+  EXPECT_TRUE(event.ready());
+  event.synchronize();
+  zt::Event moved = std::move(event);
+  EXPECT_TRUE(moved.ready());
+  if (zt::cuda_status().usable()) return;
+  // Without a usable GPU, a CUDA event is refused with the reason, not left half made.
+  const std::string message = zt::testing::error_of([] { zt::Event cuda_event(zt::Device::cuda(0)); });
+  EXPECT_NE(message.find("creating a CUDA event"), std::string::npos) << message;
 }
 
 }  // namespace

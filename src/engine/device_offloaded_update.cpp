@@ -1,0 +1,120 @@
+// ZeRO-Offload's device <-> host update pipeline (see device_offloaded_update.hpp).
+#include "src/engine/device_offloaded_update.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "zerotrain/error.hpp"
+
+namespace zt::engine_detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+DeviceOffloadedUpdate::DeviceOffloadedUpdate(const DeviceOffloadedUpdateOptions& options)
+    : options_(options) {
+  if (options_.device.is_cuda()) {
+    const CudaStatus& status = cuda_status();
+    ZT_CHECK_AS(CudaError, status.usable(), "offload_optimizer with the model on ", options_.device.str(),
+                ": no usable CUDA device (", status.reason, ")");
+  }
+  ZT_CHECK(options_.chunk_elements > 0 && options_.buffer_count > 0,
+           "DeviceOffloadedUpdate: chunk_elements and buffer_count must be positive");
+  ZT_CHECK(options_.parameter_dtype == DType::fp32 || options_.parameter_dtype == DType::bf16 ||
+               options_.parameter_dtype == DType::fp16,
+           "DeviceOffloadedUpdate: parameters in ", dtype_name(options_.parameter_dtype),
+           "; expected fp32, bf16 or fp16");
+  to_host_ = Stream(options_.device);
+  to_device_ = Stream(options_.device);
+  const HostMemoryKind kind = options_.pin_memory ? HostMemoryKind::pinned : HostMemoryKind::pageable;
+  slots_.resize(options_.buffer_count);
+  for (Slot& slot : slots_) {
+    slot.gradients = Buffer(Device::host(), options_.chunk_elements * dtype_size(options_.gradient_dtype),
+                            MemoryCategory::gradients, kHostAlignment, kind);
+    slot.parameters = Buffer(Device::host(), options_.chunk_elements * dtype_size(options_.parameter_dtype),
+                             MemoryCategory::parameters, kHostAlignment, kind);
+    slot.copied_in = Event(options_.device);
+    slot.copied_out = Event(options_.device);
+  }
+}
+
+DeviceOffloadedUpdate::~DeviceOffloadedUpdate() {
+  try {
+    to_host_.synchronize();
+    to_device_.synchronize();
+  } catch (const std::exception&) {  // a failed device: the copies are gone with it
+  }
+}
+
+DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, const void* device_gradients,
+                                                      void* device_parameters, float* master,
+                                                      std::span<float* const> state, std::size_t count,
+                                                      float grad_scale, float lr) {
+  DeviceOffloadedUpdateStats stats;
+  const auto started = Clock::now();
+  const std::size_t chunk = options_.chunk_elements;
+  const std::size_t chunks = (count + chunk - 1) / chunk;
+  const std::size_t gradient_size = dtype_size(options_.gradient_dtype);
+  const std::size_t parameter_size = dtype_size(options_.parameter_dtype);
+  const auto* gradients = static_cast<const std::byte*>(device_gradients);
+  auto* parameters = static_cast<std::byte*>(device_parameters);
+  auto elements_of = [&](std::size_t k) { return std::min(chunk, count - k * chunk); };
+
+  // Chunk k goes through slot k mod buffer_count: its gradients come in, its parameters go out.
+  auto copy_in = [&](std::size_t k) {
+    Slot& slot = slots_[k % slots_.size()];
+    if (slot.out_pending) {  // the slot's previous chunk is still on its way to the device
+      const auto waited = Clock::now();
+      slot.copied_out.synchronize();
+      stats.wait_out_seconds += seconds_since(waited);
+      slot.out_pending = false;
+    }
+    copy_bytes(slot.gradients.data(), Device::host(), gradients + k * chunk * gradient_size, options_.device,
+               elements_of(k) * gradient_size, &to_host_);
+    slot.copied_in.record(to_host_);
+  };
+  const std::size_t ahead = slots_.size() - 1;  // chunks copied in beyond the one being updated
+  std::size_t issued = 0;
+  for (; issued < std::min(chunks, ahead); ++issued) copy_in(issued);
+
+  std::vector<float*> chunk_state(state.size());
+  for (std::size_t k = 0; k < chunks; ++k) {
+    if (issued == k) copy_in(issued++);  // one buffer: nothing was copied ahead
+    Slot& slot = slots_[k % slots_.size()];
+    const auto waited = Clock::now();
+    slot.copied_in.synchronize();
+    stats.wait_in_seconds += seconds_since(waited);
+
+    const std::size_t first = k * chunk;
+    const std::size_t n = elements_of(k);
+    for (std::size_t s = 0; s < state.size(); ++s) chunk_state[s] = state[s] + first;
+    const bool half = options_.parameter_dtype != DType::fp32;
+    const auto updating = Clock::now();
+    optimizer.update_range(
+        {master + first, n}, chunk_state, {slot.gradients.data(), options_.gradient_dtype}, grad_scale, lr,
+        half ? HalfParamBuffer{slot.parameters.data(), options_.parameter_dtype} : HalfParamBuffer{});
+    if (!half) std::memcpy(slot.parameters.data(), master + first, n * sizeof(float));
+    stats.update_seconds += seconds_since(updating);
+
+    copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(), Device::host(),
+               n * parameter_size, &to_device_);
+    slot.copied_out.record(to_device_);
+    slot.out_pending = true;
+    while (issued < std::min(chunks, k + 1 + ahead)) copy_in(issued++);
+  }
+  const auto waited = Clock::now();
+  to_device_.synchronize();
+  stats.wait_out_seconds += seconds_since(waited);
+  for (Slot& slot : slots_) slot.out_pending = false;
+  stats.wall_seconds = seconds_since(started);
+  return stats;
+}
+
+}  // namespace zt::engine_detail

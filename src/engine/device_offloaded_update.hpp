@@ -1,0 +1,75 @@
+// ZeRO-Offload's data path with CUDA (offload_optimizer "cpu" with the model on a GPU): gradients
+// and 16-bit parameters live on the device, the fp32 master and the optimizer states in host
+// memory, where the host's fused optimizer updates them. The update runs chunk by chunk through
+// pinned host buffers: while the optimizer updates chunk k on the host, chunk k+1's gradients are
+// copied from the device on one stream and chunk k-1's new parameters to the device on another, so
+// both copies overlap the host's work and neither blocks the device's compute streams.
+//
+// Internal to the engine. This build's engine trains on the host, so only tests drive it, on a
+// machine with a GPU (docs/offload.md, "The CUDA side of optimizer offload").
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "zerotrain/device.hpp"
+#include "zerotrain/dtype.hpp"
+#include "zerotrain/optimizer.hpp"
+
+namespace zt::engine_detail {
+
+struct DeviceOffloadedUpdateOptions {
+  /// Where the gradients and parameters are. The host runs the same chunks, slots and copies
+  /// (memcpy, at once): what the tests check on machines without a GPU.
+  Device device = Device::cuda(0);
+  DType gradient_dtype = DType::bf16;   // of the gradients on the device
+  DType parameter_dtype = DType::bf16;  // of the parameters on the device (fp32: a copy of the master)
+  std::size_t chunk_elements = std::size_t{1} << 22;
+  /// Chunks in flight: 1 runs copy in, update and copy out in turn; 3 or more overlap all three.
+  std::size_t buffer_count = 3;
+  /// offload_optimizer.pin_memory: page-locked buffers; pageable ones make every copy synchronous.
+  bool pin_memory = true;
+};
+
+/// Where one run's time went (seconds, host clock).
+struct DeviceOffloadedUpdateStats {
+  double wall_seconds = 0.0;
+  double update_seconds = 0.0;    // in the optimizer
+  double wait_in_seconds = 0.0;   // for gradients still on their way to the host
+  double wait_out_seconds = 0.0;  // for parameters still on their way to the device (buffer reuse, end)
+};
+
+class DeviceOffloadedUpdate {
+ public:
+  /// Creates the two copy streams and buffer_count pinned buffers of one chunk's gradients and
+  /// parameters. Throws zt::CudaError saying why when no CUDA device is usable.
+  explicit DeviceOffloadedUpdate(const DeviceOffloadedUpdateOptions& options);
+  ~DeviceOffloadedUpdate();  // waits for copies in flight: they use the buffers
+  DeviceOffloadedUpdate(const DeviceOffloadedUpdate&) = delete;
+  DeviceOffloadedUpdate& operator=(const DeviceOffloadedUpdate&) = delete;
+
+  /// Update `count` elements with `optimizer` (its begin_step() already called for this step, as for
+  /// update_range): gradients at `device_gradients` and parameters at `device_parameters` (on the
+  /// device, complete when this is called), master and states (state_names() order) in host memory.
+  /// Returns when the new parameters are on the device.
+  DeviceOffloadedUpdateStats run(Optimizer& optimizer, const void* device_gradients, void* device_parameters,
+                                 float* master, std::span<float* const> state, std::size_t count,
+                                 float grad_scale, float lr);
+
+ private:
+  struct Slot {
+    Buffer gradients;   // pinned: a chunk of gradients, copied from the device
+    Buffer parameters;  // pinned: the chunk's new parameters, copied to the device
+    Event copied_in;
+    Event copied_out;
+    bool out_pending = false;
+  };
+
+  DeviceOffloadedUpdateOptions options_;
+  std::vector<Slot> slots_;  // before the streams: destroyed after them
+  Stream to_host_;
+  Stream to_device_;
+};
+
+}  // namespace zt::engine_detail
