@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_helpers.hpp"
 #include "bench/gpt_bench_shapes.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "zerotrain/engine.hpp"
@@ -52,24 +53,16 @@ struct Options {
   std::string json_path;
 };
 
-[[noreturn]] void usage(const char* message) {
-  std::fprintf(stderr,
-               "%s\nusage: zt_bench_gpt_step [--shape small|gpt2|both] [--steps N] [--warmup N] "
-               "[--threads N] [--json PATH]\n",
-               message);
-  std::exit(2);
-}
+constexpr const char* kUsage =
+    "usage: zt_bench_gpt_step [--shape small|gpt2|both] [--steps N] [--warmup N] [--threads N] [--json PATH]";
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") usage("");
-    if (i + 1 >= argc) usage(("missing value after " + flag).c_str());
-    const std::string value = argv[++i];
+  zt::bench::parse_flags(argc, argv, kUsage, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
       options.shape = value;
-      if (value != "small" && value != "gpt2" && value != "both") usage("--shape takes small, gpt2 or both");
+      if (value != "small" && value != "gpt2" && value != "both")
+        zt::bench::exit_with_usage("--shape takes small, gpt2 or both", kUsage);
     } else if (flag == "--steps") {
       options.steps = std::atoi(value.c_str());
     } else if (flag == "--warmup") {
@@ -79,11 +72,13 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--json") {
       options.json_path = value;
     } else {
-      usage(("unknown flag " + flag).c_str());
+      return false;
     }
-  }
-  if (options.steps && *options.steps < 1) usage("--steps must be at least 1");
-  if (options.warmup && *options.warmup < 0) usage("--warmup must be at least 0");
+    return true;
+  });
+  if (options.steps && *options.steps < 1) zt::bench::exit_with_usage("--steps must be at least 1", kUsage);
+  if (options.warmup && *options.warmup < 0)
+    zt::bench::exit_with_usage("--warmup must be at least 0", kUsage);
   return options;
 }
 
@@ -169,7 +164,7 @@ Result run_shape(zt::Runtime& runtime, const Shape& shape, const Options& option
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Options first: usage() exits, which must happen before MPI is up.
+  // Options first: a bad flag exits, which must happen before MPI is up.
   const Options options = parse_options(argc, argv);
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&] {

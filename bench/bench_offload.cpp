@@ -45,23 +45,16 @@ struct Options {
   int threads = 0;
 };
 
-[[noreturn]] void usage(const std::string& message) {
-  std::fprintf(stderr,
-               "%s\nusage: zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] "
-               "[--sub-group N] [--buffers N] [--threads N]\n",
-               message.c_str());
-  std::exit(2);
-}
+constexpr const char* kUsage =
+    "usage: zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] [--sub-group N] "
+    "[--buffers N] [--threads N]";
 
 Options parse_options(int argc, char** argv) {
   Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") usage("");
-    if (i + 1 >= argc) usage("missing value after " + flag);
-    const std::string value = argv[++i];
+  zt::bench::parse_flags(argc, argv, kUsage, [&](const std::string& flag, const std::string& value) {
     if (flag == "--shape") {
-      if (value != "small" && value != "gpt2") usage("--shape takes small or gpt2");
+      if (value != "small" && value != "gpt2")
+        zt::bench::exit_with_usage("--shape takes small or gpt2", kUsage);
       options.shape = value == "small" ? kSmall : kGpt2;
     } else if (flag == "--rounds") {
       options.rounds = std::max(1, std::atoi(value.c_str()));
@@ -76,9 +69,10 @@ Options parse_options(int argc, char** argv) {
     } else if (flag == "--threads") {
       options.threads = std::atoi(value.c_str());
     } else {
-      usage("unknown flag " + flag);
+      return false;
     }
-  }
+    return true;
+  });
   return options;
 }
 
@@ -104,7 +98,7 @@ struct Samples {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Options first: usage() exits, which must happen before MPI is up.
+  // Options first: a bad flag exits, which must happen before MPI is up.
   const Options options = parse_options(argc, argv);
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&] {

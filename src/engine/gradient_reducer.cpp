@@ -6,16 +6,11 @@
 #include <cstring>
 
 #include "kernels/nn_kernels.hpp"
+#include "src/engine/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::byte* at(void* base, std::int64_t elements, DType dtype) {
   return static_cast<std::byte*>(base) + static_cast<std::size_t>(elements) * dtype_size(dtype);

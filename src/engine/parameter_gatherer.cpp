@@ -6,19 +6,10 @@
 #include <cstring>
 
 #include "src/engine/parameter_store.hpp"
+#include "src/engine/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
-
 ParameterGatherer::ParameterGatherer(Communicator& communicator, const std::vector<FlatParameter>& layout,
                                      std::vector<nn::Parameter*> parameters,
                                      std::vector<std::vector<std::size_t>> uses, ParameterStore& shard,

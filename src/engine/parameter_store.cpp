@@ -5,19 +5,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "src/engine/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
-
 ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* host_shard)
     : layout_(layout), dtype_(dtype), pieces_(layout.size()) {
   const std::size_t element = dtype_size(dtype_);

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <string>
@@ -139,6 +140,40 @@ std::optional<std::string> buffered_io_unless_direct(const fs::path& directory) 
   return std::string("1");
 }
 
+/// On a tmpfs half the size of the smallest rank's swap file (this rank's: `needed` bytes), building
+/// the engine of `config_on(path)` fails with one reservation of the whole file: the message names
+/// the file, the swap tensors (`tensors`, a regex of the first and last), what the whole file needs
+/// and what is free, and no file stays behind.
+void expect_full_disk_refusal(const zt::testing::JobDirectory& directory, std::uint64_t needed,
+                              const std::string& tensors,
+                              const std::function<zt::Config(const std::string&)>& config_on) {
+  std::uint64_t smallest = needed;
+  MPI_Allreduce(&needed, &smallest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  const std::string mount_point = directory / "small";
+  JobMount tmpfs(mount_point, "tmpfs", tmpfs_size(smallest / 2).c_str());
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot make a small file system here: " << tmpfs.reason();
+  zt::testing::ScopedEnvironment buffered("ZT_SWAP_BUFFERED_IO", buffered_io_unless_direct(mount_point));
+
+  const std::string message = construction_error(config_on(mount_point));
+  const std::regex reservation(
+      "swap: cannot reserve ([0-9]+) bytes \\([0-9.]+ [KM]iB\\) for [0-9]+ swap tensors \\(" + tensors +
+      "\\) at offset 0 of '([^']*)/zerotrain-swap\\.rank([0-9]+)\\.[^']*': No space left on device "
+      "\\(nvme_path '([^']*)' has ([0-9]+) bytes(?: \\([^)]*\\))? free; the swap file needs ([0-9]+) bytes "
+      "\\([^)]*\\) in all on this rank\\)");
+  std::smatch parts;
+  if (std::regex_search(message, parts, reservation)) {  // not ASSERT: every rank must reach leftovers()
+    EXPECT_EQ(std::stoull(parts[1].str()), needed) << message;
+    EXPECT_EQ(parts[2].str(), mount_point);
+    EXPECT_EQ(parts[3].str(), std::to_string(world_rank()));
+    EXPECT_EQ(parts[4].str(), mount_point);
+    EXPECT_LT(std::stoull(parts[5].str()), needed) << message;
+    EXPECT_EQ(std::stoull(parts[6].str()), needed) << message;
+  } else {
+    ADD_FAILURE() << "not a failed reservation of the whole swap file with its sizes: " << message;
+  }
+  EXPECT_EQ(leftovers(mount_point), "") << "no swap file may stay after a failed construction";
+}
+
 TEST(OffloadErrors, UnwritableNvmePathFailsAtConstruction) {
   zt::testing::JobDirectory directory("zt-offload-errors", "ZT_TEST_SWAP_DIR");
   const fs::path locked = directory / "locked";
@@ -195,36 +230,12 @@ TEST(OffloadErrors, FileSystemWithoutDirectIoFailsUnlessBufferedIoIsAsked) {
 
 TEST(OffloadErrors, FullNvmePathFailsAtConstruction) {
   zt::testing::JobDirectory directory("zt-offload-errors", "ZT_TEST_SWAP_DIR");
-  // Half of the smallest rank's swap file: no rank's file fits, even alone.
-  std::uint64_t needed = swap_bytes_of_this_rank(directory.path());
-  std::uint64_t smallest = needed;
-  MPI_Allreduce(&needed, &smallest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  const std::string mount_point = directory / "small";
-  JobMount tmpfs(mount_point, "tmpfs", tmpfs_size(smallest / 2).c_str());
-  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot make a small file system here: " << tmpfs.reason();
-  zt::testing::ScopedEnvironment buffered("ZT_SWAP_BUFFERED_IO", buffered_io_unless_direct(mount_point));
-
-  const std::string message = construction_error(config_for(kStage, offload_section("nvme", mount_point)));
+  const std::uint64_t needed = swap_bytes_of_this_rank(directory.path());
   // One reservation for the whole file: the message gives what all of it needs, not what the
   // sub-groups up to the first that did not fit need.
-  const std::regex reservation(
-      "swap: cannot reserve ([0-9]+) bytes \\([0-9.]+ [KM]iB\\) for [0-9]+ swap tensors "
-      "\\('optimizer\\.sub_group\\.0' to 'optimizer\\.sub_group\\.[0-9]+'\\) at offset 0 of "
-      "'([^']*)/zerotrain-swap\\.rank([0-9]+)\\.[^']*': No space left on device \\(nvme_path '([^']*)' has "
-      "([0-9]+) bytes(?: \\([^)]*\\))? free; the swap file needs ([0-9]+) bytes \\([^)]*\\) in all on this "
-      "rank\\)");
-  std::smatch parts;
-  if (std::regex_search(message, parts, reservation)) {  // not ASSERT: every rank must reach leftovers()
-    EXPECT_EQ(std::stoull(parts[1].str()), needed) << message;
-    EXPECT_EQ(parts[2].str(), mount_point);
-    EXPECT_EQ(parts[3].str(), std::to_string(world_rank()));
-    EXPECT_EQ(parts[4].str(), mount_point);
-    EXPECT_LT(std::stoull(parts[5].str()), needed) << message;
-    EXPECT_EQ(std::stoull(parts[6].str()), needed) << message;
-  } else {
-    ADD_FAILURE() << "not a failed reservation of the whole swap file with its sizes: " << message;
-  }
-  EXPECT_EQ(leftovers(mount_point), "") << "no swap file may stay after a failed construction";
+  expect_full_disk_refusal(
+      directory, needed, "'optimizer\\.sub_group\\.0' to 'optimizer\\.sub_group\\.[0-9]+'",
+      [](const std::string& path) { return config_for(kStage, offload_section("nvme", path)); });
 }
 
 /// The same for the parameter swap file (offload_param): refused on a file system without O_DIRECT,
@@ -252,29 +263,8 @@ TEST(OffloadErrors, ParameterSwapFileOnABadFileSystemFailsAtConstruction) {
     zt::Engine engine(zt::testing::runtime(), *model, on_disk);
     needed = engine.parameters_placement().swap_bytes;
   }
-  std::uint64_t smallest = needed;
-  MPI_Allreduce(&needed, &smallest, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-  const std::string small_point = directory / "small";
-  JobMount tmpfs(small_point, "tmpfs", tmpfs_size(smallest / 2).c_str());
-  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot make a small file system here: " << tmpfs.reason();
-  zt::testing::ScopedEnvironment buffered("ZT_SWAP_BUFFERED_IO", buffered_io_unless_direct(small_point));
-  const std::string message = construction_error(parameters_on_nvme(small_point));
-  const std::regex reservation(
-      "swap: cannot reserve ([0-9]+) bytes \\([0-9.]+ [KM]iB\\) for [0-9]+ swap tensors "
-      "\\('parameter\\.wte\\.weight' to 'parameter\\.[a-z_.0-9]+'\\) at offset 0 of '[^']*': No space left "
-      "on device \\(nvme_path '([^']*)' has ([0-9]+) bytes(?: \\([^)]*\\))? free; the swap file needs "
-      "([0-9]+) "
-      "bytes");
-  std::smatch parts;
-  if (std::regex_search(message, parts, reservation)) {
-    EXPECT_EQ(std::stoull(parts[1].str()), needed) << message;
-    EXPECT_EQ(parts[2].str(), small_point);
-    EXPECT_LT(std::stoull(parts[3].str()), needed) << message;
-    EXPECT_EQ(std::stoull(parts[4].str()), needed) << message;
-  } else {
-    ADD_FAILURE() << "not a failed reservation of all the parameter pieces with their sizes: " << message;
-  }
-  EXPECT_EQ(leftovers(small_point), "") << "no swap file may stay after a failed construction";
+  expect_full_disk_refusal(directory, needed, "'parameter\\.wte\\.weight' to 'parameter\\.[a-z_.0-9]+'",
+                           parameters_on_nvme);
 }
 
 /// The swap file loses its second half behind the engine's back after a few steps (every rank its
