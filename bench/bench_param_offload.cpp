@@ -3,7 +3,8 @@
 // (docs/offload.md, "Parameters on NVMe").
 //
 // Each round builds one engine per placement (stage 3, one rank, fp32 AdamW) and times whole steps:
-// forward, backward and optimizer step on one micro-batch of --tokens tokens. With the parameters
+// forward, backward and optimizer step on one micro-batch of --tokens tokens (default 128, or the
+// shape's sequence length when shorter). With the parameters
 // on NVMe every piece is read when gathered (the defaults keep a gathered parameter from its forward
 // to its backward: stage3_max_reuse_distance) and written by the update; reads of the pieces after
 // the stage3_prefetch_bucket_size window run ahead of the gathers, as far as buffer_count allows. Placements:
@@ -35,7 +36,7 @@ using Shape = zt::bench::GptBenchShape;
 
 struct Options {
   Shape shape = zt::bench::kGpt2;
-  long long tokens = 128;
+  long long tokens = 0;  // 0: min(128, the shape's seq_len)
   int rounds = 2;
   int steps = 2;
   std::string dir = std::filesystem::temp_directory_path().string();
@@ -68,6 +69,7 @@ Options parse_options(int argc, char** argv) {
     }
     return true;
   });
+  if (options.tokens == 0) options.tokens = std::min<long long>(128, options.shape.seq_len);
   if (options.tokens > options.shape.seq_len)
     zt::bench::exit_with_usage("--tokens exceeds the shape's seq_len", kUsage);
   return options;

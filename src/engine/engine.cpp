@@ -554,7 +554,11 @@ std::string ParametersPlacement::describe() const {
   return detail::concat("nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes,
                         " bytes): ", nvme_elements, " elements on NVMe, ", host_elements,
                         " in host memory (offload_param.max_in_cpu), read through ", buffer_count,
-                        " buffer(s) of ", buffer_bytes, " bytes in all");
+                        " buffer(s) of ", buffer_bytes, " bytes in all",
+                        buffer_bytes > swap_bytes
+                            ? " (more than the pieces on NVMe: each buffer holds the largest piece; lower "
+                              "buffer_count, or keep the largest parameters in host memory with max_in_cpu)"
+                            : "");
 }
 
 std::string OptimizerStatesPlacement::describe() const {
