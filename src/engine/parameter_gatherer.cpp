@@ -60,6 +60,10 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
       Tensor::empty({gather.count * ranks}, options_.dtype, Device::host(), MemoryCategory::comm_buffers);
   std::byte* mine = static_cast<std::byte*>(gather.staging.raw_data()) +
                     static_cast<std::size_t>(communicator_.rank() * gather.count) * element;
+  // Pieces on NVMe: start every member's read before waiting for the first (as buffers allow).
+  for (std::size_t index : members) {
+    if (!shard_.prefetch(index)) break;
+  }
   for (std::size_t m = 0; m < members.size(); ++m) {
     const FlatParameter& parameter = layout_[members[m]];
     std::memcpy(mine + static_cast<std::size_t>(gather.member_offsets[m]) * element,
