@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/data.hpp"
@@ -48,7 +49,8 @@ struct Result {
   std::vector<float> w, b;
 };
 
-Result train(int stage, int gas, zt::Communicator* data_parallel) {
+/// `zero_keys`: more zero_optimization keys, from a comma (offload sections).
+Result train(int stage, int gas, zt::Communicator* data_parallel, const std::string& zero_keys = "") {
   zt::Runtime& runtime = zt::testing::runtime();
   const int ranks = data_parallel ? data_parallel->size() : runtime.world_size();
   const int micro = kGlobalBatch / ranks / gas;
@@ -57,7 +59,7 @@ Result train(int stage, int gas, zt::Communicator* data_parallel) {
           R"(, "gradient_accumulation_steps": )" + std::to_string(gas) +
           R"(, "gradient_clipping": 0.0, "optimizer": {"type": "SGD", "params": {"lr": 0.2,
           "momentum": 0.5}}, "zero_optimization": {"stage": )" +
-          std::to_string(stage) + "}}",
+          std::to_string(stage) + zero_keys + "}}",
       zt::ConfigParseOptions{.warning_sink = {}});
   Linear net;
   zt::ExternalModel model;
@@ -118,6 +120,26 @@ TEST_P(ExternalModelStages, MatchesTheSingleProcessRun) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ExternalModelStages, ::testing::Values(0, 1, 2),
                          [](const auto& param_info) { return "stage" + std::to_string(param_info.param); });
+
+/// The caller's buffers with the optimizer's state offloaded, to the host or to NVMe (the momentum
+/// in the swap file, updated sub-group by sub-group): the same run, bit for bit.
+TEST(ExternalModel, OptimizerOffloadTrainsAsInMemoryBitwise) {
+  zt::testing::JobDirectory directory("zt-external-offload", "ZT_TEST_SWAP_DIR");
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Result in_memory = train(stage, 2, nullptr);
+    for (const std::string& offload :
+         {std::string(R"(, "offload_optimizer": {"device": "cpu"})"),
+          R"(, "sub_group_size": 7, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+              directory.path() + R"(", "buffer_count": 2})"}) {
+      SCOPED_TRACE(offload);
+      const Result offloaded = train(stage, 2, nullptr, offload);
+      EXPECT_EQ(offloaded.losses, in_memory.losses);
+      EXPECT_EQ(offloaded.w, in_memory.w);
+      EXPECT_EQ(offloaded.b, in_memory.b);
+    }
+  }
+}
 
 TEST(ExternalModel, Stage3IsAClearError) {
   std::vector<float> values(4), grads(4);
