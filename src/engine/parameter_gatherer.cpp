@@ -39,7 +39,7 @@ ParameterGatherer::~ParameterGatherer() {
 }
 
 void ParameterGatherer::begin_pass(bool training) {
-  ZT_CHECK(in_flight_.empty() || training,
+  ZT_CHECK((in_flight_.empty() && queued_.empty()) || training,
            "ParameterGatherer: an evaluation pass while gathers are in flight");
   recording_ = training && !trace_complete_;
   following_ = training && trace_complete_;
@@ -73,20 +73,50 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
   return gather;
 }
 
-void ParameterGatherer::launch(std::vector<std::size_t> members) {
+void ParameterGatherer::enqueue(std::vector<std::size_t> members) {
   if (members.empty()) return;
+  for (std::size_t index : members) {
+    slots_[index].state = State::queued;
+    if (!slots_[index].persistent) live_ += layout_[index].numel;
+  }
+  peak_live_ = std::max(peak_live_, live_);
+  queued_.push_back(std::move(members));
+  launch_ready();
+}
+
+void ParameterGatherer::launch_ready() {
+  // Strictly in queue order, so that every rank launches the same collectives in the same order
+  // whatever its reads' timing.
+  while (!queued_.empty()) {
+    const std::vector<std::size_t>& head = queued_.front();
+    if (!std::all_of(head.begin(), head.end(), [&](std::size_t index) { return shard_.ready(index); })) break;
+    launch_next();
+  }
+  // Reads of the queued pieces, in queue order (an earlier gather's piece never waits for a buffer
+  // that a later one holds): pieces on NVMe start on their way as buffers come free.
+  for (const std::vector<std::size_t>& members : queued_) {
+    for (std::size_t index : members) {
+      if (!shard_.prefetch(index)) return;
+    }
+  }
+}
+
+void ParameterGatherer::launch_next() {
+  ZT_CHECK(!queued_.empty(), "ParameterGatherer: no gather is queued");
+  const std::vector<std::size_t> members = std::move(queued_.front());
+  queued_.pop_front();
   Gather gather = pack(members);
   const std::size_t element = dtype_size(options_.dtype);
   std::byte* staging = static_cast<std::byte*>(gather.staging.raw_data());
   gather.work = communicator_.iall_gather(
       staging + static_cast<std::size_t>(communicator_.rank() * gather.count) * element, staging,
       static_cast<std::size_t>(gather.count), options_.dtype);
-  for (std::size_t index : members) {
-    slots_[index].state = State::in_flight;
-    if (!slots_[index].persistent) live_ += layout_[index].numel;
-  }
-  peak_live_ = std::max(peak_live_, live_);
+  for (std::size_t index : members) slots_[index].state = State::in_flight;
   in_flight_.push_back(std::move(gather));
+}
+
+void ParameterGatherer::launch_all_queued() {
+  while (!queued_.empty()) launch_next();
 }
 
 void ParameterGatherer::complete(Gather& gather) {
@@ -123,6 +153,7 @@ void ParameterGatherer::wait_oldest() {
 }
 
 void ParameterGatherer::wait_until_available(std::size_t index) {
+  while (slots_[index].state == State::queued) launch_next();  // its read is waited for in pack()
   while (slots_[index].state == State::in_flight) {
     ZT_CHECK(!in_flight_.empty(), "ParameterGatherer: parameter '", layout_[index].name,
              "' is marked in flight but no gather is pending");
@@ -131,6 +162,7 @@ void ParameterGatherer::wait_until_available(std::size_t index) {
 }
 
 void ParameterGatherer::poll() {
+  launch_ready();
   while (!in_flight_.empty() && in_flight_.front().work.test()) {
     complete(in_flight_.front());
     in_flight_.pop_front();
@@ -175,7 +207,7 @@ void ParameterGatherer::before(std::size_t use, Phase phase) {
   }
   if (!missing.empty()) {
     make_room(missing_elements, members);
-    launch(std::move(missing));
+    enqueue(std::move(missing));
   }
   if (following_) prefetch();
   for (std::size_t index : members) wait_until_available(index);
@@ -202,7 +234,7 @@ void ParameterGatherer::prefetch() {
       planned += layout_[index].numel;
     }
     planned = 0;
-    launch(std::move(to_gather));
+    enqueue(std::move(to_gather));
     if (window > options_.prefetch_elements) {
       read_ahead(e);
       return;
@@ -214,7 +246,7 @@ void ParameterGatherer::read_ahead(std::size_t from) {
   for (std::size_t e = from; e < trace_.size(); ++e) {
     for (std::size_t index : uses_[trace_[e].use]) {
       if (slots_[index].state != State::released) continue;
-      if (!shard_.prefetch(index)) return;  // no buffer free: the rest waits for its turn
+      if (!shard_.prefetch(index, /*speculative=*/true)) return;  // no buffer to spare: the rest waits
     }
   }
 }
@@ -240,6 +272,7 @@ void ParameterGatherer::after(std::size_t use, Phase) {
 }
 
 void ParameterGatherer::end_of_backward() {
+  launch_all_queued();                        // every rank launches what it queued
   while (!in_flight_.empty()) wait_oldest();  // prefetches the pass did not use
   for (std::size_t i = 0; i < slots_.size(); ++i) release(i);
   if (recording_) trace_complete_ = true;
@@ -252,9 +285,11 @@ void ParameterGatherer::refresh_persistent() {
   std::int64_t group_elements = 0;
   const std::int64_t limit =
       std::max<std::int64_t>(1, options_.allgather_bucket_elements / communicator_.size());
+  launch_all_queued();
   auto flush = [&] {
     if (group.empty()) return;
-    launch(std::move(group));
+    enqueue(std::move(group));
+    launch_all_queued();
     group.clear();
     group_elements = 0;
     while (!in_flight_.empty()) wait_oldest();

@@ -11,8 +11,10 @@
 // while never holding more than stage3_max_live_parameters gathered elements (beyond what the
 // current module needs). Parameters of at most stage3_param_persistence_threshold elements stay
 // gathered for good and are refreshed after each optimizer step. With offload_param "nvme" the
-// pieces come from the ParameterStore's swap file: prefetching also starts the reads of the pieces
-// after the gather window, as far as the store's buffers allow.
+// pieces come from the ParameterStore's swap file. A gather needs its pieces in memory when it is
+// launched, so decided gathers wait in a queue while their pieces are read and are launched in
+// queue order (the same on every rank, whatever the reads' timing) once the head's pieces are in;
+// prefetching also starts the reads of pieces beyond the window, as far as the buffers allow.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +71,8 @@ class ParameterGatherer {
   double wait_seconds() const { return wait_seconds_; }
 
  private:
-  enum class State : std::uint8_t { released, in_flight, available };
+  // queued: its gather is decided (and its piece being read, when on NVMe) but not launched yet.
+  enum class State : std::uint8_t { released, queued, in_flight, available };
   struct Slot {
     State state = State::released;
     bool persistent = false;
@@ -88,7 +91,12 @@ class ParameterGatherer {
   };
 
   Gather pack(const std::vector<std::size_t>& members);
-  void launch(std::vector<std::size_t> members);
+  /// Decide a gather of `members`: their reads start, and gathers are launched in queue order as
+  /// soon as every piece of the queue's head is in memory (at once without NVMe).
+  void enqueue(std::vector<std::size_t> members);
+  void launch_ready();
+  void launch_next();  // the queue's head, waiting for its reads
+  void launch_all_queued();
   void complete(Gather& gather);
   void wait_oldest();
   void wait_until_available(std::size_t index);
@@ -106,6 +114,7 @@ class ParameterGatherer {
   ParameterStore& shard_;
   ParameterGathererOptions options_;
   std::vector<Slot> slots_;
+  std::deque<std::vector<std::size_t>> queued_;  // decided gathers, launched in this order
   std::deque<Gather> in_flight_;
   std::vector<Event> trace_;
   bool trace_complete_ = false;

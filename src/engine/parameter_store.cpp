@@ -150,10 +150,12 @@ ParameterStore::PoolBuffer& ParameterStore::take_buffer() {
       stats_.write_wait_seconds += seconds_since(started);
     }
   }
-  if (chosen == nullptr) chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::ready; });
-  if (chosen == nullptr) {
-    chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::reading; });
-    if (chosen != nullptr) complete(*chosen);
+  if (chosen == nullptr) {  // a piece read ahead and not used yet: its read is wasted
+    chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::ready; });
+    if (chosen == nullptr) {
+      chosen = oldest([](const PoolBuffer& b) { return b.state == BufferState::reading; });
+      if (chosen != nullptr) complete(*chosen);
+    }
   }
   ZT_CHECK(chosen != nullptr, "ParameterStore: all ", pool_.size(),
            " offload_param buffers hold pieces in use; none is left for another");
@@ -162,7 +164,7 @@ ParameterStore::PoolBuffer& ParameterStore::take_buffer() {
   return *chosen;
 }
 
-bool ParameterStore::prefetch(std::size_t index) {
+bool ParameterStore::prefetch(std::size_t index, bool speculative) {
   check_index(index, "prefetch");
   if (!on_nvme(index) || buffer_of(index) != nullptr) return true;
   // Writes that finished make their buffers reusable without waiting.
@@ -170,12 +172,14 @@ bool ParameterStore::prefetch(std::size_t index) {
     if (buffer.state == BufferState::writing && buffer.io.ready()) complete(buffer);
   }
   PoolBuffer* chosen = nullptr;
+  std::size_t reusable_count = 0;
   for (PoolBuffer& buffer : pool_) {
     const bool reusable =
         buffer.state == BufferState::free || (buffer.state == BufferState::ready && buffer.used);
+    reusable_count += reusable;
     if (reusable && (chosen == nullptr || buffer.stamp < chosen->stamp)) chosen = &buffer;
   }
-  if (chosen == nullptr) return false;  // every buffer holds a piece still to be used
+  if (chosen == nullptr || (speculative && reusable_count < 2)) return false;  // no buffer to spare
   chosen->piece = index;
   chosen->used = false;
   chosen->io = swap_->swap_in(pieces_[index].swap_name, chosen->memory.data());
@@ -183,6 +187,14 @@ bool ParameterStore::prefetch(std::size_t index) {
   ++stats_.reads;
   stats_.bytes_read += pieces_[index].bytes;
   return true;
+}
+
+bool ParameterStore::ready(std::size_t index) {
+  check_index(index, "ready");
+  if (!on_nvme(index)) return true;
+  const PoolBuffer* buffer = buffer_of(index);
+  if (buffer == nullptr) return false;
+  return buffer->state != BufferState::reading || buffer->io.ready();
 }
 
 const std::byte* ParameterStore::acquire(std::size_t index) {

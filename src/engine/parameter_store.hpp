@@ -73,7 +73,11 @@ class ParameterStore {
   // ---- reading (gathering) ------------------------------------------------------------------
   /// Start reading piece `index` into a free buffer. False when no buffer is free (the caller
   /// stops looking ahead); true when the piece is in host memory, cached, or now on its way.
-  bool prefetch(std::size_t index);
+  /// `speculative` reads (pieces that may be needed later) leave one buffer free, so that a piece
+  /// needed now never has to evict them.
+  bool prefetch(std::size_t index, bool speculative = false);
+  /// True when acquire(index) would not wait: the piece is in host memory or a buffer holds it.
+  bool ready(std::size_t index);
   /// Piece `index`'s bytes, valid until release(index); waits for its read (or reads it now).
   const std::byte* acquire(std::size_t index);
   void release(std::size_t index);

@@ -93,6 +93,8 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
       {"bf16 adamw, small prefetch window, reads ahead", kAdamW, kBf16, "",
        R"(, "max_in_cpu": 0, "buffer_count": 3)",
        R"(, "stage3_prefetch_bucket_size": 3000, "stage3_max_live_parameters": 20000)"},
+      {"fp32 adamw, small prefetch window, 2 buffers", kAdamW, "", "",
+       R"(, "max_in_cpu": 0, "buffer_count": 2)", R"(, "stage3_prefetch_bucket_size": 3000)"},
       {"fp32 adamw, optimizer on nvme, everything fits in max_in_cpu", kAdamW, "",
        offload_section("nvme", path), "", ""},
   };
@@ -119,7 +121,14 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
         const std::uint64_t shard_bytes =
             static_cast<std::uint64_t>(engine.shard_size()) * zt::dtype_size(engine.compute_dtype());
         EXPECT_EQ(offload_timing.parameter_bytes_written, shard_bytes);
-        EXPECT_GE(offload_timing.parameter_bytes_read, shard_bytes);
+        EXPECT_GT(offload_timing.parameter_bytes_read, 0u);
+        // With the default reuse distance and live bound nothing is released within a forward and
+        // backward, so no piece is read twice per micro-batch: reads run ahead in queue order and
+        // are never dropped before use.
+        const auto micro_batches = static_cast<std::uint64_t>(engine.batch().gradient_accumulation_steps);
+        if (c.zero.find("max_live") == std::string::npos) {
+          EXPECT_LE(offload_timing.parameter_bytes_read, micro_batches * shard_bytes);
+        }
       } else if (c.param_keys.find("max_in_cpu") == std::string::npos) {
         EXPECT_EQ(placement.nvme_elements, 0) << "the default max_in_cpu (1e9) keeps a small model in memory";
       } else {
