@@ -1,7 +1,8 @@
 // Bad conditions for the NVMe swap, made on purpose: a file system mounted for one test (ramfs has
 // no O_DIRECT, a small tmpfs fills up), a directory this process cannot write to, and whether a
-// directory supports O_DIRECT. Shared by the swap engine's tests (tests/unit/test_swap.cpp) and the
-// training engine's (tests/mpi/test_offload_errors.cpp).
+// directory supports O_DIRECT; and a fresh directory for one test's swap files. Shared by the swap
+// engine's tests (tests/unit/test_swap.cpp, test_parameter_store.cpp) and the training engine's
+// (tests/mpi/test_offload_errors.cpp).
 #pragma once
 
 #include <fcntl.h>
@@ -10,15 +11,47 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <system_error>
 
 namespace zt::testing {
+
+/// A directory of the test's own under ZT_TEST_SWAP_DIR (default: the temporary directory, a disk
+/// file system here), removed with everything in it. One process (MPI tests: JobDirectory).
+class TestDirectory {
+ public:
+  TestDirectory() {
+    static std::atomic<int> counter{0};
+    const char* base = std::getenv("ZT_TEST_SWAP_DIR");
+    std::string name = "zt_test_swap.";  // appended, not "literal" + string: GCC 12 warns falsely
+    name += std::to_string(::getpid());
+    name += ".";
+    name += std::to_string(counter++);
+    path_ = (base != nullptr ? std::filesystem::path(base) : std::filesystem::temp_directory_path()) / name;
+    std::filesystem::create_directories(path_);
+  }
+  ~TestDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TestDirectory(const TestDirectory&) = delete;
+  TestDirectory& operator=(const TestDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::size_t file_count() const {
+    return static_cast<std::size_t>(
+        std::distance(std::filesystem::directory_iterator(path_), std::filesystem::directory_iterator()));
+  }
+
+ private:
+  std::filesystem::path path_;
+};
 
 /// A file system mounted for one test (needs root and a kernel that lets this process mount);
 /// detached at the end of the scope.

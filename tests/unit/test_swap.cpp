@@ -41,6 +41,7 @@ using zt::SwapHandle;
 using zt::SwapOptions;
 using zt::testing::error_of;
 using zt::testing::ScopedMount;
+using zt::testing::TestDirectory;
 using zt::testing::UnwritableDirectory;
 
 /// "prefix" followed by the number (built by appending: GCC 12 warns falsely on "literal" + string).
@@ -49,32 +50,6 @@ std::string numbered(const char* prefix, long long number) {
   name += std::to_string(number);
   return name;
 }
-
-/// A directory of the test's own under ZT_TEST_SWAP_DIR (default: the temporary directory, a disk
-/// file system here), removed with everything in it.
-class TestDirectory {
- public:
-  TestDirectory() {
-    static std::atomic<int> counter{0};
-    const char* base = std::getenv("ZT_TEST_SWAP_DIR");
-    path_ = (base != nullptr ? fs::path(base) : fs::temp_directory_path()) /
-            (numbered("zt_test_swap.", ::getpid()) + numbered(".", counter++));
-    fs::create_directories(path_);
-  }
-  ~TestDirectory() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TestDirectory(const TestDirectory&) = delete;
-  TestDirectory& operator=(const TestDirectory&) = delete;
-  const fs::path& path() const { return path_; }
-  std::size_t file_count() const {
-    return static_cast<std::size_t>(std::distance(fs::directory_iterator(path_), fs::directory_iterator()));
-  }
-
- private:
-  fs::path path_;
-};
 
 SwapOptions small_options(const fs::path& directory, SwapBackend backend = SwapBackend::automatic) {
   SwapOptions options;
