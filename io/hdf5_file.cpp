@@ -286,7 +286,10 @@ void H5File::transfer(const std::string& name, std::int64_t first, std::int64_t 
                  static_cast<hsize_t>(first + count), any);
   }
   Hid transfer_list(H5Pcreate(H5P_DATASET_XFER));
-  if (parallel_) H5Pset_dxpl_mpio(transfer_list.get(), H5FD_MPIO_COLLECTIVE);
+  // Writes are collective (MPI-IO may aggregate the ranks' pieces); reads are independent: each
+  // rank reads its own range, and a collective read per dataset made every rank wait for the
+  // slowest one's turn (cold loads 2x faster at 4 ranks on 2 cores, docs/benchmarks.md).
+  if (parallel_) H5Pset_dxpl_mpio(transfer_list.get(), write ? H5FD_MPIO_COLLECTIVE : H5FD_MPIO_INDEPENDENT);
   const herr_t status = write ? H5Dwrite(dataset.get(), native_type(dtype), memory_space.get(),
                                          file_space.get(), transfer_list.get(), data)
                               : H5Dread(dataset.get(), native_type(dtype), memory_space.get(),

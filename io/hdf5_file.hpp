@@ -1,8 +1,8 @@
 // Thin RAII layer over the HDF5 C API for checkpoints: files opened collectively through MPI-IO
 // (or serially by the tools), datasets written and read by ranges of their row-major elements
-// with collective transfers, scalar and string attributes, and a checksum that does not depend on
-// how the elements were split across ranks. Internal to the library (io/); errors are zt::IoError
-// naming the file and the object.
+// (collective writes, independent reads), scalar and string attributes, and a checksum that does not depend
+// on how the elements were split across ranks. Internal to the library (io/); errors are zt::IoError naming
+// the file and the object.
 #pragma once
 
 #include <hdf5.h>
@@ -68,8 +68,9 @@ class H5File {
   void create_dataset(const std::string& name, const std::vector<std::int64_t>& shape, DType dtype);
   bool exists(const std::string& name) const;
   std::vector<std::int64_t> shape(const std::string& name) const;
-  /// Write / read elements [first, first + count) of the dataset in row-major order. Collective in a
-  /// parallel file: every rank calls for every dataset, count 0 where it has nothing.
+  /// Write / read elements [first, first + count) of the dataset in row-major order. In a parallel
+  /// file writes are collective (every rank calls for every dataset, count 0 where it has nothing)
+  /// and reads independent (a rank reads only what it needs).
   void write_range(const std::string& name, std::int64_t first, std::int64_t count, const void* data,
                    DType dtype);
   void read_range(const std::string& name, std::int64_t first, std::int64_t count, void* data,
