@@ -19,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "io/swap_naming.hpp"
 #include "io/swap_queues.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/swap.hpp"
@@ -270,9 +271,7 @@ std::string bytes_text(std::uint64_t bytes) {
 
 std::string default_job_id() {
   static std::atomic<unsigned> engines_in_process{0};
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "host");
-  return concat(host, ".", ::getpid(), ".", engines_in_process.fetch_add(1));
+  return concat(detail::swap_host_name(), ".", ::getpid(), ".", engines_in_process.fetch_add(1));
 }
 
 /// The direct-I/O alignment the file system asks for (statx DIOALIGN, Linux 6.1+), at least 4 KiB.
@@ -380,7 +379,7 @@ SwapEngine::SwapEngine(SwapOptions options) : options_(std::move(options)) {
 
   const int rank = options_.rank >= 0 ? options_.rank : std::max(detail::error_rank(), 0);
   const std::string job = options_.job_id.empty() ? default_job_id() : options_.job_id;
-  file_path_ = options_.nvme_path / concat("zerotrain-swap.rank", rank, ".", job, ".bin");
+  file_path_ = options_.nvme_path / concat(detail::kSwapFilePrefix, rank, ".", job, detail::kSwapFileSuffix);
 
   // O_EXCL: a file of another job (or engine) with this name is never reused or truncated.
   constexpr int kFlags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;

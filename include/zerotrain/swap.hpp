@@ -200,6 +200,21 @@ class SwapPipeline {
 /// is built.
 void check_swap_directory(const std::filesystem::path& directory, std::string_view key = "nvme_path");
 
+/// A swap file found in a directory: one a job left behind when it was killed (a signal or
+/// MPI_Abort runs no destructors), or one in use.
+struct SwapFileEntry {
+  std::filesystem::path path;
+  std::uint64_t bytes = 0;
+  int rank = -1;
+  std::string host;  // from the default job id <host>.<pid>.<n>; empty for a custom job_id
+  long pid = -1;
+  /// True only when the file was made on this machine by a process that no longer exists: then
+  /// nobody can be using it. Files of other hosts or custom job ids are never called stale.
+  bool stale = false;
+};
+/// The zerotrain swap files in `directory` (not recursive), sorted by name.
+std::vector<SwapFileEntry> list_swap_files(const std::filesystem::path& directory);
+
 /// The file system holding `path`, for messages ("ext2/3/4", "xfs", "tmpfs", "lustre", ...; from
 /// statfs's magic number, "type 0x..." when unknown, "unknown" when statfs fails).
 std::string file_system_name(const std::filesystem::path& path);

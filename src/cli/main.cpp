@@ -3,6 +3,7 @@
 //   zerotrain train --config FILE [...]      train the model a config describes
 //   zerotrain data convert IN OUT            text file -> byte-token file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
+//   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "zerotrain/estimate.hpp"
 #include "zerotrain/report.hpp"
 #include "zerotrain/runtime.hpp"
+#include "zerotrain/swap.hpp"
 #include "zerotrain/trainer.hpp"
 
 namespace {
@@ -47,6 +49,8 @@ constexpr const char* kUsage =
     "                             DIR/TAG.h5 is read, TAG from DIR/latest unless --tag; DIR may be a .h5\n"
     "                             file; one process (no mpirun needed); exit 0 ok, 1 damaged or\n"
     "                             unreadable checkpoint or failed write, 2 bad arguments, 3 not found\n"
+    "  swap list|clean NVME_PATH  the swap files in NVME_PATH (with their host and process); clean\n"
+    "                             removes those a killed job left on this host (process gone)\n"
     "  help                       this text\n";
 
 /// Command-line flags of the form --name VALUE.
@@ -154,6 +158,40 @@ int data_command(zt::Runtime& runtime, int argc, char** argv) {
     std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", argv[3],
                 static_cast<unsigned long long>(stats.input_bytes),
                 static_cast<unsigned long long>(stats.tokens), argv[4]);
+  }
+  runtime.world().barrier();
+  return 0;
+}
+
+/// `zerotrain swap list|clean DIR`: the swap files a killed job left in DIR (one process).
+int swap_command(zt::Runtime& runtime, int argc, char** argv) {
+  const std::string_view action = argc > 2 ? argv[2] : "";
+  ZT_CHECK_AS(zt::ConfigError, argc == 4 && (action == "list" || action == "clean"),
+              "usage: zerotrain swap list|clean NVME_PATH");
+  if (runtime.world_rank() == 0) {
+    const std::vector<zt::SwapFileEntry> files = zt::list_swap_files(argv[3]);
+    std::size_t removed = 0;
+    for (const zt::SwapFileEntry& file : files) {
+      const std::string owner =
+          file.host.empty() ? std::string("custom job id") : file.host + " pid " + std::to_string(file.pid);
+      const char* state = file.stale ? "stale (its process is gone)" : "in use or not known to be stale";
+      if (action == "clean" && file.stale) {
+        std::filesystem::remove(file.path);
+        ++removed;
+        state = "removed (its process was gone)";
+      }
+      std::printf("%s  %llu bytes  rank %d  %s  %s\n", file.path.string().c_str(),
+                  static_cast<unsigned long long>(file.bytes), file.rank, owner.c_str(), state);
+    }
+    if (action == "clean") {
+      std::printf(
+          "zerotrain swap clean: removed %zu of %zu swap file(s) in %s; files of other hosts or of "
+          "running processes are kept\n",
+          removed, files.size(), argv[3]);
+    } else if (files.empty()) {
+      std::printf("no zerotrain swap files in %s\n", argv[3]);
+    }
+    std::fflush(stdout);
   }
   runtime.world().barrier();
   return 0;
@@ -357,6 +395,7 @@ int main(int argc, char** argv) {
     if (command == "estimate") return estimate_command(runtime, argc, argv);
     if (command == "data") return data_command(runtime, argc, argv);
     if (command == "checkpoint") return checkpoint_command(runtime, argc, argv);
+    if (command == "swap") return swap_command(runtime, argc, argv);
     if (command == "help" || command == "--help" || command == "-h") {
       if (runtime.world_rank() == 0) std::fputs(kUsage, stdout);
       return 0;

@@ -288,6 +288,43 @@ TEST(SwapEngine, OptionsFromTheAioSection) {
   EXPECT_EQ(defaults.queue_depth, 8u);
 }
 
+/// Swap files left in a directory: parsed from their names (hosts may hold dots), stale only when
+/// made on this host by a process that is gone; other files are ignored.
+TEST(SwapFiles, ListsThemAndCallsStaleOnlyThoseOfAGoneProcessOnThisHost) {
+  TestDirectory directory;
+  char host_name[256] = {};
+  ASSERT_EQ(::gethostname(host_name, sizeof(host_name) - 1), 0);
+  const std::string host = host_name;
+  const pid_t gone = ::fork();  // a process that exits at once: its pid is then free
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  ::waitpid(gone, nullptr, 0);
+  auto touch = [&](const std::string& name) { std::ofstream(directory.path() / name) << "x"; };
+  touch("zerotrain-swap.rank3." + host + "." + std::to_string(gone) + ".7.bin");
+  touch("zerotrain-swap.rank0." + host + "." + std::to_string(::getpid()) + ".0.bin");
+  touch("zerotrain-swap.rank1.node-7.cluster.example.org." + std::to_string(gone) + ".0.bin");
+  touch("zerotrain-swap.rank2.fixed.bin");
+  touch("something-else.bin");
+  const std::vector<zt::SwapFileEntry> files = zt::list_swap_files(directory.path());
+  ASSERT_EQ(files.size(), 4u);
+  // Sorted by name: rank0 (alive), rank1 (other host), rank2 (custom job id), rank3 (gone).
+  EXPECT_EQ(files[0].rank, 0);
+  EXPECT_EQ(files[0].pid, ::getpid());
+  EXPECT_FALSE(files[0].stale) << "this process is alive";
+  EXPECT_EQ(files[1].host, "node-7.cluster.example.org");
+  EXPECT_FALSE(files[1].stale) << "another host's file is never called stale";
+  EXPECT_EQ(files[2].host, "");
+  EXPECT_EQ(files[2].pid, -1);
+  EXPECT_FALSE(files[2].stale) << "a custom job id says nothing of its process";
+  EXPECT_EQ(files[3].rank, 3);
+  EXPECT_EQ(files[3].host, host);
+  EXPECT_EQ(files[3].pid, gone);
+  EXPECT_TRUE(files[3].stale);
+  EXPECT_EQ(files[3].bytes, 1u);
+  EXPECT_NE(error_of([&] { zt::list_swap_files(directory.path() / "missing"); }).find("is not usable"),
+            std::string::npos);
+}
+
 TEST(SwapEngine, OneFilePerEngineNamedWithRankAndRemovedAtTheEnd) {
   TestDirectory directory;
   SwapOptions options = small_options(directory.path());
