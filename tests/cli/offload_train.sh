@@ -4,18 +4,7 @@
 # files, on 2 ranks, reaches the same losses as the in-memory stage 3 run, says where the states
 # live, and leaves no swap file behind.
 # usage: offload_train.sh ZEROTRAIN CONFIG MPIEXEC [MPIEXEC_FLAGS...]
-set -euo pipefail
-zt=$1 config=$2
-shift 2
-mpiexec=("$@")
-work=$(mktemp -d "${ZT_TEST_SWAP_DIR:-/tmp}/zt-offload-cli-XXXXXX")
-trap 'rm -rf "$work"' EXIT
-mkdir "$work/swap"
-fail() {
-  echo "FAIL: $*"
-  for log in "$work"/*.txt; do echo "--- $log"; cat "$log"; done
-  exit 1
-}
+source "$(dirname "$0")/offload_job.sh" offload-cli "$@"
 /usr/bin/python3 - "$config" "$work" <<'PY'
 import json, sys
 config, work = sys.argv[1], sys.argv[2]

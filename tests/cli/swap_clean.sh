@@ -4,18 +4,7 @@
 # swap files stay; `swap list` calls them stale, `swap clean` removes them and keeps a file whose
 # process still runs.
 # usage: swap_clean.sh ZEROTRAIN CONFIG MPIEXEC [MPIEXEC_FLAGS...]
-set -euo pipefail
-zt=$1 config=$2
-shift 2
-mpiexec=("$@")
-work=$(mktemp -d "${ZT_TEST_SWAP_DIR:-/tmp}/zt-swap-clean-XXXXXX")
-trap 'rm -rf "$work"' EXIT
-mkdir "$work/swap"
-fail() {
-  echo "FAIL: $*"
-  for log in "$work"/*.txt; do echo "--- $log"; cat "$log"; done
-  exit 1
-}
+source "$(dirname "$0")/offload_job.sh" swap-clean "$@"
 /usr/bin/python3 - "$config" "$work" <<'PY'
 import json, sys
 config, work = sys.argv[1], sys.argv[2]
