@@ -21,12 +21,24 @@
 
 namespace zt::nn {
 
+/// How a parameter is held across the tensor-parallel group.
+enum class ParallelRole : std::uint8_t {
+  replicated,  // every tensor-parallel rank holds the whole tensor (LayerNorms, biases of row-split layers)
+  sharded,     // each holds a slice along Parameter::shard_dim of the global tensor
+};
+
 /// A trainable tensor and its gradient (same shape and dtype). `name` is the dotted path from the
 /// root module ("h.0.attn.qkv.weight"); it is updated when the owner is registered into a parent.
+/// `role`, `shard_dim` and `pipeline_stage` say where the tensor belongs in a 3-D parallel job: the
+/// engine counts a replicated parameter once in the gradient norm, and checkpoints record the
+/// global (unsliced) tensor whatever the grid.
 struct Parameter {
   std::string name;
   Tensor value;
   Tensor grad;
+  ParallelRole role = ParallelRole::replicated;
+  int shard_dim = 0;
+  int pipeline_stage = 0;
 };
 
 class Module;

@@ -1,4 +1,4 @@
-// Engine::save_checkpoint / load_checkpoint on parallel HDF5 (docs/checkpoint-format.md).
+// Checkpoints over the partition plan on parallel HDF5 (see checkpointer.hpp, docs/checkpoint-format.md).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,22 +14,15 @@
 #include <thread>
 
 #include "io/hdf5_file.hpp"
-#include "kernels/nn_kernels.hpp"
-#include "src/engine/parameter_gatherer.hpp"
-#include "src/engine/parameter_store.hpp"
+#include "src/engine/checkpointer.hpp"
 #include "src/engine/string_broadcast.hpp"
-#include "src/engine/swapped_optimizer_states.hpp"
-#include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
-#include "zerotrain/external_model.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 
-namespace zt {
+namespace zt::engine_detail {
 namespace fs = std::filesystem;
 
 namespace {
-
-using engine_detail::broadcast_string;
 
 /// Every rank must call a checkpoint operation: wait for all at a non-blocking barrier, and give
 /// up with an error (not a hang) when some do not come within ZT_CHECKPOINT_SYNC_TIMEOUT seconds.
@@ -122,37 +115,62 @@ void sum_checksums(Communicator& communicator, std::vector<std::uint64_t>& sums)
   communicator.all_reduce(sums.data(), sums.data(), sums.size(), DType::int64, ReduceOp::sum);
 }
 
-}  // namespace
-
-std::pair<std::int64_t, std::int64_t> Engine::checkpoint_range(std::size_t index) const {
-  const FlatParameter& slot = layout_[index];
-  const int ranks = data_->size();
-  const std::int64_t piece = stage_ >= 1 ? slot.piece_numel : (slot.numel + ranks - 1) / ranks;
-  const std::int64_t first = std::min<std::int64_t>(data_->rank() * piece, slot.numel);
-  return {first, std::clamp<std::int64_t>(slot.numel - first, 0, piece)};
+const char* role_name(nn::ParallelRole role) {
+  return role == nn::ParallelRole::sharded ? "sharded" : "replicated";
 }
 
-std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& options) {
-  Communicator& data = *data_;
-  const MPI_Comm comm = native_mpi_comm(data);
+}  // namespace
+
+Checkpointer::Checkpointer(const PartitionPlan& plan, const ParallelContext& parallel, ZeroStrategy& strategy,
+                           OptimizerStates& states, nn::Module& model)
+    : plan_(plan), parallel_(parallel), strategy_(strategy), states_(states), model_(model) {
+  for (const FlatParameter& slot : plan_.layout()) {
+    ZT_CHECK(slot.role == nn::ParallelRole::replicated || plan_.settings().tensor_size == 1,
+             "checkpoints of tensor-parallel slices ('", slot.name,
+             "' is sharded across the tensor group) are not available yet");
+  }
+  ZT_CHECK(parallel_.pipeline().size() == 1,
+           "checkpoints of a pipeline-parallel grid are not available yet (pipeline size ",
+           parallel_.pipeline().size(), ")");
+}
+
+bool Checkpointer::writes(std::size_t index) const {
+  return plan_.layout()[index].role == nn::ParallelRole::sharded || parallel_.tensor().rank() == 0;
+}
+
+std::vector<std::int64_t> Checkpointer::global_shape(std::size_t index) const {
+  const FlatParameter& slot = plan_.layout()[index];
+  std::vector<std::int64_t> shape(slot.shape.begin(), slot.shape.end());
+  if (slot.role == nn::ParallelRole::sharded && !shape.empty())
+    shape[static_cast<std::size_t>(slot.shard_dim)] *= plan_.settings().tensor_size;
+  return shape;
+}
+
+std::pair<std::int64_t, std::int64_t> Checkpointer::owned_range(std::size_t index) const {
+  const FlatParameter& slot = plan_.layout()[index];
+  const OwnedRange& owned = plan_.owned()[index];
+  const std::int64_t first = owned.flat_begin - slot.offset;
+  return {first, std::clamp<std::int64_t>(slot.numel - first, 0, owned.count)};
+}
+
+std::string Checkpointer::save(const std::string& dir, const SaveOptions& options,
+                               const TrainingState& state) {
+  Communicator& everyone = parallel_.everyone();
+  const MPI_Comm comm = parallel_.everyone_comm();
   wait_for_all_ranks(comm, "save_checkpoint");
-  const std::int64_t accumulation = batch().gradient_accumulation_steps;
-  ZT_CHECK(
-      !forward_pending_ && micro_steps_ % accumulation == 0, "save_checkpoint at micro-step ",
-      micro_steps_ % accumulation, " of ", accumulation,
-      ": save at an accumulation boundary (after the step() that updates), where no gradient is pending");
-  const std::string tag = options.tag.value_or("global_step" + std::to_string(global_steps_));
+  const TrainingProgress& progress = state.progress;
+  const std::string tag = options.tag.value_or("global_step" + std::to_string(progress.global_steps));
   check_tag(tag);
-  const std::string agreed_tag = broadcast_string(data, tag);
+  const std::string agreed_tag = broadcast_string(everyone, tag);
   std::int64_t mismatch = agreed_tag == tag ? 0 : 1;
-  data.all_reduce(&mismatch, &mismatch, 1, DType::int64, ReduceOp::sum);
+  everyone.all_reduce(&mismatch, &mismatch, 1, DType::int64, ReduceOp::sum);
   ZT_CHECK(mismatch == 0, "save_checkpoint: the ranks passed different tags (rank 0: '", agreed_tag,
-           "', rank ", data.rank(), ": '", tag, "')");
+           "', rank ", everyone.rank(), ": '", tag, "')");
 
   const fs::path directory(dir);
   const fs::path final_path = checkpoint_file(dir, tag);
   fs::path temporary;
-  on_rank0_everywhere(data, [&] {
+  on_rank0_everywhere(everyone, [&] {
     std::error_code error;
     if (!fs::exists(directory)) {
       fs::create_directories(directory, error);
@@ -168,60 +186,65 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
       if (name.front() == '.' && name.find(".h5.tmp-") != std::string::npos) fs::remove(entry.path(), error);
     }
   });
-  temporary =
-      broadcast_string(data, (directory / ("." + tag + ".h5.tmp-" + std::to_string(::getpid()))).string());
+  temporary = broadcast_string(everyone,
+                               (directory / ("." + tag + ".h5.tmp-" + std::to_string(::getpid()))).string());
 
+  const std::vector<FlatParameter>& layout = plan_.layout();
   {
     io::H5File file = io::H5File::create_parallel(temporary.string(), comm);
     std::vector<std::string> names;
     std::vector<std::uint64_t> sums;
-    auto write_piece = [&](const std::string& name, const FlatParameter& slot, std::size_t index,
-                           const float* piece) {
-      // `piece` holds this rank's owned range of the parameter (whole parameter at stage 0).
-      const auto [first, count] = checkpoint_range(index);
-      const float* source = stage_ == 0 ? piece + first : piece;
-      file.create_dataset(name, std::vector<std::int64_t>(slot.shape.begin(), slot.shape.end()), DType::fp32);
+    // `owned` holds this rank's owned range of the parameter (owned_range); the checkpoint range
+    // lies inside it.
+    std::vector<float> owned;
+    auto write_piece = [&](const std::string& name, std::size_t index) {
+      auto [first, count] = plan_.checkpoint_range(index);
+      if (!writes(index)) count = 0;
+      const float* source = owned.data() + (first - owned_range(index).first);
+      file.create_dataset(name, global_shape(index), DType::fp32);
       file.write_range(name, first, count, source, DType::fp32);
       names.push_back(name);
       sums.push_back(io::range_checksum(source, sizeof(float), first, count));
     };
-    // With NVMe offload the master (16-bit training) and the states are read from the swap file,
-    // one sub-group's array at a time (each is read once: pieces come in shard order).
-    std::vector<float> swapped_piece;
-    auto from_swap = [&](std::size_t array, std::size_t index) -> const float* {
-      swapped_piece.resize(static_cast<std::size_t>(owned_[index].count));
-      swapped_->read(array, owned_[index].shard_begin, owned_[index].count, swapped_piece.data());
-      return swapped_piece.data();
+    auto owned_buffer = [&](std::size_t index) {
+      owned.assign(static_cast<std::size_t>(plan_.owned()[index].count), 0.0f);
+      return owned.data();
     };
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      write_piece("model/" + layout_[i].name, layout_[i], i,
-                  master_in_swap_ ? from_swap(0, i) : master_of(owned_[i]));
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      states_.read_master(i, owned_buffer(i));
+      write_piece("model/" + layout[i].name, i);
+      file.set_attribute("model/" + layout[i].name, "role", std::string(role_name(layout[i].role)));
+      file.set_attribute("model/" + layout[i].name, "shard_dim",
+                         static_cast<std::int64_t>(layout[i].shard_dim));
+      file.set_attribute("model/" + layout[i].name, "pipeline_stage",
+                         static_cast<std::int64_t>(layout[i].pipeline_stage));
     }
     if (const char* fault = std::getenv("ZT_FAULT_INJECTION");
-        fault != nullptr && std::string_view(fault) == "kill_during_checkpoint_save" && data.rank() == 0) {
+        fault != nullptr && std::string_view(fault) == "kill_during_checkpoint_save" &&
+        everyone.rank() == 0) {
       // Test hook (docs/testing.md): die half-way through writing, as a node failure would.
       std::raise(SIGKILL);
     }
-    const std::vector<std::string_view> states = optimizer_->state_names();
-    for (std::size_t k = 0; k < states.size(); ++k) {
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        write_piece(
-            "optimizer/" + std::string(states[k]) + "/" + layout_[i].name, layout_[i], i,
-            swapped_ ? from_swap(swapped_array_of_state(k), i) : optimizer_->state(states[k], i).data());
+    const Optimizer& optimizer = states_.optimizer();
+    const std::vector<std::string_view> state_names = optimizer.state_names();
+    for (std::size_t k = 0; k < state_names.size(); ++k) {
+      for (std::size_t i = 0; i < layout.size(); ++i) {
+        states_.read_state(k, i, owned_buffer(i));
+        write_piece("optimizer/" + std::string(state_names[k]) + "/" + layout[i].name, i);
       }
     }
-    if (swapped_) swapped_->flush();  // releases the read cache
+    states_.flush();  // releases the read cache
     // Every rank's dropout streams, one row per rank.
     const std::vector<nn::Dropout*> dropouts = dropouts_of(model_);
     const std::int64_t streams = std::max<std::int64_t>(1, static_cast<std::int64_t>(dropouts.size()));
     std::vector<std::uint64_t> row(static_cast<std::size_t>(streams), 0);
     for (std::size_t d = 0; d < dropouts.size(); ++d) row[d] = dropouts[d]->next_stream();
-    file.create_dataset("engine/rng_streams", {data.size(), streams}, DType::int64);
-    file.write_range("engine/rng_streams", data.rank() * streams, streams, row.data(), DType::int64);
+    file.create_dataset("engine/rng_streams", {everyone.size(), streams}, DType::int64);
+    file.write_range("engine/rng_streams", everyone.rank() * streams, streams, row.data(), DType::int64);
     names.push_back("engine/rng_streams");
-    sums.push_back(io::range_checksum(row.data(), sizeof(std::uint64_t), data.rank() * streams, streams));
+    sums.push_back(io::range_checksum(row.data(), sizeof(std::uint64_t), everyone.rank() * streams, streams));
 
-    sum_checksums(data, sums);
+    sum_checksums(everyone, sums);
     for (std::size_t k = 0; k < names.size(); ++k) file.set_attribute(names[k], "checksum", sums[k]);
 
     file.set_attribute("", "format", std::string(kCheckpointFormat));
@@ -229,24 +252,29 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
     file.set_attribute("", "tag", tag);
     file.set_attribute("", "client_state", options.client_state);
     const std::string engine_group = "engine";
-    file.set_attribute(engine_group, "global_steps", global_steps_);
-    file.set_attribute(engine_group, "global_samples", global_samples_);
-    file.set_attribute(engine_group, "skipped_steps", skipped_steps_);
-    file.set_attribute(engine_group, "world_size", static_cast<std::int64_t>(data.size()));
-    file.set_attribute(engine_group, "zero_stage", static_cast<std::int64_t>(stage_));
-    file.set_attribute(engine_group, "compute_dtype", std::string(dtype_name(compute_dtype_)));
-    file.set_attribute(engine_group, "train_batch_size", batch().train_batch_size);
-    file.set_attribute(engine_group, "parameters", parameter_count_);
-    file.set_attribute(engine_group, "config", config_.to_json_string(0));
+    file.set_attribute(engine_group, "global_steps", progress.global_steps);
+    file.set_attribute(engine_group, "global_samples", progress.global_samples);
+    file.set_attribute(engine_group, "skipped_steps", progress.skipped_steps);
+    file.set_attribute(engine_group, "world_size", static_cast<std::int64_t>(parallel_.data().size()));
+    file.set_attribute(engine_group, "tensor_parallel_size",
+                       static_cast<std::int64_t>(parallel_.tensor().size()));
+    file.set_attribute(engine_group, "pipeline_parallel_size",
+                       static_cast<std::int64_t>(parallel_.pipeline().size()));
+    file.set_attribute(engine_group, "zero_stage", static_cast<std::int64_t>(plan_.settings().stage));
+    file.set_attribute(engine_group, "compute_dtype",
+                       std::string(dtype_name(plan_.settings().compute_dtype)));
+    file.set_attribute(engine_group, "train_batch_size", state.train_batch_size);
+    file.set_attribute(engine_group, "parameters", plan_.parameter_count());
+    file.set_attribute(engine_group, "config", state.config.to_json_string(0));
     file.set_attribute(engine_group, "dropout_streams", static_cast<std::int64_t>(dropouts.size()));
-    const LossScalerState scaler = loss_scaler_.state();
+    const LossScalerState scaler = state.loss_scaler.state();
     file.set_attribute(engine_group, "loss_scale", scaler.cur_scale);
     file.set_attribute(engine_group, "loss_scaler_iter", scaler.cur_iter);
     file.set_attribute(engine_group, "loss_scaler_last_overflow_iter", scaler.last_overflow_iter);
     file.set_attribute(engine_group, "loss_scaler_hysteresis", scaler.cur_hysteresis);
     file.set_attribute(engine_group, "loss_scaler_skipped_steps", scaler.skipped_steps);
     file.set_attribute(engine_group, "lr_scheduler_last_batch_iteration",
-                       scheduler_ ? scheduler_->state().last_batch_iteration : std::int64_t{-1});
+                       state.scheduler ? state.scheduler->state().last_batch_iteration : std::int64_t{-1});
     file.set_attribute(engine_group, "has_data_position",
                        static_cast<std::int64_t>(options.data_position ? 1 : 0));
     const DataPosition position = options.data_position.value_or(DataPosition{});
@@ -255,15 +283,15 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
     file.set_attribute(engine_group, "data_epoch", position.epoch);
     file.set_attribute(engine_group, "data_offset", position.offset);
     if (file.exists("optimizer")) {
-      file.set_attribute("optimizer", "type", std::string(optimizer_->name()));
-      file.set_attribute("optimizer", "step", optimizer_->step_count());
+      file.set_attribute("optimizer", "type", std::string(optimizer.name()));
+      file.set_attribute("optimizer", "step", optimizer.step_count());
     }
-    file.set_attribute("model", "parameters", parameter_count_);
+    file.set_attribute("model", "parameters", plan_.parameter_count());
     file.close();
   }
 
   // Publish: sync the data, give it its name, then point latest at it.
-  on_rank0_everywhere(data, [&] {
+  on_rank0_everywhere(everyone, [&] {
     ::chmod(temporary.c_str(), options.file_mode);
     fsync_path(temporary, O_RDONLY);
     fs::rename(temporary, final_path);
@@ -279,12 +307,12 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
   return tag;
 }
 
-LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& options) {
-  Communicator& data = *data_;
-  const MPI_Comm comm = native_mpi_comm(data);
+LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options, TrainingState state) {
+  Communicator& everyone = parallel_.everyone();
+  const MPI_Comm comm = parallel_.everyone_comm();
   wait_for_all_ranks(comm, "load_checkpoint");
   std::string tag;
-  on_rank0_everywhere(data, [&] {
+  on_rank0_everywhere(everyone, [&] {
     if (options.tag) {
       tag = *options.tag;
     } else {
@@ -296,7 +324,7 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
     ZT_CHECK_AS(IoError, fs::exists(checkpoint_file(dir, tag)), "checkpoint file '",
                 checkpoint_file(dir, tag), "' does not exist");
   });
-  tag = broadcast_string(data, tag);
+  tag = broadcast_string(everyone, tag);
   LoadResult result;
   result.tag = tag;
   result.path = checkpoint_file(dir, tag);
@@ -313,103 +341,76 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
   result.saved_world_size = file.int_attribute("engine", "world_size");
   result.saved_zero_stage = static_cast<int>(file.int_attribute("engine", "zero_stage"));
 
-  // The model must match the checkpoint: same parameter names and shapes.
-  for (const FlatParameter& slot : layout_) {
-    const std::string name = "model/" + slot.name;
+  // The model must match the checkpoint: same parameter names and global shapes.
+  const std::vector<FlatParameter>& layout = plan_.layout();
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const std::string name = "model/" + layout[i].name;
     ZT_CHECK_AS(IoError, file.exists(name), "checkpoint '", path, "' has no dataset '", name,
                 "': it was saved from another model");
     const std::vector<std::int64_t> stored = file.shape(name);
-    const std::vector<std::int64_t> expected(slot.shape.begin(), slot.shape.end());
+    const std::vector<std::int64_t> expected = global_shape(i);
     ZT_CHECK_AS(IoError, stored == expected, "checkpoint '", path, "' dataset '", name, "' has shape ",
                 shape_text(stored), " but the model's parameter has ", shape_text(expected));
   }
-  ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == parameter_count_, "checkpoint '", path,
-              "' holds ", file.int_attribute("model", "parameters"), " parameter elements, the model ",
-              parameter_count_, ": it was saved from another model");
+  ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == plan_.parameter_count(), "checkpoint '",
+              path, "' holds ", file.int_attribute("model", "parameters"), " parameter elements, the model ",
+              plan_.parameter_count(), ": it was saved from another model");
 
   std::vector<std::string> names;
   std::vector<std::uint64_t> sums;
-  const std::size_t element = dtype_size(compute_dtype_);
-  // Parameters: stages 0-2 keep every parameter, so every rank reads whole ones; stage 3 reads its
-  // pieces. The checksum counts each rank's checkpoint range once, whatever was read.
-  for (std::size_t i = 0; i < layout_.size(); ++i) {
-    const FlatParameter& slot = layout_[i];
-    const std::string name = "model/" + slot.name;
-    const auto [first, count] = checkpoint_range(i);
-    const OwnedRange& owned = owned_[i];
-    if (stage_ <= 2) {
-      std::vector<float> whole(static_cast<std::size_t>(slot.numel));
-      file.read_range(name, 0, slot.numel, whole.data(), DType::fp32);
-      sums.push_back(io::range_checksum(whole.data() + first, sizeof(float), first, count));
-      kernels::convert(Device::host(), whole.data(), DType::fp32,
-                       parameters_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
-                       compute_dtype_, slot.numel);
-      if (keeps_separate_master()) {
-        const std::int64_t begin = stage_ == 0 ? 0 : data.rank() * slot.piece_numel;
-        const std::int64_t real = std::clamp<std::int64_t>(slot.numel - begin, 0, owned.count);
-        if (master_in_swap_) {
-          std::vector<float> piece(static_cast<std::size_t>(owned.count), 0.0f);
-          std::copy_n(whole.data() + begin, real, piece.data());
-          swapped_->write(0, owned.shard_begin, owned.count, piece.data());
-        } else {
-          std::fill_n(master_of(owned), owned.count, 0.0f);
-          std::copy_n(whole.data() + begin, real, master_of(owned));
-        }
-      }
-    } else {
-      std::vector<float> piece(static_cast<std::size_t>(owned.count), 0.0f);
-      file.read_range(name, first, count, piece.data(), DType::fp32);
-      sums.push_back(io::range_checksum(piece.data(), sizeof(float), first, count));
-      if (master_in_swap_) {
-        swapped_->write(0, owned.shard_begin, owned.count, piece.data());
-      } else if (keeps_separate_master()) {
-        std::copy(piece.begin(), piece.end(), master_of(owned));
-      }
-      // The piece goes where stage 3 keeps it: the shard in host memory, or the parameter swap file.
-      std::vector<std::byte> converted(static_cast<std::size_t>(owned.count) * element);
-      kernels::convert(Device::host(), piece.data(), DType::fp32, converted.data(), compute_dtype_,
-                       owned.count);
-      parameter_store_->write(i, converted.data());
-    }
+  // Each rank reads what it holds; the checksum counts each rank's checkpoint range once (replicated
+  // copies: the first tensor-parallel rank's), whatever was read.
+  auto add_checksum = [&](const std::string& name, std::size_t index, const float* values,
+                          std::int64_t values_first) {
+    const auto [first, count] = plan_.checkpoint_range(index);
     names.push_back(name);
+    sums.push_back(
+        writes(index) ? io::range_checksum(values + (first - values_first), sizeof(float), first, count) : 0);
+  };
+  std::vector<float> values;
+  std::vector<float> owned;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const std::string name = "model/" + layout[i].name;
+    const auto [held_first, held_count] = strategy_.held_range(i);
+    values.assign(static_cast<std::size_t>(held_count), 0.0f);
+    file.read_range(name, held_first, held_count, values.data(), DType::fp32);
+    add_checksum(name, i, values.data(), held_first);
+    strategy_.load_parameter(i, values.data());
+    if (plan_.separate_master()) {
+      // The master of the owned range, from what was read (the padding past the end stays zero).
+      const auto [first, count] = owned_range(i);
+      owned.assign(static_cast<std::size_t>(plan_.owned()[i].count), 0.0f);
+      std::copy_n(values.data() + (first - held_first), count, owned.data());
+      states_.write_master(i, owned.data());
+    }
   }
   const bool load_optimizer = options.load_optimizer_states && !options.load_module_only;
+  Optimizer& optimizer = states_.optimizer();
   if (load_optimizer) {
-    ZT_CHECK_AS(IoError, optimizer_->state_names().empty() || file.exists("optimizer"), "checkpoint '", path,
+    ZT_CHECK_AS(IoError, optimizer.state_names().empty() || file.exists("optimizer"), "checkpoint '", path,
                 "' has no optimizer state; load it with load_optimizer_states = false");
     if (file.exists("optimizer")) {
       const std::string saved = file.string_attribute("optimizer", "type");
-      ZT_CHECK_AS(IoError, saved == optimizer_->name(), "checkpoint '", path,
-                  "' holds the state of optimizer '", saved, "' but the engine runs '", optimizer_->name(),
+      ZT_CHECK_AS(IoError, saved == optimizer.name(), "checkpoint '", path,
+                  "' holds the state of optimizer '", saved, "' but the engine runs '", optimizer.name(),
                   "'; load with load_optimizer_states = false to start the optimizer afresh");
-      optimizer_->set_step_count(file.int_attribute("optimizer", "step"));
+      optimizer.set_step_count(file.int_attribute("optimizer", "step"));
     }
-    const std::vector<std::string_view> states = optimizer_->state_names();
-    std::vector<float> swapped_piece;  // NVMe offload: read here, then written to the swap file
-    for (std::size_t k = 0; k < states.size(); ++k) {
-      for (std::size_t i = 0; i < layout_.size(); ++i) {
-        const std::string name = "optimizer/" + std::string(states[k]) + "/" + layout_[i].name;
+    const std::vector<std::string_view> state_names = optimizer.state_names();
+    for (std::size_t k = 0; k < state_names.size(); ++k) {
+      for (std::size_t i = 0; i < layout.size(); ++i) {
+        const std::string name = "optimizer/" + std::string(state_names[k]) + "/" + layout[i].name;
         ZT_CHECK_AS(IoError, file.exists(name), "checkpoint '", path, "' has no dataset '", name, "'");
-        const auto [first, count] = checkpoint_range(i);
-        if (swapped_) swapped_piece.resize(static_cast<std::size_t>(owned_[i].count));
-        std::span<float> target =
-            swapped_ ? std::span<float>(swapped_piece) : optimizer_->state(states[k], i);
-        std::fill(target.begin(), target.end(), 0.0f);
-        if (stage_ == 0) {
-          file.read_range(name, 0, layout_[i].numel, target.data(), DType::fp32);
-          sums.push_back(io::range_checksum(target.data() + first, sizeof(float), first, count));
-        } else {
-          file.read_range(name, first, count, target.data(), DType::fp32);
-          sums.push_back(io::range_checksum(target.data(), sizeof(float), first, count));
-        }
-        if (swapped_)
-          swapped_->write(swapped_array_of_state(k), owned_[i].shard_begin, owned_[i].count, target.data());
-        names.push_back(name);
+        const auto [first, count] = owned_range(i);
+        owned.assign(static_cast<std::size_t>(plan_.owned()[i].count), 0.0f);
+        file.read_range(name, first, count, owned.data(), DType::fp32);
+        add_checksum(name, i, owned.data(), first);
+        states_.write_state(k, i, owned.data());
       }
     }
   }
-  if (swapped_) swapped_->flush();  // the last sub-group's changes reach the swap file
-  sum_checksums(data, sums);
+  states_.flush();  // the last sub-group's changes reach the swap file
+  sum_checksums(everyone, sums);
   for (std::size_t k = 0; k < names.size(); ++k) {
     const std::uint64_t stored = file.uint_attribute(names[k], "checksum");
     ZT_CHECK_AS(IoError, stored == sums[k], "checkpoint '", path, "' dataset '", names[k],
@@ -433,23 +434,24 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
                 file.int_attribute("engine", "dropout_streams") == static_cast<std::int64_t>(dropouts.size()),
                 "checkpoint '", path, "' has ", file.int_attribute("engine", "dropout_streams"),
                 " dropout streams, the model ", dropouts.size());
-    const std::int64_t row = data.rank() < table[0] ? data.rank() : 0;
+    const std::int64_t row = everyone.rank() < table[0] ? everyone.rank() : 0;
     for (std::size_t d = 0; d < dropouts.size(); ++d) {
       dropouts[d]->set_next_stream(streams[static_cast<std::size_t>(row * table[1]) + d]);
     }
-    global_steps_ = file.int_attribute("engine", "global_steps");
-    global_samples_ = file.int_attribute("engine", "global_samples");
-    skipped_steps_ = file.int_attribute("engine", "skipped_steps");
-    micro_steps_ = global_steps_ * batch().gradient_accumulation_steps;
+    TrainingProgress& progress = state.progress;
+    progress.global_steps = file.int_attribute("engine", "global_steps");
+    progress.global_samples = file.int_attribute("engine", "global_samples");
+    progress.skipped_steps = file.int_attribute("engine", "skipped_steps");
+    progress.micro_steps = progress.global_steps * state.gradient_accumulation_steps;
     LossScalerState scaler;
     scaler.cur_scale = file.double_attribute("engine", "loss_scale");
     scaler.cur_iter = file.int_attribute("engine", "loss_scaler_iter");
     scaler.last_overflow_iter = file.int_attribute("engine", "loss_scaler_last_overflow_iter");
     scaler.cur_hysteresis = file.int_attribute("engine", "loss_scaler_hysteresis");
     scaler.skipped_steps = file.int_attribute("engine", "loss_scaler_skipped_steps");
-    loss_scaler_.load_state(scaler);
-    if (scheduler_ && options.load_lr_scheduler_states) {
-      scheduler_->load_state({file.int_attribute("engine", "lr_scheduler_last_batch_iteration")});
+    state.loss_scaler.load_state(scaler);
+    if (state.scheduler && options.load_lr_scheduler_states) {
+      state.scheduler->load_state({file.int_attribute("engine", "lr_scheduler_last_batch_iteration")});
     }
     if (file.int_attribute("engine", "has_data_position") != 0) {
       result.data_position = DataPosition{
@@ -459,14 +461,9 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
   }
   file.close();
 
-  // No gradient survives a load; stage 3's resident parameters are gathered from the new pieces.
-  if (stage_ <= 1) std::memset(gradients_.data(), 0, gradients_.size());
-  accumulated_loss_ = 0.0;
-  accumulated_micro_batches_ = 0;
-  step_started_ = false;
-  if (gatherer_) gatherer_->refresh_persistent();
-  if (external_ != nullptr) copy_parameters_out();
+  // No gradient survives a load; derived copies follow the new values.
+  strategy_.after_load();
   return result;
 }
 
-}  // namespace zt
+}  // namespace zt::engine_detail

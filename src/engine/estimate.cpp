@@ -1,4 +1,5 @@
-// The ZeRO memory formulas, for `zerotrain estimate`.
+// Model-state memory per rank for `zerotrain estimate`: the engine's partition plan, next to the ZeRO
+// formulas.
 #include "zerotrain/estimate.hpp"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <sstream>
 #include <variant>
 
+#include "src/engine/partition_plan.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/nn.hpp"
@@ -13,95 +15,69 @@
 namespace zt {
 
 std::int64_t model_parameter_count(const Config& config) {
-  ZT_CHECK_AS(ConfigError, config.model.has_value(),
-              "the config has no \"model\" section; pass --params N to estimate for N parameters");
-  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
-    return nn::gpt_parameter_count({gpt->n_layer, gpt->n_head, gpt->d_model, gpt->seq_len, gpt->vocab_size,
-                                    gpt->tie_embeddings, gpt->dropout});
-  }
-  const auto& sizes = std::get<MlpModelConfig>(*config.model).sizes;
   std::int64_t count = 0;
-  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) count += sizes[i] * sizes[i + 1] + sizes[i + 1];
+  for (const engine_detail::PlannedParameter& parameter : engine_detail::planned_parameters_of_config(config))
+    count += shape_numel(parameter.shape);
   return count;
 }
 
 std::int64_t model_largest_parameter(const Config& config) {
   if (!config.model.has_value()) return 0;
-  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
-    // Token and position tables, the MLP's d x 4d matrices (attention's are 3d x d and d x d).
-    return std::max(
-        {gpt->vocab_size * gpt->d_model, gpt->seq_len * gpt->d_model, 4 * gpt->d_model * gpt->d_model});
-  }
-  const auto& sizes = std::get<MlpModelConfig>(*config.model).sizes;
   std::int64_t largest = 0;
-  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) largest = std::max(largest, sizes[i] * sizes[i + 1]);
+  for (const engine_detail::PlannedParameter& parameter : engine_detail::planned_parameters_of_config(config))
+    largest = std::max(largest, shape_numel(parameter.shape));
   return largest;
 }
 
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                                            std::int64_t parameters_count) {
   ZT_CHECK_AS(ConfigError, world_size >= 1, "--world-size must be at least 1, got ", world_size);
+  // The engine's own partition plan on rank 0 (every rank's shard has the same size): the
+  // estimate is the allocation, padding included. With --params N and no model: one tensor of N.
+  std::vector<engine_detail::PlannedParameter> planned;
+  if (parameters_count > 0) {
+    planned.push_back({"parameters", {parameters_count}});
+  } else {
+    planned = engine_detail::planned_parameters_of_config(config);
+  }
+  const engine_detail::PartitionPlan plan(std::move(planned),
+                                          engine_detail::plan_settings(config, world_size, 0));
+  const engine_detail::ModelStateBytes resident = plan.model_state_bytes();
+
   MemoryEstimate estimate;
-  estimate.parameters_count = parameters_count > 0 ? parameters_count : model_parameter_count(config);
+  estimate.parameters_count = plan.parameter_count();
   estimate.world_size = world_size;
   estimate.zero_stage = config.zero_optimization.stage;
   estimate.compute_dtype = compute_dtype_of(config);
-  const std::uint64_t psi = static_cast<std::uint64_t>(estimate.parameters_count);
-  const std::uint64_t n = static_cast<std::uint64_t>(world_size);
   const std::uint64_t element = dtype_size(estimate.compute_dtype);
-  int moments = 8;  // Adam / AdamW: exp_avg + exp_avg_sq
-  if (config.optimizer && config.optimizer->type == OptimizerType::sgd)
-    moments = config.optimizer->momentum != 0 ? 4 : 0;
-  estimate.optimizer_bytes_per_parameter = moments + (estimate.compute_dtype == DType::fp32 ? 0 : 4);
-  const std::uint64_t shard = (psi + n - 1) / n;  // elements per rank when partitioned
-  const int stage = estimate.zero_stage;
-  estimate.parameters = element * (stage >= 3 ? shard : psi);
-  estimate.gradients = element * (stage >= 2 ? shard : psi);
+  estimate.optimizer_bytes_per_parameter = static_cast<int>(4 * plan.settings().optimizer_state_arrays) +
+                                           (estimate.compute_dtype == DType::fp32 ? 0 : 4);
+  // The rank's share of each model state, wherever it lives.
+  std::uint64_t persistent = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    if (plan.persistent(i)) persistent += element * static_cast<std::uint64_t>(plan.layout()[i].numel);
+  }
+  estimate.parameters = element * static_cast<std::uint64_t>(plan.parameter_buffer_elements()) + persistent;
+  estimate.gradients = resident.gradients;
+  std::uint64_t owned_elements = 0;
+  for (const engine_detail::OwnedRange& range : plan.owned())
+    owned_elements += static_cast<std::uint64_t>(range.count);
   estimate.optimizer_states =
-      static_cast<std::uint64_t>(estimate.optimizer_bytes_per_parameter) * (stage >= 1 ? shard : psi);
+      sizeof(float) * (static_cast<std::uint64_t>(plan.separate_master() ? plan.shard_size() : 0) +
+                       plan.settings().optimizer_state_arrays * owned_elements);
 
-  const auto& zero = config.zero_optimization;
   // Offload: where the states live, and where DeepSpeed would put everything with CUDA.
-  const OffloadOptimizerConfig& offload = zero.offload_optimizer;
-  estimate.offload_device = offload.device;
-  estimate.optimizer_states_host = estimate.optimizer_states;
-  const std::uint64_t arrays = static_cast<std::uint64_t>(estimate.optimizer_bytes_per_parameter) / 4;
-  if (offload.device == OffloadDevice::nvme && arrays > 0) {
-    constexpr std::uint64_t kAlignment = 4096;  // the usual direct-I/O alignment (statx says per disk)
-    const std::uint64_t owned = stage >= 1 ? shard : psi;
-    const std::uint64_t sub_group =
-        std::min<std::uint64_t>(static_cast<std::uint64_t>(zero.sub_group_size), owned);
-    const std::uint64_t groups = (owned + sub_group - 1) / sub_group;
-    const std::uint64_t buffers =
-        std::min<std::uint64_t>(static_cast<std::uint64_t>(offload.buffer_count), groups);
-    const std::uint64_t array_bytes = (sub_group * 4 + kAlignment - 1) / kAlignment * kAlignment;
-    const std::uint64_t group_bytes = (arrays - 1) * array_bytes + sub_group * 4;
-    estimate.optimizer_states_host = buffers * ((group_bytes + kAlignment - 1) / kAlignment * kAlignment);
-    estimate.nvme_bytes = estimate.optimizer_states;
-  }
-  // Parameter offload (stage 3): the pieces kept in host memory and the read buffers.
-  const OffloadParamConfig& offload_param = zero.offload_param;
-  estimate.param_offload_device = stage >= 3 ? offload_param.device : OffloadDevice::none;
-  estimate.largest_parameter = model_largest_parameter(config);
-  estimate.parameters_host = estimate.parameters;
-  if (estimate.param_offload_device == OffloadDevice::nvme) {
-    constexpr std::uint64_t kAlignment = 4096;
-    const std::uint64_t kept = std::min<std::uint64_t>(
-        static_cast<std::uint64_t>(std::max<std::int64_t>(offload_param.max_in_cpu, 0)), shard);
-    estimate.parameters_host = element * kept;
-    estimate.parameters_nvme = element * (shard - kept);
-    if (kept < shard) {
-      const std::uint64_t largest_piece =
-          estimate.largest_parameter > 0
-              ? (static_cast<std::uint64_t>(estimate.largest_parameter) + n - 1) / n
-              : std::min<std::uint64_t>(static_cast<std::uint64_t>(offload_param.buffer_size), shard);
-      const std::uint64_t buffer = (largest_piece * element + kAlignment - 1) / kAlignment * kAlignment;
-      estimate.parameters_host += static_cast<std::uint64_t>(offload_param.buffer_count) * buffer;
-    }
-  }
+  const ZeroConfig& zero = config.zero_optimization;
+  estimate.offload_device = zero.offload_optimizer.device;
+  estimate.optimizer_states_host = resident.optimizer_states;
+  estimate.nvme_bytes = resident.optimizer_states_nvme;
+  estimate.param_offload_device = plan.settings().parameter_offload;
+  estimate.largest_parameter = parameters_count > 0 ? 0 : model_largest_parameter(config);
+  estimate.parameters_host = resident.parameters;
+  estimate.parameters_nvme = resident.parameters_nvme;
   estimate.device_bytes_with_cuda = estimate.parameters + estimate.gradients;
   estimate.host_bytes_with_cuda = 0;
-  if (offload.device == OffloadDevice::none) {
+  if (estimate.offload_device == OffloadDevice::none) {
     estimate.device_bytes_with_cuda += estimate.optimizer_states;
   } else {
     estimate.host_bytes_with_cuda = estimate.optimizer_states_host;
@@ -113,16 +89,16 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   }
   // DeepSpeed's estimators, one node with N GPUs (reference: deepspeed-semantics.md §2).
   {
-    const double p = static_cast<double>(psi);
-    const double g = static_cast<double>(n);
+    const double p = static_cast<double>(estimate.parameters_count);
+    const double g = static_cast<double>(world_size);
     const double factor = 1.5;
     const double largest = static_cast<double>(estimate.largest_parameter);
     double gpu = 0;
     double cpu = 0;
-    const bool offloaded = offload.device != OffloadDevice::none;
+    const bool offloaded = estimate.offload_device != OffloadDevice::none;
     // DeepSpeed's stage-3 estimator knows parameter offload only together with optimizer offload.
     const bool params_offloaded = estimate.param_offload_device != OffloadDevice::none;
-    if (stage <= 2) {  // DeepSpeed has no stage-1 estimator; its stage-2 one is used
+    if (!plan.partitioning().parameters) {  // DeepSpeed has no stage-1 estimator; its stage-2 one is used
       gpu = offloaded ? 2 * p : 2 * p + 18 * p / g;
       cpu = offloaded ? p * std::max(4 * g, 16.0) * factor : 4 * p * g * factor;
     } else if (params_offloaded) {
@@ -135,18 +111,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
     estimate.deepspeed_gpu_bytes = static_cast<std::uint64_t>(gpu);
     estimate.deepspeed_cpu_bytes = static_cast<std::uint64_t>(cpu);
   }
-
-  const std::uint64_t wire = dtype_size(config.communication_data_type.value_or(estimate.compute_dtype));
-  const bool reduces = stage >= 2 || n > 1;  // stages 0-1 on one rank communicate nothing
-  if (reduces) {
-    const std::uint64_t bucket =
-        std::min<std::uint64_t>(static_cast<std::uint64_t>(zero.reduce_bucket_size), psi);
-    estimate.bucket_buffers += wire * bucket * (zero.overlap_comm ? 2 : 1);
-  }
-  if ((stage == 1 || stage == 2) && n > 1) {
-    estimate.bucket_buffers +=
-        element * std::min<std::uint64_t>(static_cast<std::uint64_t>(zero.allgather_bucket_size), psi);
-  }
+  estimate.bucket_buffers = plan.bucket_bytes();
   return estimate;
 }
 
@@ -161,14 +126,15 @@ std::string MemoryEstimate::table() const {
     out << text;
   };
   const std::string per_rank = "/N";
+  const engine_detail::ZeroPartitioning partitioned = engine_detail::ZeroPartitioning::of_stage(zero_stage);
   std::ostringstream out;
   out << "model states per rank: " << parameters_count << " parameters (Ψ), ZeRO stage " << zero_stage << ", "
       << world_size << " data-parallel rank(s) (N), " << dtype_name(compute_dtype) << " (k = " << k
       << " bytes), optimizer states K = " << big_k << " bytes per parameter\n";
-  line(out, "parameters", parameters, std::to_string(k) + "Ψ" + (zero_stage >= 3 ? per_rank : ""));
-  line(out, "gradients", gradients, std::to_string(k) + "Ψ" + (zero_stage >= 2 ? per_rank : ""));
+  line(out, "parameters", parameters, std::to_string(k) + "Ψ" + (partitioned.parameters ? per_rank : ""));
+  line(out, "gradients", gradients, std::to_string(k) + "Ψ" + (partitioned.gradients ? per_rank : ""));
   line(out, "optimizer_states", optimizer_states,
-       std::to_string(big_k) + "Ψ" + (zero_stage >= 1 ? per_rank : ""));
+       std::to_string(big_k) + "Ψ" + (partitioned.optimizer_states ? per_rank : ""));
   line(out, "total", total(), "");
   line(out, "bucket buffers", bucket_buffers, "reduce (x2 with overlap_comm) + all-gather buckets");
   if (offload_device != OffloadDevice::none) {
@@ -198,14 +164,16 @@ std::string MemoryEstimate::table() const {
   }
   line(out, "DeepSpeed GPU", deepspeed_gpu_bytes,
        std::string("per GPU, ") +
-           (zero_stage <= 2 ? "estimate_zero2_model_states_mem_needs"
-                            : "estimate_zero3_model_states_mem_needs") +
+           (!partitioned.parameters ? "estimate_zero2_model_states_mem_needs"
+                                    : "estimate_zero3_model_states_mem_needs") +
            (param_offload_device != OffloadDevice::none ? " (cpu_offload, cpu_offload_params)"
             : offload_device != OffloadDevice::none     ? " (cpu_offload)"
                                                         : ""));
   line(out, "DeepSpeed CPU", deepspeed_cpu_bytes, "per node of N GPUs, additional_buffer_factor 1.5");
-  out << "  (activations, stage 3's gathered parameters and the allocator's slack come on top; the engine\n"
-         "   pads each parameter to a multiple of N elements.)\n";
+  out << "  (the engine's partition plan: its allocation, padding included (each parameter to a multiple of\n"
+         "   N elements, and to 16 in the flat layout); activations, stage 3's gathered parameters, stages "
+         "2-3's\n"
+         "   transient full gradients and the allocator's slack come on top.)\n";
   return out.str();
 }
 

@@ -26,22 +26,12 @@ GradientReducer::GradientReducer(Communicator& communicator, const std::vector<F
       destination_(static_cast<std::byte*>(destination)),
       ranks_(communicator.size()),
       rank_(communicator.rank()) {
-  ZT_CHECK(options_.bucket_elements > 0, "zero_optimization.reduce_bucket_size must be positive, got ",
-           options_.bucket_elements);
-  std::int64_t largest = 0;
-  std::int64_t total = 0;
-  for (std::size_t i = 0; i < layout_.size(); ++i) {
-    largest = std::max(largest, footprint(i));
-    total += footprint(i);
-  }
-  // A bucket never needs to be larger than the whole model, and must hold the largest parameter.
-  if (partitioned()) {
-    const std::int64_t per_rank = (options_.bucket_elements + ranks_ - 1) / ranks_;
-    region_ = std::max(std::min(per_rank, total), largest);
-    capacity_ = region_ * ranks_;
-  } else {
-    capacity_ = std::max(std::min(options_.bucket_elements, total), largest);
-  }
+  ZT_CHECK(options_.bucket_capacity > 0 &&
+               (!partitioned() || options_.bucket_region * ranks_ == options_.bucket_capacity),
+           "GradientReducer: bucket capacity ", options_.bucket_capacity, " with regions of ",
+           options_.bucket_region, " for ", ranks_, " ranks");
+  capacity_ = options_.bucket_capacity;
+  region_ = options_.bucket_region;
 }
 
 GradientReducer::~GradientReducer() = default;

@@ -5,13 +5,14 @@
 // bucket (reduce_bucket_size elements) is reduced at once, non-blocking when overlap_comm is set, so
 // that it travels while the rest of backward computes. Stage 0 all-reduces the bucket; stages 1-3
 // pack it rank-major (rank r's pieces of every member together) and reduce-scatter it, so each rank
-// receives the reduced pieces of the parameters it owns (FlatParameter in zerotrain/engine.hpp).
+// receives the reduced pieces of the parameters it owns (FlatParameter in src/engine/partition_plan.hpp).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <vector>
 
+#include "src/engine/partition_plan.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/tensor.hpp"
@@ -30,8 +31,11 @@ struct GradientReducerOptions {
   DType gradient_dtype = DType::fp32;  // of the destination
   DType wire_dtype = DType::fp32;      // communication_data_type
   ReduceOp op = ReduceOp::avg;
-  std::int64_t bucket_elements = 500'000'000;  // reduce_bucket_size
-  bool overlap = false;                        // overlap_comm: reduce while backward continues
+  /// Elements of one staging buffer, and of each rank's region in it when the destination is
+  /// partitioned (the partition plan's reduce_bucket_capacity / reduce_bucket_region).
+  std::int64_t bucket_capacity = 0;
+  std::int64_t bucket_region = 0;
+  bool overlap = false;  // overlap_comm: reduce while backward continues
 };
 
 class GradientReducer {

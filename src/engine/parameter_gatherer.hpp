@@ -21,6 +21,7 @@
 #include <deque>
 #include <vector>
 
+#include "src/engine/partition_plan.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/nn.hpp"

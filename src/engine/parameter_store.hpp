@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "src/engine/partition_plan.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/swap.hpp"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mpi_test_main.hpp"
+#include "src/engine/engine_access.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 #include "zerotrain/trainer.hpp"
@@ -89,13 +90,13 @@ inline RunResult run(const Config& config, int steps, Communicator* data_paralle
     result.comm_bytes.push_back(engine.last_step().comm_bytes);
   });
   // The layout's padding depends on the rank count and the stage: keep the real elements only.
-  const std::vector<float> flat = engine.gather_master_parameters();
-  for (const FlatParameter& slot : engine.flat_layout()) {
+  const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
+  for (const FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout()) {
     result.master.insert(result.master.end(), flat.begin() + slot.offset,
                          flat.begin() + slot.offset + slot.numel);
   }
   result.skipped = engine.skipped_steps();
-  result.peak_gathered = engine.peak_gathered_parameters();
+  result.peak_gathered = zt::engine_detail::inspect(engine).peak_gathered_parameters();
   return result;
 }
 

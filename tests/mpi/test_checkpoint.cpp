@@ -16,6 +16,7 @@
 #include "engine_runs.hpp"
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
+#include "src/engine/engine_access.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/engine.hpp"
@@ -74,9 +75,9 @@ struct Trainee {
     }
   }
   std::vector<float> master() {
-    const std::vector<float> flat = engine.gather_master_parameters();
+    const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
     std::vector<float> real;
-    for (const zt::FlatParameter& slot : engine.flat_layout())
+    for (const zt::FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout())
       real.insert(real.end(), flat.begin() + slot.offset, flat.begin() + slot.offset + slot.numel);
     return real;
   }
@@ -334,7 +335,7 @@ TEST(Checkpoint, PermissionsLatestAndPruning) {
   EXPECT_EQ(summary.world_size, world);
   EXPECT_EQ(summary.optimizer, "adamw");
   // Parameters, two Adam moments per parameter, and the RNG table.
-  EXPECT_EQ(summary.datasets.size(), 3 * run.engine.flat_layout().size() + 1);
+  EXPECT_EQ(summary.datasets.size(), 3 * zt::engine_detail::inspect(run.engine).flat_layout().size() + 1);
   zt::SaveOptions escaping;
   escaping.tag = "../escape";
   const std::string error = zt::testing::error_of([&] { run.engine.save_checkpoint(dir, escaping); });

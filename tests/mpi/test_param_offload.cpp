@@ -15,6 +15,7 @@
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "offload_configs.hpp"
+#include "src/engine/engine_access.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/estimate.hpp"
@@ -62,7 +63,7 @@ TEST(ParamOffload, CpuReproducesTheInMemoryRunBitwise) {
       const zt::ParametersPlacement placement = engine.parameters_placement();
       EXPECT_EQ(placement.device, zt::OffloadDevice::cpu);
       EXPECT_EQ(placement.describe(), "host memory (offload_param: cpu)");
-      EXPECT_EQ(placement.host_elements, engine.shard_size());
+      EXPECT_EQ(placement.host_elements, zt::engine_detail::inspect(engine).shard_size());
       EXPECT_EQ(placement.nvme_elements, 0);
     }
     expect_same_run(in_memory, run(config, kSteps, nullptr), "offload_param cpu");
@@ -109,7 +110,8 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
       zt::Engine engine(zt::testing::runtime(), *model, config);
       const zt::ParametersPlacement placement = engine.parameters_placement();
       EXPECT_EQ(placement.device, zt::OffloadDevice::nvme);
-      EXPECT_EQ(placement.host_elements + placement.nvme_elements, engine.shard_size());
+      EXPECT_EQ(placement.host_elements + placement.nvme_elements,
+                zt::engine_detail::inspect(engine).shard_size());
       EXPECT_FALSE(placement.swap_file.empty());
       EXPECT_TRUE(fs::exists(placement.swap_file)) << placement.swap_file;
       if (c.param_keys.find("\"max_in_cpu\": 0") != std::string::npos) {
@@ -119,7 +121,8 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
         // Every piece is read for the forward and again for the backward, and written by the update.
         const zt::OffloadTiming& offload_timing = engine.last_step().offload;
         const std::uint64_t shard_bytes =
-            static_cast<std::uint64_t>(engine.shard_size()) * zt::dtype_size(engine.compute_dtype());
+            static_cast<std::uint64_t>(zt::engine_detail::inspect(engine).shard_size()) *
+            zt::dtype_size(engine.compute_dtype());
         EXPECT_EQ(offload_timing.parameter_bytes_written, shard_bytes);
         EXPECT_GT(offload_timing.parameter_bytes_read, 0u);
         // With the default reuse distance and live bound nothing is released within a forward and

@@ -9,6 +9,7 @@
 
 #include "engine_runs.hpp"
 #include "mpi_test_main.hpp"
+#include "src/engine/engine_access.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/trainer.hpp"
 
@@ -88,10 +89,10 @@ TEST(Zero, PartitionMemoryAndTraffic) {
       const auto grown = [&](zt::MemoryCategory category) {
         return zt::memory_snapshot(zt::DeviceType::host)[category].current - before[category].current;
       };
-      const auto flat = static_cast<std::uint64_t>(engine.flat_size());
-      const auto shard = static_cast<std::uint64_t>(engine.shard_size());
+      const auto flat = static_cast<std::uint64_t>(zt::engine_detail::inspect(engine).flat_size());
+      const auto shard = static_cast<std::uint64_t>(zt::engine_detail::inspect(engine).shard_size());
       std::uint64_t pieces = 0;
-      for (const zt::FlatParameter& slot : engine.flat_layout()) {
+      for (const zt::FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout()) {
         EXPECT_EQ(slot.padded_numel, slot.piece_numel * world) << slot.name;
         EXPECT_GE(slot.padded_numel, slot.numel) << slot.name;
         EXPECT_LT(slot.padded_numel - slot.numel, world) << slot.name;

@@ -1,0 +1,67 @@
+// Checkpoints of the engine's state on parallel HDF5 over the partition plan: every rank writes
+// and reads the ranges the plan gives it, whatever the stage and world size it was saved or is
+// loaded at (docs/checkpoint-format.md). Internal to the engine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "src/engine/optimizer_states.hpp"
+#include "src/engine/parallel_context.hpp"
+#include "src/engine/partition_plan.hpp"
+#include "src/engine/zero_strategy.hpp"
+#include "zerotrain/checkpoint.hpp"
+#include "zerotrain/config.hpp"
+#include "zerotrain/loss_scaler.hpp"
+#include "zerotrain/lr_scheduler.hpp"
+#include "zerotrain/nn.hpp"
+
+namespace zt::engine_detail {
+
+/// The engine's counters, as a checkpoint saves and restores them.
+struct TrainingProgress {
+  std::int64_t global_steps = 0;
+  std::int64_t global_samples = 0;
+  std::int64_t skipped_steps = 0;
+  std::int64_t micro_steps = 0;
+};
+
+/// What a checkpoint covers besides the model states: the counters, the loss scaler, the LR
+/// schedule, the config.
+struct TrainingState {
+  TrainingProgress& progress;
+  LossScaler& loss_scaler;
+  LRScheduler* scheduler = nullptr;
+  const Config& config;
+  std::int64_t gradient_accumulation_steps = 1;
+  std::int64_t train_batch_size = 1;
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(const PartitionPlan& plan, const ParallelContext& parallel, ZeroStrategy& strategy,
+               OptimizerStates& states, nn::Module& model);
+
+  /// Save to DIR/TAG.h5 (collective over every rank of the grid); returns the tag.
+  std::string save(const std::string& dir, const SaveOptions& options, const TrainingState& state);
+  /// Load a checkpoint of any world size and stage (collective); checksums are verified.
+  LoadResult load(const std::string& dir, const LoadOptions& options, TrainingState state);
+
+ private:
+  /// Whether this rank's copy of parameter `index` counts in the file: every tensor-parallel rank
+  /// holds a replicated parameter, the first of them writes it.
+  bool writes(std::size_t index) const;
+  /// The global (unsliced) shape of parameter `index`.
+  std::vector<std::int64_t> global_shape(std::size_t index) const;
+  /// Elements [first, first + count) of parameter `index` this rank owns in its optimizer (its
+  /// piece, or the whole parameter without partitioning), the padding cut off.
+  std::pair<std::int64_t, std::int64_t> owned_range(std::size_t index) const;
+
+  const PartitionPlan& plan_;
+  const ParallelContext& parallel_;
+  ZeroStrategy& strategy_;
+  OptimizerStates& states_;
+  nn::Module& model_;
+};
+
+}  // namespace zt::engine_detail

@@ -1,0 +1,240 @@
+// The optimizer's master and states in memory or on NVMe (see optimizer_states.hpp).
+#include "src/engine/optimizer_states.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/nn_kernels.hpp"
+#include "src/engine/swapped_optimizer_states.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/swap.hpp"
+
+namespace zt::engine_detail {
+namespace {
+
+OptimizerParams optimizer_params_of(const OptimizerConfig& config) {
+  OptimizerParams params;
+  params.lr = static_cast<float>(config.lr);
+  params.beta1 = static_cast<float>(config.betas[0]);
+  params.beta2 = static_cast<float>(config.betas[1]);
+  params.eps = static_cast<float>(config.eps);
+  params.weight_decay = static_cast<float>(config.weight_decay);
+  params.adam_w_mode = config.decoupled_weight_decay();
+  params.bias_correction = config.bias_correction;
+  params.momentum = static_cast<float>(config.momentum);
+  params.dampening = static_cast<float>(config.dampening);
+  params.nesterov = config.nesterov;
+  return params;
+}
+
+/// The parts of the plan's owned ranges (in shard order) that overlap shard elements
+/// [first, first + count), as (range, begin, end); `cursor` remembers where to start for the next,
+/// later window.
+template <typename Visit>
+void for_each_overlap(const std::vector<OwnedRange>& ranges, std::size_t& cursor, std::int64_t first,
+                      std::int64_t count, Visit&& visit) {
+  while (cursor < ranges.size() && ranges[cursor].shard_begin + ranges[cursor].count <= first) ++cursor;
+  for (std::size_t i = cursor; i < ranges.size() && ranges[i].shard_begin < first + count; ++i) {
+    const std::int64_t begin = std::max(first, ranges[i].shard_begin);
+    const std::int64_t end = std::min(first + count, ranges[i].shard_begin + ranges[i].count);
+    if (end > begin) visit(i, begin, end);
+  }
+}
+
+/// In memory: the optimizer's own state buffers beside the master.
+class InMemoryStates final : public OptimizerStates {
+ public:
+  InMemoryStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config)
+      : OptimizerStates(plan, strategy) {
+    allocate_master();
+    std::vector<ParamBuffer> buffers;
+    for (std::size_t i = 0; i < plan_.size(); ++i)
+      buffers.push_back({master_in_memory(i), static_cast<std::size_t>(plan_.owned()[i].count)});
+    optimizer_ = make_optimizer(to_string(config.optimizer->type), std::move(buffers),
+                                optimizer_params_of(*config.optimizer));
+    names_ = optimizer_->state_names();
+  }
+
+  OffloadTiming update(float grad_scale, float lr, const UpdatePart& part) override {
+    optimizer_->begin_step(grad_scale, lr);
+    std::vector<float*> state(names_.size());
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      for (std::size_t k = 0; k < names_.size(); ++k) state[k] = optimizer_->state(names_[k], i).data();
+      const OwnedRange& range = plan_.owned()[i];
+      part(i, range.shard_begin, range.shard_begin + range.count, master_in_memory(i), state);
+    }
+    return {};
+  }
+
+  void read_master(std::size_t index, float* destination) override {
+    std::copy_n(master_in_memory(index), plan_.owned()[index].count, destination);
+  }
+  void write_master(std::size_t index, const float* source) override {
+    std::copy_n(source, plan_.owned()[index].count, master_in_memory(index));
+  }
+  void read_state(std::size_t state, std::size_t index, float* destination) override {
+    const std::span<const float> values = optimizer_->state(names_[state], index);
+    std::copy(values.begin(), values.end(), destination);
+  }
+  void write_state(std::size_t state, std::size_t index, const float* source) override {
+    const std::span<float> values = optimizer_->state(names_[state], index);
+    std::copy_n(source, values.size(), values.data());
+  }
+
+  OptimizerStatesPlacement placement() const override {
+    OptimizerStatesPlacement placement;
+    placement.device = plan_.settings().optimizer_offload;
+    return placement;
+  }
+
+ private:
+  void allocate_master() {
+    if (plan_.master_elements() == 0) return;
+    // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ): each
+    // rank keeps the master of its pieces only.
+    master_ = Buffer(Device::host(), static_cast<std::size_t>(plan_.master_elements()) * sizeof(float),
+                     MemoryCategory::optimizer_states);
+    std::memset(master_.data(), 0, master_.size());
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      kernels::convert(Device::host(), strategy_.parameters(i), plan_.settings().compute_dtype,
+                       master_in_memory(i), DType::fp32, plan_.owned()[i].count);
+    }
+  }
+
+  std::vector<std::string_view> names_;
+};
+
+/// ZeRO-Infinity: the master (in 16-bit training) and the states in the rank's swap file.
+class NvmeStates final : public OptimizerStates {
+ public:
+  NvmeStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config, int swap_rank)
+      : OptimizerStates(plan, strategy) {
+    const ZeroConfig& zero = config.zero_optimization;
+    const OffloadOptimizerConfig& offload = zero.offload_optimizer;
+    // The optimizer keeps no state of its own: it updates the sub-groups swapped into the
+    // pipeline's buffers (update_range), with its step count and hyperparameters.
+    optimizer_ =
+        make_optimizer(to_string(config.optimizer->type), {}, optimizer_params_of(*config.optimizer));
+    ZT_CHECK_AS(ConfigError, offload.nvme_path.has_value(),
+                "zero_optimization.offload_optimizer.nvme_path: required when device is \"nvme\"");
+    SwappedStatesOptions options;
+    options.swap = SwapOptions::from_aio(config.aio, *offload.nvme_path);
+    options.swap.rank = swap_rank;
+    options.swap.pin_memory = offload.pin_memory;
+    options.shard_elements = plan_.shard_size();
+    options.arrays = plan_.swapped_arrays();
+    options.sub_group_elements = zero.sub_group_size;
+    options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+    swapped_ = std::make_unique<SwappedOptimizerStates>(options);
+
+    // Initial contents, as in memory: the master converted from the parameters (the padding of the
+    // last piece stays zero), moments zero.
+    const DType dtype = plan_.settings().compute_dtype;
+    const std::size_t element = dtype_size(dtype);
+    std::size_t cursor = 0;
+    swapped_->for_each_sub_group([&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
+      for (float* array : arrays) std::fill_n(array, count, 0.0f);
+      if (!plan_.master_in_swap()) return;
+      for_each_overlap(
+          plan_.owned(), cursor, first, count, [&](std::size_t i, std::int64_t begin, std::int64_t end) {
+            const OwnedRange& range = plan_.owned()[i];
+            kernels::convert(
+                Device::host(),
+                strategy_.parameters(i) + static_cast<std::size_t>(begin - range.shard_begin) * element,
+                dtype, arrays[0] + (begin - first), DType::fp32, end - begin);
+          });
+    });
+  }
+
+  OffloadTiming update(float grad_scale, float lr, const UpdatePart& part) override {
+    optimizer_->begin_step(grad_scale, lr);
+    std::vector<float*> state(plan_.settings().optimizer_state_arrays);
+    std::size_t cursor = 0;  // the owned ranges are in shard order, and so are the sub-groups
+    const SwapPipeline::Stats stats = swapped_->for_each_sub_group(
+        [&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
+          // The parameter pieces this sub-group covers, in part or whole; the update is elementwise,
+          // so pieces split at sub-group boundaries update exactly as whole ones.
+          for_each_overlap(
+              plan_.owned(), cursor, first, count, [&](std::size_t i, std::int64_t begin, std::int64_t end) {
+                const std::int64_t in_group = begin - first;
+                for (std::size_t k = 0; k < state.size(); ++k)
+                  state[k] = arrays[array_of_state(k)] + in_group;
+                float* master = plan_.master_in_swap()
+                                    ? arrays[0] + in_group
+                                    : master_in_memory(i) + (begin - plan_.owned()[i].shard_begin);
+                part(i, begin, end, master, state);
+              });
+        });
+    OffloadTiming timing;
+    timing.wall_seconds = stats.wall_seconds;
+    timing.update_seconds = stats.work_seconds;
+    timing.stalled_seconds = stats.stalled_seconds;
+    return timing;
+  }
+
+  void read_master(std::size_t index, float* destination) override {
+    const OwnedRange& range = plan_.owned()[index];
+    if (!plan_.master_in_swap()) {
+      std::copy_n(master_in_memory(index), range.count, destination);
+      return;
+    }
+    swapped_->read(0, range.shard_begin, range.count, destination);
+  }
+  void write_master(std::size_t index, const float* source) override {
+    const OwnedRange& range = plan_.owned()[index];
+    if (!plan_.master_in_swap()) {
+      std::copy_n(source, range.count, master_in_memory(index));
+      return;
+    }
+    swapped_->write(0, range.shard_begin, range.count, source);
+  }
+  void read_state(std::size_t state, std::size_t index, float* destination) override {
+    const OwnedRange& range = plan_.owned()[index];
+    swapped_->read(array_of_state(state), range.shard_begin, range.count, destination);
+  }
+  void write_state(std::size_t state, std::size_t index, const float* source) override {
+    const OwnedRange& range = plan_.owned()[index];
+    swapped_->write(array_of_state(state), range.shard_begin, range.count, source);
+  }
+  void flush() override { swapped_->flush(); }
+
+  OptimizerStatesPlacement placement() const override {
+    OptimizerStatesPlacement placement;
+    placement.device = plan_.settings().optimizer_offload;
+    placement.master_in_swap = plan_.master_in_swap();
+    placement.swap_file = swapped_->swap().file_path().string();
+    placement.swap_backend = std::string(to_string(swapped_->swap().backend()));
+    placement.swap_bytes = swapped_->swap_bytes();
+    placement.buffer_bytes = swapped_->buffer_bytes();
+    placement.sub_groups = static_cast<std::int64_t>(swapped_->sub_group_count());
+    placement.sub_group_elements =
+        std::min<std::int64_t>(plan_.settings().sub_group_elements, plan_.shard_size());
+    return placement;
+  }
+
+ private:
+  /// Index in the swap file's arrays of optimizer state `state` (after the master, when swapped).
+  std::size_t array_of_state(std::size_t state) const { return (plan_.master_in_swap() ? 1 : 0) + state; }
+
+  std::unique_ptr<SwappedOptimizerStates> swapped_;
+};
+
+}  // namespace
+
+float* OptimizerStates::master_in_memory(std::size_t index) {
+  const OwnedRange& range = plan_.owned()[index];
+  if (!plan_.separate_master()) return reinterpret_cast<float*>(strategy_.parameters(index));
+  ZT_CHECK(!master_.empty(), "internal: the fp32 master of '", plan_.layout()[index].name,
+           "' is in the swap file; read it through the swapped states");
+  return master_.as<float>() + range.shard_begin;
+}
+
+std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan, ZeroStrategy& strategy,
+                                                       const Config& config, int swap_rank) {
+  if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config, swap_rank);
+  return std::make_unique<InMemoryStates>(plan, strategy, config);
+}
+
+}  // namespace zt::engine_detail

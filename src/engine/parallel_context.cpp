@@ -1,0 +1,66 @@
+// The engine's process grid (see parallel_context.hpp).
+#include "src/engine/parallel_context.hpp"
+
+#include "zerotrain/error.hpp"
+#include "zerotrain/mpi_communicator.hpp"
+#include "zerotrain/runtime.hpp"
+
+namespace zt::engine_detail {
+
+ParallelContext::ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel,
+                                 Device device)
+    : device_(device) {
+  ZT_CHECK(grid == nullptr || data_parallel == nullptr,
+           "EngineOptions: pass a process grid or a data-parallel communicator, not both");
+  if (grid == nullptr && data_parallel == nullptr) {
+    own_grid_ = std::make_unique<ProcessGrid>(runtime, GridShape{0, 1, 1});
+    grid = own_grid_.get();
+  }
+  if (grid != nullptr) {
+    data_ = group_of(grid->data(), "data");
+    tensor_ = group_of(grid->tensor(), "tensor");
+    pipeline_ = group_of(grid->pipeline(), "pipeline");
+    everyone_ = &runtime.world();
+  } else {
+    data_ = group_of(*data_parallel, "data");
+    // A data-parallel group alone: the other two dimensions have one rank each.
+    own_comms_.push_back(make_mpi_communicator(MPI_COMM_SELF, "tensor"));
+    tensor_ = group_of(*own_comms_.back(), "tensor");
+    own_comms_.push_back(make_mpi_communicator(MPI_COMM_SELF, "pipeline"));
+    pipeline_ = group_of(*own_comms_.back(), "pipeline");
+    everyone_ = data_parallel;
+  }
+}
+
+ParallelContext::~ParallelContext() = default;
+
+ParallelContext::Group ParallelContext::group_of(Communicator& host, const char* name) {
+  ZT_CHECK(host.device().is_host(), "the ", name, " group's communicator is a ",
+           comm_backend_name(host.backend()), " communicator on ", host.device().str(),
+           "; the engine takes MPI communicators and makes the device "
+           "ones itself");
+  Group group;
+  group.host = &host;
+  if (device_.is_host()) {
+    group.device = &host;
+  } else {
+    ZT_THROW_AS(ConfigError, "communicators for buffers on ", device_.str(),
+                " are not available in this build; train on the host");
+  }
+  return group;
+}
+
+MPI_Comm ParallelContext::everyone_comm() const {
+  return native_mpi_comm(*everyone_);
+}
+
+void ParallelContext::sum(void* values, std::size_t count, DType type, GroupSpan span) const {
+  for (const auto& [group, member] :
+       {std::pair{GroupSpan::data, &data_}, std::pair{GroupSpan::tensor, &tensor_},
+        std::pair{GroupSpan::pipeline, &pipeline_}}) {
+    if (spans(span, group) && member->size() > 1)
+      member->device->all_reduce(values, values, count, type, ReduceOp::sum);
+  }
+}
+
+}  // namespace zt::engine_detail

@@ -1,0 +1,77 @@
+// The process grid as the engine sees it: data, pipeline and tensor groups, each with a
+// communicator for host buffers (MPI) and one for buffers in the engine's device memory (the same
+// MPI communicator when the engine computes on the host). Reductions name the groups they span.
+// Internal to the engine (docs/architecture.md, "The engine's seams").
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zerotrain/communicator.hpp"
+#include "zerotrain/device.hpp"
+#include "zerotrain/process_grid.hpp"
+
+namespace zt {
+class Runtime;
+}
+
+namespace zt::engine_detail {
+
+/// A set of groups a reduction spans.
+enum class GroupSpan : std::uint8_t {
+  none = 0,
+  data = 1,
+  tensor = 2,
+  pipeline = 4,
+};
+constexpr GroupSpan operator|(GroupSpan a, GroupSpan b) {
+  return static_cast<GroupSpan>(static_cast<std::uint8_t>(a) | static_cast<std::uint8_t>(b));
+}
+constexpr bool spans(GroupSpan set, GroupSpan group) {
+  return (static_cast<std::uint8_t>(set) & static_cast<std::uint8_t>(group)) != 0;
+}
+
+class ParallelContext {
+ public:
+  struct Group {
+    Communicator* host = nullptr;    // MPI: host buffers
+    Communicator* device = nullptr;  // buffers in the engine's device memory
+    int size() const { return host->size(); }
+    int rank() const { return host->rank(); }
+  };
+
+  /// The groups of `grid`; without one, a data-parallel-only grid over `data_parallel` (or, when
+  /// that is null too, over the runtime's world). Device communicators are made for `device`.
+  ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel, Device device);
+  ~ParallelContext();
+  ParallelContext(const ParallelContext&) = delete;
+  ParallelContext& operator=(const ParallelContext&) = delete;
+
+  const Group& data() const { return data_; }
+  const Group& tensor() const { return tensor_; }
+  const Group& pipeline() const { return pipeline_; }
+  /// Every rank of the grid, for collectives that involve them all (checkpoint files).
+  Communicator& everyone() const { return *everyone_; }
+  MPI_Comm everyone_comm() const;
+
+  /// values[i] = sum over the ranks of the groups in `span` (one after another, data first), in
+  /// place, on buffers in the engine's device memory. Groups of one rank are skipped.
+  void sum(void* values, std::size_t count, DType type, GroupSpan span) const;
+
+ private:
+  Group group_of(Communicator& host, const char* name);
+
+  std::unique_ptr<ProcessGrid> own_grid_;                 // when the engine made its own
+  std::vector<std::unique_ptr<Communicator>> own_comms_;  // size-1 groups, device communicators
+  Device device_;
+  Group data_;
+  Group tensor_;
+  Group pipeline_;
+  Communicator* everyone_ = nullptr;
+};
+
+}  // namespace zt::engine_detail
