@@ -28,17 +28,13 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
   ZT_CHECK_AS(ConfigError, options.max_in_cpu >= 0, "zero_optimization.offload_param.max_in_cpu is ",
               options.max_in_cpu, "; expected >= 0 (parameter elements kept in host memory)");
   const std::size_t element = dtype_size(dtype_);
-  // Whole pieces stay in host memory while they fit in max_in_cpu elements, in layout order.
-  std::vector<bool> in_host(layout_.size(), false);
-  std::int64_t budget = options.max_in_cpu;
+  const std::vector<char> in_host = pieces_kept_in_host(layout_, options.max_in_cpu);
   std::size_t largest_swapped = 0;  // index
   std::size_t swapped = 0;
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     const std::int64_t piece = layout_[i].piece_numel;
     pieces_[i].bytes = static_cast<std::size_t>(piece) * element;
-    if (piece <= budget) {
-      in_host[i] = true;
-      budget -= piece;
+    if (in_host[i] != 0) {
       host_elements_ += piece;
     } else {
       nvme_elements_ += piece;

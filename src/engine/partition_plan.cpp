@@ -48,7 +48,8 @@ PlanSettings plan_settings(const Config& config, int data_size, int data_rank, i
   settings.optimizer_offload = zero.offload_optimizer.device;
   settings.sub_group_elements = zero.sub_group_size;
   settings.optimizer_buffer_count = zero.offload_optimizer.buffer_count;
-  settings.parameter_offload = zero.stage >= 3 ? zero.offload_param.device : OffloadDevice::none;
+  settings.parameter_offload =
+      ZeroPartitioning::of_stage(zero.stage).parameters ? zero.offload_param.device : OffloadDevice::none;
   settings.max_in_cpu = zero.offload_param.max_in_cpu;
   settings.parameter_buffer_elements = zero.offload_param.buffer_size;
   settings.parameter_buffer_count = zero.offload_param.buffer_count;
@@ -92,19 +93,15 @@ PartitionPlan::PartitionPlan(std::vector<PlannedParameter> parameters, const Pla
   flat_size_ = offset;
   shard_size_ = partitioning_.optimizer_states ? shard : flat_size_;
 
-  // offload_param nvme: whole pieces stay in host memory while they fit in max_in_cpu elements,
-  // in layout order (DeepSpeed keeps its first max_in_cpu elements on the host).
   piece_in_host_.assign(layout_.size(), 1);
   if (parameters_on_nvme()) {
-    std::int64_t budget = std::max<std::int64_t>(settings_.max_in_cpu, 0);
+    piece_in_host_ = pieces_kept_in_host(layout_, settings_.max_in_cpu);
     for (std::size_t i = 0; i < layout_.size(); ++i) {
       const std::int64_t piece = layout_[i].piece_numel;
-      if (piece <= budget) {
-        budget -= piece;
+      if (piece_in_host_[i] != 0) {
         host_piece_elements_ += piece;
         continue;
       }
-      piece_in_host_[i] = 0;
       nvme_piece_elements_ += piece;
       if (!largest_swapped_ || piece > layout_[*largest_swapped_].piece_numel) largest_swapped_ = i;
     }
@@ -115,15 +112,8 @@ PartitionPlan::PartitionPlan(std::vector<PlannedParameter> parameters, const Pla
   if (optimizer_states_on_nvme()) {
     ZT_CHECK_AS(ConfigError, settings_.sub_group_elements > 0, "zero_optimization.sub_group_size is ",
                 settings_.sub_group_elements, "; expected > 0");
-    const std::size_t arrays = swapped_arrays();
-    for (std::int64_t first = 0; first < shard_size_; first += settings_.sub_group_elements) {
-      SwapSubGroup group;
-      group.first = first;
-      group.count = std::min(settings_.sub_group_elements, shard_size_ - first);
-      group.bytes =
-          (arrays - 1) * swap_array_stride(group) + static_cast<std::size_t>(group.count) * sizeof(float);
-      sub_groups_.push_back(group);
-    }
+    sub_groups_ = engine_detail::swap_sub_groups(shard_size_, settings_.sub_group_elements, swapped_arrays(),
+                                                 settings_.io_alignment);
   }
 
   // Buckets never need to be larger than the whole model, and must hold the largest parameter
@@ -200,7 +190,7 @@ std::size_t PartitionPlan::parameter_buffer_bytes() const {
 }
 
 std::size_t PartitionPlan::swap_array_stride(const SwapSubGroup& group) const {
-  return round_up(static_cast<std::size_t>(group.count) * sizeof(float), settings_.io_alignment);
+  return engine_detail::swap_array_stride(group.count, settings_.io_alignment);
 }
 
 std::size_t PartitionPlan::optimizer_swap_buffer_count() const {
@@ -260,6 +250,37 @@ ModelStateBytes PartitionPlan::model_state_bytes() const {
                                               settings_.optimizer_state_arrays * owned_elements);
   }
   return bytes;
+}
+
+std::vector<char> pieces_kept_in_host(const std::vector<FlatParameter>& layout, std::int64_t max_in_cpu) {
+  std::vector<char> in_host(layout.size(), 0);
+  std::int64_t budget = std::max<std::int64_t>(max_in_cpu, 0);
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    if (layout[i].piece_numel > budget) continue;
+    in_host[i] = 1;
+    budget -= layout[i].piece_numel;
+  }
+  return in_host;
+}
+
+std::size_t swap_array_stride(std::int64_t count, std::size_t alignment) {
+  return round_up(static_cast<std::size_t>(count) * sizeof(float), alignment);
+}
+
+std::vector<SwapSubGroup> swap_sub_groups(std::int64_t shard, std::int64_t sub_group, std::size_t arrays,
+                                          std::size_t alignment) {
+  ZT_CHECK(sub_group > 0 && arrays >= 1, "swap sub-groups of ", sub_group, " elements with ", arrays,
+           " arrays");
+  std::vector<SwapSubGroup> groups;
+  for (std::int64_t first = 0; first < shard; first += sub_group) {
+    SwapSubGroup group;
+    group.first = first;
+    group.count = std::min(sub_group, shard - first);
+    group.bytes = (arrays - 1) * swap_array_stride(group.count, alignment) +
+                  static_cast<std::size_t>(group.count) * sizeof(float);
+    groups.push_back(group);
+  }
+  return groups;
 }
 
 std::vector<PlannedParameter> planned_parameters(const std::vector<nn::Parameter*>& parameters) {

@@ -213,6 +213,18 @@ class PartitionPlan {
   std::int64_t allgather_region_ = 0;
 };
 
+/// offload_param nvme: which pieces stay in host memory (1) and which go to the swap file (0):
+/// whole pieces while they fit in `max_in_cpu` elements, in layout order (DeepSpeed keeps its first
+/// max_in_cpu elements on the host). Shared by the plan and the parameter store.
+std::vector<char> pieces_kept_in_host(const std::vector<FlatParameter>& layout, std::int64_t max_in_cpu);
+/// Bytes between consecutive fp32 arrays of a sub-group of `count` elements.
+std::size_t swap_array_stride(std::int64_t count, std::size_t alignment);
+/// NVMe optimizer states: a shard of `shard` elements in sub-groups of `sub_group` elements with
+/// `arrays` fp32 arrays each, every array starting at a multiple of `alignment` bytes. Shared by
+/// the plan and the swapped states.
+std::vector<SwapSubGroup> swap_sub_groups(std::int64_t shard, std::int64_t sub_group, std::size_t arrays,
+                                          std::size_t alignment);
+
 /// The parameters of a model, in parameters() order, as the plan needs them.
 std::vector<PlannedParameter> planned_parameters(const std::vector<nn::Parameter*>& parameters);
 /// The parameters of the config's "model" section without building it (same names, shapes and

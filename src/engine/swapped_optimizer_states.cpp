@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/engine/partition_plan.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
@@ -25,22 +26,19 @@ SwappedOptimizerStates::SwappedOptimizerStates(const SwappedStatesOptions& optio
               options.sub_group_elements, "; expected > 0");
   ZT_CHECK_AS(ConfigError, options.buffer_count >= 1, "zero_optimization.offload_optimizer.buffer_count is ",
               options.buffer_count, "; expected >= 1 (3 or more overlap reading, updating and writing)");
-  for (std::int64_t first = 0; first < options.shard_elements; first += options.sub_group_elements) {
-    SubGroup group;
-    group.name = "optimizer.sub_group." + std::to_string(groups_.size());
-    group.first = first;
-    group.count = std::min(options.sub_group_elements, options.shard_elements - first);
-    groups_.push_back(std::move(group));
-  }
   std::size_t largest = 0;
   std::vector<std::pair<std::string, std::size_t>> tensors;
   std::vector<std::string> names;
-  for (const SubGroup& group : groups_) {
-    const std::size_t bytes =
-        (arrays_ - 1) * array_stride_bytes(group) + static_cast<std::size_t>(group.count) * sizeof(float);
-    tensors.emplace_back(group.name, bytes);
-    largest = std::max(largest, bytes);
+  for (const SwapSubGroup& layout :
+       swap_sub_groups(options.shard_elements, options.sub_group_elements, arrays_, swap_.alignment())) {
+    SubGroup group;
+    group.name = "optimizer.sub_group." + std::to_string(groups_.size());
+    group.first = layout.first;
+    group.count = layout.count;
+    tensors.emplace_back(group.name, layout.bytes);
+    largest = std::max(largest, layout.bytes);
     names.push_back(group.name);
+    groups_.push_back(std::move(group));
   }
   // One reservation for the whole file, now: a disk too small fails here, saying what all of it needs.
   swap_.register_tensors(tensors);
@@ -54,7 +52,7 @@ SwappedOptimizerStates::SwappedOptimizerStates(const SwappedStatesOptions& optio
 SwappedOptimizerStates::~SwappedOptimizerStates() = default;
 
 std::size_t SwappedOptimizerStates::array_stride_bytes(const SubGroup& group) const {
-  return round_up(static_cast<std::size_t>(group.count) * sizeof(float), swap_.alignment());
+  return swap_array_stride(group.count, swap_.alignment());
 }
 
 SwapPipeline::Stats SwappedOptimizerStates::for_each_sub_group(const Work& work, bool write_back) {
