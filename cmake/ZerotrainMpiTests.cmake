@@ -16,9 +16,10 @@ set(ZT_MPIEXEC_EXTRA_FLAGS ${ZT_MPIEXEC_EXTRA_FLAGS} CACHE STRING "Extra flags f
 # (ctest's TIMEOUT, 300 s for most MPI tests) kills the job silently. It must stay above the
 # longest legitimate wait of one rank for another in a test: a checkpoint written or checksummed
 # while the others wait in the next collective, NVMe swaps, the first step, with 4 ranks on 2
-# cores and another test beside them (ctest -j2). No whole MPI test takes more than about 40 s on
-# this machine even under load, so 120 s leaves a margin of 3x over a test's whole run, let alone
-# one wait; and 300 - 120 s leaves time for the report. The heartbeat timeout stays 60 s
+# cores and another test beside them (ctest -j2). No whole MPI test takes more than 20 s on the
+# 2-core development machine even under load (the longest, mpi.checkpoint.np4, took 19 s with a
+# load average of 8), so 120 s is 6x a whole test's run, let alone one wait; and 300 - 120 s
+# leaves time for the report. The heartbeat timeout stays 60 s
 # (min(timeout, 60 s)), as with the default 600 s. Tests that need another value set their own
 # (the watchdog scenarios of tests/harness); tests that expect a failure within their own limit
 # (expect_failure.cmake) do not get it, so that a hang cannot pass for the expected failure.
