@@ -1,7 +1,9 @@
 // The training configuration: a JSON file compatible with DeepSpeed's ds_config, parsed into typed
 // structs that carry DeepSpeed's code defaults, plus zerotrain's own sections (model, data, comm).
 // Wrong types or ranges throw zt::ConfigError naming the JSON path; unknown keys are warnings.
-// See docs/config.md for every key.
+// DeepSpeed keys that zerotrain accepts but does not act on have no member here: the parser
+// validates them and ignores them where that cannot change the training, and refuses values that
+// would (docs/config.md, "Accepted and ignored"). See docs/config.md for every key.
 //
 // The header does not include nlohmann/json: the raw document is kept as a JSON string, so code
 // that only reads the typed values needs no JSON library.
@@ -29,13 +31,10 @@ enum class GradientReduceOp { mean, sum };
 enum class OptimizerType { adam, adamw, sgd };
 enum class SchedulerType { warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test };
 enum class OffloadDevice { none, cpu, nvme };
-enum class TagValidation { ignore, warn, fail };
 enum class ModelType { gpt, mlp };
 enum class MlpActivation { relu, gelu, tanh };
 /// automatic: a zerotrain token file if the file starts with its magic, else text.
 enum class DataFormat { automatic, tokens, text, builtin, synthetic };
-/// automatic: NCCL for device buffers when built with it, else MPI.
-enum class CommBackendChoice { automatic, mpi, nccl };
 
 /// The spelling used in the JSON file (e.g. "WarmupCosineLR", "nvme", "auto").
 std::string_view to_string(GradientReduceOp value);
@@ -43,11 +42,9 @@ std::string_view to_string(OptimizerType value);
 std::string_view to_string(SchedulerType value);
 std::string_view to_string(WarmupType value);
 std::string_view to_string(OffloadDevice value);
-std::string_view to_string(TagValidation value);
 std::string_view to_string(ModelType value);
 std::string_view to_string(MlpActivation value);
 std::string_view to_string(DataFormat value);
-std::string_view to_string(CommBackendChoice value);
 
 // ---- DeepSpeed sections ------------------------------------------------------------------------
 // The scheduler parameter structs (WarmupLRParams, ..., LRSchedulerParams) come from
@@ -87,7 +84,6 @@ struct SchedulerConfig {
 /// "fp16": mixed precision with a loss scaler (static when loss_scale > 0, dynamic when 0).
 struct Fp16Config {
   bool enabled = false;
-  bool auto_cast = false;
   double loss_scale = 0.0;  // 0 = dynamic
   int initial_scale_power = 16;
   std::int64_t loss_scale_window = 1000;
@@ -102,7 +98,6 @@ struct Fp16Config {
 /// "bf16" (alias "bfloat16").
 struct Bf16Config {
   bool enabled = false;
-  bool immediate_grad_update = false;
   bool check_grad_overflow = true;  // skip the step on inf/nan gradients
   bool bf16_master_weights_and_grads = false;
   bool bf16_optimizer_states = false;  // needs bf16_master_weights_and_grads and ZeRO 1-3
@@ -113,12 +108,8 @@ struct OffloadOptimizerConfig {
   std::optional<std::string> nvme_path;  // required for device nvme
   bool pin_memory = true;
   std::int64_t buffer_count = 4;
-  bool pipeline_read = false;
-  bool pipeline_write = false;
-  bool fast_init = false;
   double ratio = 1.0;  // fraction offloaded; < 1 only on stage 3
   bool super_offload = false;
-  double cpuadam_cores_perc = 0.8;
 };
 
 struct OffloadParamConfig {
@@ -134,33 +125,13 @@ struct OffloadParamConfig {
 struct ZeroConfig {
   int stage = 0;
   bool overlap_comm = false;  // default derived: true for stage 3, false otherwise
-  bool contiguous_gradients = true;
-  bool reduce_scatter = true;
   std::int64_t reduce_bucket_size = 500'000'000;
   std::int64_t allgather_bucket_size = 500'000'000;  // a multiple of 2
-  bool allgather_partitions = true;
-  bool use_multi_rank_bucket_allreduce = true;
-  bool round_robin_gradients = false;
-  bool load_from_fp32_weights = true;
-  bool ignore_unused_parameters = true;
-  bool elastic_checkpoint = false;
   std::int64_t sub_group_size = 1'000'000'000;
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;
   std::int64_t stage3_param_persistence_threshold = 100'000;
-  std::int64_t stage3_model_persistence_threshold = INT64_MAX;  // sys.maxsize
   std::int64_t stage3_max_live_parameters = 1'000'000'000;
   std::int64_t stage3_max_reuse_distance = 1'000'000'000;
-  bool stage3_gather_16bit_weights_on_model_save = false;
-  std::int64_t stage3_module_granularity_threshold = 0;
-  bool stage3_use_all_reduce_for_fetch_params = false;
-  bool stage3_allgather_sequential = false;
-  std::int64_t zero_hpz_partition_size = 1;  // ZeRO++ hpZ: values > 1 are ignored (warning)
-  bool zero_quantized_weights = false;       // ZeRO++: true is rejected
-  bool zero_quantized_nontrainable_weights = false;
-  bool zero_quantized_gradients = false;
-  std::int64_t mics_shard_size = -1;  // MiCS: values > 0 are ignored (warning)
-  bool memory_efficient_linear = true;
-  bool override_module_apply = true;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 };
@@ -175,22 +146,8 @@ struct AioConfig {
   bool use_gds = false;
 };
 
-struct ActivationCheckpointingConfig {
-  bool partition_activations = false;
-  bool contiguous_memory_optimization = false;
-  bool cpu_checkpointing = false;
-  std::optional<std::int64_t> number_checkpoints;
-  bool synchronize_checkpoint_boundary = false;
-  bool profile = false;
-};
-
-/// "checkpoint": DeepSpeed's keys plus zerotrain's own (save_dir .. dir_mode).
+/// "checkpoint": zerotrain's keys (DeepSpeed's are accepted and ignored, or refused).
 struct CheckpointConfig {
-  TagValidation tag_validation = TagValidation::warn;
-  bool load_universal = false;
-  bool use_node_local_storage = false;
-  bool parallel_write_pipeline_stage = false;  // "parallel_write": {"pipeline_stage": ...}
-  // zerotrain:
   std::optional<std::string> save_dir;  // nullopt: the engine saves only where asked
   std::int64_t save_interval = 0;       // save every N optimizer steps; 0: no periodic saves
   std::int64_t keep_last = 0;           // keep the newest N tags; 0: keep all
@@ -198,21 +155,10 @@ struct CheckpointConfig {
   std::uint32_t dir_mode = 0750;        // permission bits of directories created
 };
 
-/// "data_types": dtypes of accumulated gradients etc.; nullopt = DeepSpeed's choice by precision.
-struct DataTypesConfig {
-  std::optional<DType> grad_accum_dtype;
-  std::optional<DType> param_dtype;
-  std::optional<DType> buffer_dtype;
-};
-
+/// "pipeline": the engine refuses more than one stage for now (its other keys are accepted and
+/// ignored, docs/config.md).
 struct PipelineConfig {
   std::optional<std::int64_t> stages;  // nullopt: "auto"
-  std::string partition = "best";      // best | parameters | uniform | type:<regex>
-  bool seed_layers = false;
-  std::int64_t activation_checkpoint_interval = 0;
-  bool pipe_partitioned = true;
-  bool grad_partitioned = true;
-  bool use_reentrant = true;
 };
 
 // ---- zerotrain sections ------------------------------------------------------------------------
@@ -241,12 +187,6 @@ struct DataConfig {
   std::optional<std::string> path;    // required unless format is builtin or synthetic
   std::optional<std::uint64_t> seed;  // nullopt: the top-level seed
   DataFormat format = DataFormat::automatic;
-};
-
-/// "comm": communication settings.
-struct CommConfig {
-  double timeout_s = 600.0;  // collective watchdog; 0 disables it
-  CommBackendChoice backend = CommBackendChoice::automatic;
 };
 
 // ---- the configuration ---------------------------------------------------------------------------
@@ -306,6 +246,8 @@ class Config {
   std::string to_json_string(int indent = 2) const;
   /// A few human-readable lines for logs.
   std::string summary() const;
+  /// The dtype of parameters, gradients and activations: bf16 or fp16 when enabled, else fp32.
+  DType compute_dtype() const;
 
   // The values, named after their JSON keys. Validated when parsed; code that changes them
   // bypasses validation.
@@ -314,15 +256,9 @@ class Config {
   std::optional<std::int64_t> gradient_accumulation_steps;
   double gradient_clipping = 1.0;               // global-norm clip; 0 disables
   std::optional<std::int64_t> steps_per_print;  // nullopt: no progress log
-  bool wall_clock_breakdown = false;
-  bool memory_breakdown = false;
-  bool dump_state = false;
-  bool prescale_gradients = false;
-  double gradient_predivide_factor = 1.0;
   GradientReduceOp gradient_allreduce_op = GradientReduceOp::mean;
   std::optional<DType> communication_data_type;  // fp32 | fp16 | bf16; nullopt: the gradients' dtype
   bool managed_gradient_accumulation = true;
-  bool dataloader_drop_last = false;
   std::uint64_t seed = 1234;  // zerotrain: base seed for initialization and data order
 
   std::optional<OptimizerConfig> optimizer;  // nullopt: the application supplies one
@@ -331,14 +267,11 @@ class Config {
   Bf16Config bf16;
   ZeroConfig zero_optimization;
   AioConfig aio;
-  ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
-  DataTypesConfig data_types;
   PipelineConfig pipeline;
 
   std::optional<ModelConfig> model;  // zerotrain
   std::optional<DataConfig> data;    // zerotrain
-  CommConfig comm;                   // zerotrain
 
  private:
   friend class ConfigParser;

@@ -119,6 +119,27 @@ std::uint32_t read_permission_bits(Section& section, std::string_view key, std::
   return static_cast<std::uint32_t>(std::stoul(text, nullptr, 8));
 }
 
+// ---- keys without a Config member ----------------------------------------------------------------
+// DeepSpeed keys that zerotrain accepts so that DeepSpeed configs (and the configs stored in older
+// checkpoints) parse, but that no code reads. Each is validated like any other key; then either it
+// is ignored, where honouring it could not change the training (how DeepSpeed stores or
+// communicates, its logging), or its default is accepted and any other value refused, where
+// ignoring that value would change the training or break the user's expectation silently.
+// docs/config.md, "Accepted and ignored", lists them with the reasons.
+
+/// Accepts `fallback`; any other value is an error saying why zerotrain does not honour it.
+void refuse_unless_default(Section& section, std::string_view key, bool fallback, std::string_view why) {
+  if (section.boolean(key, fallback) == fallback) return;
+  section.fail(key, std::string(fallback ? "false" : "true") + " is not supported by zerotrain: " +
+                        std::string(why) + "; remove the key or set it to " + (fallback ? "true" : "false"));
+}
+
+/// The message of the keys of activation checkpointing, in "activation_checkpointing" and
+/// "pipeline.activation_checkpoint_interval".
+constexpr std::string_view kNoActivationCheckpointing =
+    "activation checkpointing is not implemented yet (the engine keeps every activation for the backward "
+    "pass)";
+
 constexpr std::string_view kSupportedOptimizers = "Adam, AdamW, SGD";
 constexpr std::string_view kSupportedSchedulers =
     "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest";
@@ -140,14 +161,14 @@ class ConfigParser {
     parse_fp16(config, top.child("fp16"));
     parse_bf16(config, top);
     parse_aio(config, top.child("aio"));
-    parse_activation_checkpointing(config, top.child("activation_checkpointing"));
+    parse_activation_checkpointing(top.child("activation_checkpointing"));
     parse_checkpoint(config, top.child("checkpoint"));
-    parse_data_types(config, top.child("data_types"));
     parse_pipeline(config, top.child("pipeline"));
     parse_model(config, top.child("model"));
     parse_data(config, top.child("data"));
-    parse_comm(config, top.child("comm"));
+    parse_comm(top.child("comm"));
     check_across_sections(config, top);
+    parse_data_types(config, top.child("data_types"));  // after fp16/bf16 are known to agree
     top.finish();
   }
 
@@ -158,18 +179,29 @@ class ConfigParser {
     c.gradient_accumulation_steps = top.optional_integer("gradient_accumulation_steps", kPositive);
     c.gradient_clipping = top.number("gradient_clipping", 1.0, kNonNegativeNumber);
     c.steps_per_print = top.optional_integer("steps_per_print", kPositive);
-    c.wall_clock_breakdown = top.boolean("wall_clock_breakdown", false);
-    c.memory_breakdown = top.boolean("memory_breakdown", false);
-    c.dump_state = top.boolean("dump_state", false);
-    c.prescale_gradients = top.boolean("prescale_gradients", false);
-    c.gradient_predivide_factor = top.number("gradient_predivide_factor", 1.0, kPositiveNumber);
+    // DeepSpeed's diagnostics: validated here, warned about below when switched on.
+    for (std::string_view key : {"wall_clock_breakdown", "memory_breakdown", "dump_state"}) {
+      (void)top.boolean(key, false);
+    }
+    // The reduction divides the summed gradients by the data-parallel size once (gradient_allreduce_op
+    // "mean"); DeepSpeed's scaling before the sum gives other roundings and 16-bit overflows.
+    refuse_unless_default(top, "prescale_gradients", false,
+                          "gradients are averaged after the sum, not scaled before it");
+    if (const double factor = top.number("gradient_predivide_factor", 1.0, kPositiveNumber); factor != 1.0) {
+      top.fail("gradient_predivide_factor",
+               render(*top.find("gradient_predivide_factor")) +
+                   " is not supported by zerotrain: gradients are averaged after the sum, not divided "
+                   "before it; remove the key or set it to 1.0");
+    }
     c.gradient_allreduce_op =
         top.choice<GradientReduceOp>("gradient_allreduce_op", GradientReduceOp::mean,
                                      {{"mean", GradientReduceOp::mean}, {"sum", GradientReduceOp::sum}},
                                      /*case_insensitive=*/true);
     c.communication_data_type = read_float_dtype(top, "communication_data_type");
     c.managed_gradient_accumulation = top.boolean("managed_gradient_accumulation", true);
-    c.dataloader_drop_last = top.boolean("dataloader_drop_last", false);
+    refuse_unless_default(top, "dataloader_drop_last", false,
+                          "the training data is one endless stream of epochs (docs/data.md): no batch is "
+                          "incomplete and none is dropped");
     c.seed = static_cast<std::uint64_t>(top.integer("seed", 1234, kNonNegative));
 
     // DeepSpeed switches about its own optimizer choice; zerotrain's optimizers are all its own.
@@ -202,6 +234,9 @@ class ConfigParser {
              }},
             {"sparse_gradients", Policy::ignore_with_warning,
              "gradients are reduced densely, with the same result"},
+            {"wall_clock_breakdown", Policy::ignore_with_warning, "DeepSpeed's forward/backward/step timers"},
+            {"memory_breakdown", Policy::ignore_with_warning, "DeepSpeed's memory prints"},
+            {"dump_state", Policy::ignore_with_warning, "DeepSpeed's print of its engine state"},
             {"disable_allgather", Policy::ignore_with_warning, "parameters are always allgathered"},
             {"tensorboard", Policy::ignore_with_warning, "monitoring backend"},
             {"wandb", Policy::ignore_with_warning, "monitoring backend"},
@@ -407,21 +442,30 @@ class ConfigParser {
     Section s = top.child("zero_optimization");
     z.stage = static_cast<int>(s.integer("stage", 0, IntRange{0, 3}));
     z.overlap_comm = s.boolean("overlap_comm", z.stage == 3);
-    z.contiguous_gradients = s.boolean("contiguous_gradients", true);
-    z.reduce_scatter = s.boolean("reduce_scatter", true);
     z.reduce_bucket_size = s.integer("reduce_bucket_size", 500'000'000, kPositive);
     z.allgather_bucket_size = s.integer("allgather_bucket_size", 500'000'000, kPositive);
     if (z.allgather_bucket_size % 2 != 0) {
       s.fail("allgather_bucket_size", "expected a multiple of 2 (the NCCL alignment factor), got " +
                                           std::to_string(z.allgather_bucket_size));
     }
-    z.allgather_partitions = s.boolean("allgather_partitions", true);
-    z.use_multi_rank_bucket_allreduce = s.boolean("use_multi_rank_bucket_allreduce", true);
-    z.round_robin_gradients = s.boolean("round_robin_gradients", false);
-    z.load_from_fp32_weights = s.boolean("load_from_fp32_weights", true);
-    z.ignore_unused_parameters = s.boolean("ignore_unused_parameters", true);
-    z.elastic_checkpoint = s.boolean("elastic_checkpoint", false);
-    if (z.elastic_checkpoint) {
+    // How DeepSpeed lays out and communicates gradients and parameters: zerotrain's engine has one
+    // way of its own (docs/zero.md), with the same results.
+    for (const auto& [key, fallback] : {std::pair<std::string_view, bool>{"contiguous_gradients", true},
+                                        {"reduce_scatter", true},
+                                        {"allgather_partitions", true},
+                                        {"use_multi_rank_bucket_allreduce", true},
+                                        {"round_robin_gradients", false},
+                                        {"memory_efficient_linear", true},
+                                        {"override_module_apply", true}}) {
+      (void)s.boolean(key, fallback);
+    }
+    // DeepSpeed raises an error for parameters without a gradient when this is false; zerotrain
+    // treats their gradient as zero either way, which changes nothing for the others.
+    (void)s.boolean("ignore_unused_parameters", true);
+    refuse_unless_default(s, "load_from_fp32_weights", true,
+                          "a checkpoint's fp32 master weights are always loaded (docs/checkpoint-format.md); "
+                          "rebuilding them from the 16-bit weights would change the training after a resume");
+    if (s.boolean("elastic_checkpoint", false)) {
       s.context().warn(s.path_of("elastic_checkpoint") +
                        ": deprecated in DeepSpeed; use universal checkpoints (\"checkpoint\": "
                        "{\"load_universal\": true})");
@@ -440,37 +484,32 @@ class ConfigParser {
     z.stage3_param_persistence_threshold =
         read_aliased(s, "stage3_param_persistence_threshold", "param_persistence_threshold",
                      integer(100'000, kNonNegative));
-    z.stage3_model_persistence_threshold =
-        read_aliased(s, "stage3_model_persistence_threshold", "model_persistence_threshold",
-                     integer(std::numeric_limits<std::int64_t>::max(), kNonNegative));
+    (void)read_aliased(s, "stage3_model_persistence_threshold", "model_persistence_threshold",
+                       integer(std::numeric_limits<std::int64_t>::max(), kNonNegative));
     z.stage3_max_live_parameters = read_aliased(s, "stage3_max_live_parameters", "max_live_parameters",
                                                 integer(1'000'000'000, kNonNegative));
     z.stage3_max_reuse_distance = read_aliased(s, "stage3_max_reuse_distance", "max_reuse_distance",
                                                integer(1'000'000'000, kNonNegative));
-    z.stage3_gather_16bit_weights_on_model_save = read_aliased(
-        s, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save", boolean(false));
+    // DeepSpeed's save_16bit_model; every zerotrain checkpoint holds the whole model, which
+    // `zerotrain checkpoint export` writes out in fp32 or bf16.
+    (void)read_aliased(s, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                       boolean(false));
     if (s.boolean("stage3_gather_fp16_weights_on_model_save", false)) {
       s.context().warn(s.path_of("stage3_gather_fp16_weights_on_model_save") +
-                       ": deprecated; use stage3_gather_16bit_weights_on_model_save (applied)");
-      z.stage3_gather_16bit_weights_on_model_save = true;
+                       ": deprecated; use stage3_gather_16bit_weights_on_model_save");
     }
-    z.stage3_module_granularity_threshold = read_aliased(
-        s, "stage3_module_granularity_threshold", "module_granularity_threshold", integer(0, kNonNegative));
-    z.stage3_use_all_reduce_for_fetch_params = read_aliased(
-        s, "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params", boolean(false));
-    z.stage3_allgather_sequential =
-        read_aliased(s, "stage3_allgather_sequential", "allgather_sequential", boolean(false));
+    (void)read_aliased(s, "stage3_module_granularity_threshold", "module_granularity_threshold",
+                       integer(0, kNonNegative));
+    (void)read_aliased(s, "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+                       boolean(false));
+    (void)read_aliased(s, "stage3_allgather_sequential", "allgather_sequential", boolean(false));
 
-    z.zero_hpz_partition_size = s.integer("zero_hpz_partition_size", 1, kNonNegative);
-    if (z.zero_hpz_partition_size > 1) {
+    if (s.integer("zero_hpz_partition_size", 1, kNonNegative) > 1) {
       s.context().warn(
           s.path_of("zero_hpz_partition_size") +
           ": ZeRO++ hierarchical partitioning is not supported by zerotrain; ignored (parameters are "
           "partitioned over the whole data-parallel group, with the same results)");
     }
-    z.zero_quantized_weights = s.boolean("zero_quantized_weights", false);
-    z.zero_quantized_nontrainable_weights = s.boolean("zero_quantized_nontrainable_weights", false);
-    z.zero_quantized_gradients = s.boolean("zero_quantized_gradients", false);
     for (std::string_view key :
          {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients"}) {
       if (s.boolean(key, false)) {
@@ -479,15 +518,11 @@ class ConfigParser {
                "set it to false");
       }
     }
-    z.mics_shard_size = s.integer("mics_shard_size", -1, IntRange{-1});
-    if (z.mics_shard_size > 0) {
+    if (s.integer("mics_shard_size", -1, IntRange{-1}) > 0) {
       s.context().warn(s.path_of("mics_shard_size") +
                        ": MiCS is not supported by zerotrain; ignored (states are partitioned over the whole "
                        "data-parallel group, with the same results)");
     }
-    z.memory_efficient_linear = s.boolean("memory_efficient_linear", true);
-    z.override_module_apply = s.boolean("override_module_apply", true);
-
     check_unsupported(
         s, {
                {"zenflow", Policy::reject, "ZenFlow changes when optimizer updates are applied"},
@@ -516,12 +551,12 @@ class ConfigParser {
     o.nvme_path = s.optional_string("nvme_path");
     o.pin_memory = s.boolean("pin_memory", true);
     o.buffer_count = s.integer("buffer_count", 4, kNonNegative);
-    o.pipeline_read = s.boolean("pipeline_read", false);
-    o.pipeline_write = s.boolean("pipeline_write", false);
-    o.fast_init = s.boolean("fast_init", false);
     o.ratio = s.number("ratio", 1.0, kUnitInterval);
     o.super_offload = s.boolean("super_offload", false);
-    o.cpuadam_cores_perc = s.number("cpuadam_cores_perc", 0.8, kUnitInterval);
+    // How DeepSpeed schedules its swaps and its CPU Adam: zerotrain always pipelines the swaps
+    // (buffer_count 1 is the synchronous order) and updates on its own threads, with the same results.
+    for (std::string_view key : {"pipeline_read", "pipeline_write", "fast_init"}) (void)s.boolean(key, false);
+    (void)s.number("cpuadam_cores_perc", 0.8, kUnitInterval);
     s.accept("convert_grad_on_cpu");  // where DeepSpeed converts gradients; no effect on results
     require_nvme_path(s, o.device, o.nvme_path);
     s.finish();
@@ -591,7 +626,9 @@ class ConfigParser {
   static void parse_fp16(Config& c, Section s) {
     Fp16Config& f = c.fp16;
     f.enabled = s.boolean("enabled", false);
-    f.auto_cast = s.boolean("auto_cast", false);
+    refuse_unless_default(s, "auto_cast", false,
+                          "the engine does not cast the model's inputs; pass them in fp16 (the data of "
+                          "`zerotrain train` already is)");
     f.loss_scale = s.number("loss_scale", 0.0, kNonNegativeNumber);
     f.initial_scale_power = static_cast<int>(s.integer("initial_scale_power", 16, IntRange{0, 127}));
     f.loss_scale_window = s.integer("loss_scale_window", 1000);
@@ -620,7 +657,9 @@ class ConfigParser {
     Section s = top.child(top.has("bfloat16") ? "bfloat16" : "bf16");
     Bf16Config& b = c.bf16;
     b.enabled = s.boolean("enabled", false);
-    b.immediate_grad_update = s.boolean("immediate_grad_update", false);
+    refuse_unless_default(s, "immediate_grad_update", false,
+                          "gradients accumulate in the compute dtype (bf16) across micro-batches, not in "
+                          "fp32 after each one");
     b.check_grad_overflow = s.boolean("check_grad_overflow", true);
     b.bf16_master_weights_and_grads = s.boolean("bf16_master_weights_and_grads", false);
     b.bf16_optimizer_states = s.boolean("bf16_optimizer_states", false);
@@ -654,27 +693,35 @@ class ConfigParser {
     s.finish();
   }
 
-  static void parse_activation_checkpointing(Config& c, Section s) {
-    ActivationCheckpointingConfig& a = c.activation_checkpointing;
-    a.partition_activations = s.boolean("partition_activations", false);
-    a.contiguous_memory_optimization = s.boolean("contiguous_memory_optimization", false);
-    a.cpu_checkpointing = s.boolean("cpu_checkpointing", false);
-    a.number_checkpoints = s.optional_integer("number_checkpoints", kPositive);
-    a.synchronize_checkpoint_boundary = s.boolean("synchronize_checkpoint_boundary", false);
-    a.profile = s.boolean("profile", false);
+  /// The section is accepted absent, empty or with its defaults; `zerotrain estimate` and the
+  /// engine both see the error, since both parse the config.
+  static void parse_activation_checkpointing(Section s) {
+    for (std::string_view key : {"partition_activations", "contiguous_memory_optimization",
+                                 "cpu_checkpointing", "synchronize_checkpoint_boundary", "profile"}) {
+      refuse_unless_default(s, key, false, kNoActivationCheckpointing);
+    }
+    if (const auto count = s.optional_integer("number_checkpoints", kPositive)) {
+      s.fail("number_checkpoints", std::to_string(*count) + " is not supported by zerotrain: " +
+                                       std::string(kNoActivationCheckpointing) +
+                                       "; remove the key or set it to null");
+    }
     s.finish();
   }
 
   static void parse_checkpoint(Config& c, Section s) {
     CheckpointConfig& k = c.checkpoint;
-    k.tag_validation = s.choice<TagValidation>(
-        "tag_validation", TagValidation::warn,
-        {{"Ignore", TagValidation::ignore}, {"Warn", TagValidation::warn}, {"Fail", TagValidation::fail}},
-        /*case_insensitive=*/true);
-    k.load_universal = s.boolean("load_universal", false);
-    k.use_node_local_storage = s.boolean("use_node_local_storage", false);
+    // Ranks that pass different tags to save_checkpoint are always an error (as "Fail"), whatever
+    // DeepSpeed's setting says.
+    (void)s.choice<std::string_view>("tag_validation", "Warn",
+                                     {{"Ignore", "Ignore"}, {"Warn", "Warn"}, {"Fail", "Fail"}},
+                                     /*case_insensitive=*/true);
+    // zerotrain's checkpoints load at any data-parallel size: every load is "universal".
+    (void)s.boolean("load_universal", false);
+    refuse_unless_default(s, "use_node_local_storage", false,
+                          "all ranks write one checkpoint file with MPI-IO, so save_dir must be on a file "
+                          "system that every node shares");
     Section parallel_write = s.child("parallel_write");
-    k.parallel_write_pipeline_stage = parallel_write.boolean("pipeline_stage", false);
+    (void)parallel_write.boolean("pipeline_stage", false);  // no pipeline stages (see "pipeline")
     parallel_write.finish();
     k.save_dir = s.optional_string("save_dir");
     if (k.save_dir && k.save_dir->empty()) s.fail("save_dir", "expected a directory path, got \"\"");
@@ -686,10 +733,20 @@ class ConfigParser {
     s.finish();
   }
 
-  static void parse_data_types(Config& c, Section s) {
-    c.data_types.grad_accum_dtype = read_float_dtype(s, "grad_accum_dtype");
-    c.data_types.param_dtype = read_float_dtype(s, "param_dtype");
-    c.data_types.buffer_dtype = read_float_dtype(s, "buffer_dtype");
+  /// zerotrain keeps parameters, gradients (accumulated ones too) and activations in one dtype; a
+  /// DeepSpeed data type is accepted when it names that dtype.
+  static void parse_data_types(const Config& c, Section s) {
+    const DType compute = c.compute_dtype();
+    for (std::string_view key : {"grad_accum_dtype", "param_dtype", "buffer_dtype"}) {
+      const std::optional<DType> dtype = read_float_dtype(s, key);
+      if (!dtype || *dtype == compute) continue;
+      const std::string compute_name(dtype_name(compute));
+      s.fail(key, render(*s.find(key)) +
+                      " is not supported by zerotrain: parameters, gradients and their accumulation are "
+                      "all in the compute dtype, " +
+                      compute_name + " here (fp16.enabled / bf16.enabled); remove the key or set it to \"" +
+                      compute_name + "\"");
+    }
     s.finish();
   }
 
@@ -700,17 +757,22 @@ class ConfigParser {
         p.stages = s.integer("stages", 1, kPositive);
       }
     }
-    p.partition = s.string("partition", "best");
-    if (p.partition != "best" && p.partition != "parameters" && p.partition != "uniform" &&
-        !p.partition.starts_with("type:")) {
-      s.type_error("partition", json(p.partition),
+    // How DeepSpeed splits and seeds a PipelineModule: they mean nothing while the engine runs one
+    // stage (it refuses more).
+    const std::string partition = s.string("partition", "best");
+    if (partition != "best" && partition != "parameters" && partition != "uniform" &&
+        !partition.starts_with("type:")) {
+      s.type_error("partition", json(partition),
                    "one of \"best\", \"parameters\", \"uniform\", \"type:<regex>\"");
     }
-    p.seed_layers = s.boolean("seed_layers", false);
-    p.activation_checkpoint_interval = s.integer("activation_checkpoint_interval", 0, kNonNegative);
-    p.pipe_partitioned = s.boolean("pipe_partitioned", true);
-    p.grad_partitioned = s.boolean("grad_partitioned", true);
-    p.use_reentrant = s.boolean("use_reentrant", true);
+    (void)s.boolean("seed_layers", false);
+    for (std::string_view key : {"pipe_partitioned", "grad_partitioned", "use_reentrant"})
+      (void)s.boolean(key, true);
+    if (const auto interval = s.integer("activation_checkpoint_interval", 0, kNonNegative); interval != 0) {
+      s.fail("activation_checkpoint_interval", std::to_string(interval) + " is not supported by zerotrain: " +
+                                                   std::string(kNoActivationCheckpointing) +
+                                                   "; remove the key or set it to 0");
+    }
     s.finish();
   }
 
@@ -777,12 +839,24 @@ class ConfigParser {
     c.data = d;
   }
 
-  static void parse_comm(Config& c, Section s) {
-    c.comm.timeout_s = s.number("timeout_s", 600.0, kNonNegativeNumber);
-    c.comm.backend = s.choice<CommBackendChoice>("backend", CommBackendChoice::automatic,
-                                                 {{"auto", CommBackendChoice::automatic},
-                                                  {"mpi", CommBackendChoice::mpi},
-                                                  {"nccl", CommBackendChoice::nccl}});
+  /// zerotrain's "comm" section is read by nothing: its defaults are accepted (older example
+  /// configs and the configs stored in checkpoints have them), other values refused.
+  static void parse_comm(Section s) {
+    if (const double timeout = s.number("timeout_s", 600.0, kNonNegativeNumber); timeout != 600.0) {
+      s.fail("timeout_s",
+             render(*s.find("timeout_s")) +
+                 " is not supported: the config does not set the watchdog; set the environment "
+                 "variable ZT_COLLECTIVE_TIMEOUT (or RuntimeOptions::collective_timeout) instead, "
+                 "docs/fault-detection.md; remove the key or set it to 600");
+    }
+    const std::string_view backend =
+        s.choice<std::string_view>("backend", "auto", {{"auto", "auto"}, {"mpi", "mpi"}, {"nccl", "nccl"}});
+    if (backend != "auto") {
+      s.fail("backend", render(*s.find("backend")) +
+                            " is not supported: the config does not choose the communication backend; the "
+                            "engine reduces over the communicator it is given (EngineOptions::data_parallel; "
+                            "by default MPI over all ranks); remove the key or set it to \"auto\"");
+    }
     s.finish();
   }
 
@@ -874,6 +948,12 @@ Config Config::from_file(const std::filesystem::path& path, int data_parallel_si
   Config config = from_file(path, options);
   config.resolve_batch(data_parallel_size);
   return config;
+}
+
+DType Config::compute_dtype() const {
+  if (bf16.enabled) return DType::bf16;
+  if (fp16.enabled) return DType::fp16;
+  return DType::fp32;
 }
 
 const BatchSizes& Config::batch() const {

@@ -56,18 +56,6 @@ std::string_view to_string(OffloadDevice value) {
   return "?";
 }
 
-std::string_view to_string(TagValidation value) {
-  switch (value) {
-    case TagValidation::ignore:
-      return "Ignore";
-    case TagValidation::warn:
-      return "Warn";
-    case TagValidation::fail:
-      return "Fail";
-  }
-  return "?";
-}
-
 std::string_view to_string(ModelType value) {
   return value == ModelType::mlp ? "mlp" : "gpt";
 }
@@ -96,18 +84,6 @@ std::string_view to_string(DataFormat value) {
       return "builtin";
     case DataFormat::synthetic:
       return "synthetic";
-  }
-  return "?";
-}
-
-std::string_view to_string(CommBackendChoice value) {
-  switch (value) {
-    case CommBackendChoice::automatic:
-      return "auto";
-    case CommBackendChoice::mpi:
-      return "mpi";
-    case CommBackendChoice::nccl:
-      return "nccl";
   }
   return "?";
 }
@@ -199,11 +175,12 @@ ojson scheduler_json(const SchedulerConfig& s) {
 }
 
 ojson offload_optimizer_json(const OffloadOptimizerConfig& o) {
-  return {{"device", to_string(o.device)},    {"nvme_path", optional_value(o.nvme_path)},
-          {"pin_memory", o.pin_memory},       {"buffer_count", o.buffer_count},
-          {"pipeline_read", o.pipeline_read}, {"pipeline_write", o.pipeline_write},
-          {"fast_init", o.fast_init},         {"ratio", o.ratio},
-          {"super_offload", o.super_offload}, {"cpuadam_cores_perc", o.cpuadam_cores_perc}};
+  return {{"device", to_string(o.device)},
+          {"nvme_path", optional_value(o.nvme_path)},
+          {"pin_memory", o.pin_memory},
+          {"buffer_count", o.buffer_count},
+          {"ratio", o.ratio},
+          {"super_offload", o.super_offload}};
 }
 
 ojson offload_param_json(const OffloadParamConfig& o) {
@@ -216,33 +193,13 @@ ojson zero_json(const ZeroConfig& z) {
   ojson j;
   j["stage"] = z.stage;
   j["overlap_comm"] = z.overlap_comm;
-  j["contiguous_gradients"] = z.contiguous_gradients;
-  j["reduce_scatter"] = z.reduce_scatter;
   j["reduce_bucket_size"] = z.reduce_bucket_size;
   j["allgather_bucket_size"] = z.allgather_bucket_size;
-  j["allgather_partitions"] = z.allgather_partitions;
-  j["use_multi_rank_bucket_allreduce"] = z.use_multi_rank_bucket_allreduce;
-  j["round_robin_gradients"] = z.round_robin_gradients;
-  j["load_from_fp32_weights"] = z.load_from_fp32_weights;
-  j["ignore_unused_parameters"] = z.ignore_unused_parameters;
-  j["elastic_checkpoint"] = z.elastic_checkpoint;
   j["sub_group_size"] = z.sub_group_size;
   j["stage3_prefetch_bucket_size"] = z.stage3_prefetch_bucket_size;
   j["stage3_param_persistence_threshold"] = z.stage3_param_persistence_threshold;
-  j["stage3_model_persistence_threshold"] = z.stage3_model_persistence_threshold;
   j["stage3_max_live_parameters"] = z.stage3_max_live_parameters;
   j["stage3_max_reuse_distance"] = z.stage3_max_reuse_distance;
-  j["stage3_gather_16bit_weights_on_model_save"] = z.stage3_gather_16bit_weights_on_model_save;
-  j["stage3_module_granularity_threshold"] = z.stage3_module_granularity_threshold;
-  j["stage3_use_all_reduce_for_fetch_params"] = z.stage3_use_all_reduce_for_fetch_params;
-  j["stage3_allgather_sequential"] = z.stage3_allgather_sequential;
-  j["zero_hpz_partition_size"] = z.zero_hpz_partition_size;
-  j["zero_quantized_weights"] = z.zero_quantized_weights;
-  j["zero_quantized_nontrainable_weights"] = z.zero_quantized_nontrainable_weights;
-  j["zero_quantized_gradients"] = z.zero_quantized_gradients;
-  j["mics_shard_size"] = z.mics_shard_size;
-  j["memory_efficient_linear"] = z.memory_efficient_linear;
-  j["override_module_apply"] = z.override_module_apply;
   j["offload_optimizer"] = offload_optimizer_json(z.offload_optimizer);
   j["offload_param"] = offload_param_json(z.offload_param);
   return j;
@@ -277,20 +234,13 @@ std::string Config::to_json_string(int indent) const {
                                               : optional_value(gradient_accumulation_steps);
   j["gradient_clipping"] = gradient_clipping;
   j["steps_per_print"] = optional_value(steps_per_print);
-  j["wall_clock_breakdown"] = wall_clock_breakdown;
-  j["memory_breakdown"] = memory_breakdown;
-  j["dump_state"] = dump_state;
-  j["prescale_gradients"] = prescale_gradients;
-  j["gradient_predivide_factor"] = gradient_predivide_factor;
   j["gradient_allreduce_op"] = to_string(gradient_allreduce_op);
   j["communication_data_type"] = optional_dtype(communication_data_type);
   j["managed_gradient_accumulation"] = managed_gradient_accumulation;
-  j["dataloader_drop_last"] = dataloader_drop_last;
   j["seed"] = seed;
   j["optimizer"] = optimizer ? optimizer_json(*optimizer) : ojson(nullptr);
   j["scheduler"] = scheduler ? scheduler_json(*scheduler) : ojson(nullptr);
   j["fp16"] = {{"enabled", fp16.enabled},
-               {"auto_cast", fp16.auto_cast},
                {"loss_scale", fp16.loss_scale},
                {"initial_scale_power", fp16.initial_scale_power},
                {"loss_scale_window", fp16.loss_scale_window},
@@ -299,7 +249,6 @@ std::string Config::to_json_string(int indent) const {
                {"min_loss_scale", fp16.min_loss_scale},
                {"fp16_master_weights_and_grads", fp16.fp16_master_weights_and_grads}};
   j["bf16"] = {{"enabled", bf16.enabled},
-               {"immediate_grad_update", bf16.immediate_grad_update},
                {"check_grad_overflow", bf16.check_grad_overflow},
                {"bf16_master_weights_and_grads", bf16.bf16_master_weights_and_grads},
                {"bf16_optimizer_states", bf16.bf16_optimizer_states}};
@@ -310,32 +259,12 @@ std::string Config::to_json_string(int indent) const {
               {"single_submit", aio.single_submit},
               {"overlap_events", aio.overlap_events},
               {"use_gds", aio.use_gds}};
-  const ActivationCheckpointingConfig& ac = activation_checkpointing;
-  j["activation_checkpointing"] = {{"partition_activations", ac.partition_activations},
-                                   {"contiguous_memory_optimization", ac.contiguous_memory_optimization},
-                                   {"cpu_checkpointing", ac.cpu_checkpointing},
-                                   {"number_checkpoints", optional_value(ac.number_checkpoints)},
-                                   {"synchronize_checkpoint_boundary", ac.synchronize_checkpoint_boundary},
-                                   {"profile", ac.profile}};
-  j["checkpoint"] = {{"tag_validation", to_string(checkpoint.tag_validation)},
-                     {"load_universal", checkpoint.load_universal},
-                     {"use_node_local_storage", checkpoint.use_node_local_storage},
-                     {"parallel_write", {{"pipeline_stage", checkpoint.parallel_write_pipeline_stage}}},
-                     {"save_dir", optional_value(checkpoint.save_dir)},
+  j["checkpoint"] = {{"save_dir", optional_value(checkpoint.save_dir)},
                      {"save_interval", checkpoint.save_interval},
                      {"keep_last", checkpoint.keep_last},
                      {"file_mode", octal(checkpoint.file_mode)},
                      {"dir_mode", octal(checkpoint.dir_mode)}};
-  j["data_types"] = {{"grad_accum_dtype", optional_dtype(data_types.grad_accum_dtype)},
-                     {"param_dtype", optional_dtype(data_types.param_dtype)},
-                     {"buffer_dtype", optional_dtype(data_types.buffer_dtype)}};
-  j["pipeline"] = {{"stages", pipeline.stages ? ojson(*pipeline.stages) : ojson("auto")},
-                   {"partition", pipeline.partition},
-                   {"seed_layers", pipeline.seed_layers},
-                   {"activation_checkpoint_interval", pipeline.activation_checkpoint_interval},
-                   {"pipe_partitioned", pipeline.pipe_partitioned},
-                   {"grad_partitioned", pipeline.grad_partitioned},
-                   {"use_reentrant", pipeline.use_reentrant}};
+  j["pipeline"] = {{"stages", pipeline.stages ? ojson(*pipeline.stages) : ojson("auto")}};
   j["model"] = model ? std::visit(ModelJson{}, *model) : ojson(nullptr);
   if (data) {
     j["data"] = {{"path", optional_value(data->path)},
@@ -344,7 +273,6 @@ std::string Config::to_json_string(int indent) const {
   } else {
     j["data"] = nullptr;
   }
-  j["comm"] = {{"timeout_s", comm.timeout_s}, {"backend", to_string(comm.backend)}};
   return j.dump(indent);
 }
 
@@ -430,7 +358,6 @@ std::string Config::summary() const {
       out << "] " << to_string(m.activation);
     }
   }
-  out << "\n  comm: backend " << to_string(comm.backend) << ", watchdog " << comm.timeout_s << " s";
   if (checkpoint.save_dir)
     out << "\n  checkpoints: " << *checkpoint.save_dir << " every " << checkpoint.save_interval << " steps";
   if (!warnings_.empty()) out << "\n  warnings: " << warnings_.size();
