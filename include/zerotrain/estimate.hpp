@@ -8,15 +8,25 @@
 
 namespace zt {
 
+/// Model-state bytes per rank, computed from the engine's own partition plan (src/engine/
+/// partition_plan.hpp): the bytes an engine on the config allocates, padding included, not an
+/// approximation of them. `parameters`, `gradients` and `optimizer_states` are the rank's share of
+/// each state wherever it lives; `parameters_host` and `optimizer_states_host` the part held in
+/// memory (all of it without offload). resident() is what the engine holds between steps: the
+/// metrics' mem.resident and the memory counters show exactly these numbers.
 struct MemoryEstimate {
   std::int64_t parameters_count = 0;  // Ψ
   int world_size = 1;                 // N, the data-parallel size
   int zero_stage = 0;
   DType compute_dtype = DType::fp32;
-  std::uint64_t parameters = 0;  // bytes per rank
-  std::uint64_t gradients = 0;
+  /// The rank's parameters: the flat buffer (stages 0-2, every parameter padded to N pieces and
+  /// aligned to 16 elements) or the shard (stage 3), plus stage 3's persistent parameters, whole.
+  std::uint64_t parameters = 0;
+  std::uint64_t gradients = 0;         // the flat buffer (stages 0-1) or the reduced shard (2-3)
   std::uint64_t optimizer_states = 0;  // fp32 master (16-bit training) + optimizer moments
   std::uint64_t total() const { return parameters + gradients + optimizer_states; }
+  /// In memory between steps: parameters_host + gradients + optimizer_states_host.
+  std::uint64_t resident() const { return parameters_host + gradients + optimizer_states_host; }
   /// Communication staging the engine keeps on top (bytes): gradient reduction buckets
   /// (reduce_bucket_size elements of communication_data_type, two with overlap_comm) and, at stages
   /// 1-2, the parameter all-gather bucket (allgather_bucket_size). Each is capped at the model's size
@@ -37,10 +47,9 @@ struct MemoryEstimate {
   // ---- zero_optimization.offload_param (stage 3) ------------------------------------------------
   OffloadDevice param_offload_device = OffloadDevice::none;
   /// Host memory holding the parameter pieces: all of `parameters` without offload_param and with
-  /// "cpu". With "nvme", the pieces kept within max_in_cpu, min(max_in_cpu, shard) x k, plus, when
-  /// some piece goes to NVMe, buffer_count buffers of the largest piece (ceil(L/N) x k, rounded up
-  /// to 4096 bytes). Exact when max_in_cpu is 0 or covers the shard; an upper bound between (whole
-  /// pieces are kept, the engine may keep fewer elements and use buffers of a smaller piece).
+  /// "cpu". With "nvme", the whole pieces kept within max_in_cpu (in layout order), plus, when some
+  /// piece goes to NVMe, min(buffer_count, pieces on NVMe) buffers of the largest piece on NVMe
+  /// (rounded up to 4096 bytes), plus stage 3's persistent parameters.
   std::uint64_t parameters_host = 0;
   /// "nvme": bytes of the parameter pieces in the rank's parameter swap file.
   std::uint64_t parameters_nvme = 0;
@@ -68,8 +77,11 @@ struct MemoryEstimate {
 ///   stage 1: params kΨ, grads kΨ, states KΨ/N
 ///   stage 2: params kΨ, grads kΨ/N, states KΨ/N
 ///   stage 3: params kΨ/N, grads kΨ/N, states KΨ/N
-/// Partitioned sizes round up to whole elements per rank. With optimizer offload, also where the
-/// states live (host, NVMe) and what would be on a GPU with CUDA (fields above).
+/// The numbers are the plan's: each parameter padded to a multiple of N elements (and, in the flat
+/// layout, to 16), persistent stage-3 parameters whole, swap buffers aligned to 4096 bytes (the usual
+/// O_DIRECT alignment; a disk with a larger one takes a little more). With `parameters_count` and
+/// no model, one tensor of that many elements. With offload, also where the states live (host,
+/// NVMe) and what would be on a GPU with CUDA (fields above).
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                                            std::int64_t parameters_count = 0);
 

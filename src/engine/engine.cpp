@@ -122,9 +122,7 @@ void use_cores_of_this_node(const Runtime& runtime) {
 }  // namespace
 
 DType compute_dtype_of(const Config& config) {
-  if (config.bf16.enabled) return DType::bf16;
-  if (config.fp16.enabled) return DType::fp16;
-  return DType::fp32;
+  return config.compute_dtype();
 }
 
 class Engine::Impl {

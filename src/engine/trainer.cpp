@@ -40,24 +40,36 @@ nlohmann::json model_description(const Config& config, std::int64_t parameters) 
 }
 
 /// Memory by category as the maximum over ranks: per category the peak since the step began
-/// (parameters, gradients and states are steady; activations peak inside the step), and the peak
-/// of the total.
-nlohmann::json memory_max_over_ranks(Communicator& world) {
+/// (parameters, gradients and states are steady; activations peak inside the step, and so do stage
+/// 3's gathered parameters and stages 2-3's transient full gradients), the peak of the total, and
+/// under "resident" the model states held between steps: what the run allocated since `baseline`
+/// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts.
+nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& baseline) {
   const MemorySnapshot host = memory_snapshot(DeviceType::host);
   const MemorySnapshot cuda = memory_snapshot(DeviceType::cuda);
   constexpr MemoryCategory kReported[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                           MemoryCategory::optimizer_states, MemoryCategory::activations,
                                           MemoryCategory::comm_buffers};
-  std::int64_t values[std::size(kReported) + 1];
+  constexpr MemoryCategory kModelStates[] = {MemoryCategory::parameters, MemoryCategory::gradients,
+                                             MemoryCategory::optimizer_states};
+  constexpr std::size_t kPeak = std::size(kReported);
+  std::int64_t values[std::size(kReported) + 1 + std::size(kModelStates)];
   for (std::size_t i = 0; i < std::size(kReported); ++i) {
     values[i] = static_cast<std::int64_t>(host[kReported[i]].peak + cuda[kReported[i]].peak);
   }
-  values[std::size(kReported)] = static_cast<std::int64_t>(host.total.peak + cuda.total.peak);
+  values[kPeak] = static_cast<std::int64_t>(host.total.peak + cuda.total.peak);
+  for (std::size_t i = 0; i < std::size(kModelStates); ++i) {
+    values[kPeak + 1 + i] =
+        static_cast<std::int64_t>(host[kModelStates[i]].current + cuda[kModelStates[i]].current) -
+        static_cast<std::int64_t>(baseline[kModelStates[i]].current);
+  }
   world.all_reduce(values, values, std::size(values), DType::int64, ReduceOp::max);
   nlohmann::json memory;
   for (std::size_t i = 0; i < std::size(kReported); ++i)
     memory[memory_category_name(kReported[i])] = values[i];
-  memory["peak"] = values[std::size(kReported)];
+  memory["peak"] = values[kPeak];
+  for (std::size_t i = 0; i < std::size(kModelStates); ++i)
+    memory["resident"][memory_category_name(kModelStates[i])] = values[kPeak + 1 + i];
   return memory;
 }
 
@@ -125,6 +137,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   ZT_CHECK_AS(ConfigError, options.steps >= 0, "--steps must be >= 0, got ", options.steps);
   const bool leader = runtime.world_rank() == 0;
   check_engine_supports(config);
+  // Device memory counts too, from whatever this process held before the model.
+  MemorySnapshot before_model = memory_snapshot(DeviceType::host);
+  for (std::size_t i = 0; i < kMemoryCategoryCount; ++i)
+    before_model.by_category[i].current += memory_snapshot(DeviceType::cuda).by_category[i].current;
   std::unique_ptr<nn::Module> model = build_model(config);
   Engine engine(runtime, *model, std::move(config));
   const Config& cfg = engine.config();
@@ -263,7 +279,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     summary.last_loss = report.loss;
     ++summary.steps;
 
-    const nlohmann::json memory = memory_max_over_ranks(runtime.world());
+    const nlohmann::json memory = memory_max_over_ranks(runtime.world(), before_model);
     const double tokens_per_second = tokens_per_step / seconds;
     nlohmann::json step_line = {
         {"event", "step"},

@@ -1,0 +1,167 @@
+// `zerotrain estimate` is the engine's allocation: the model-state bytes it predicts for a config
+// equal, byte for byte, what an engine on that config holds in memory (parameters, gradients,
+// optimizer states) after construction, after steps, and as the metrics report them, at ZeRO
+// stages 0-3, in fp32 and bf16, with and without optimizer and parameter offload, at every rank
+// count. Both come from one partition plan (src/engine/partition_plan.hpp); the plan of a config's
+// model, computed without building it, matches the built model parameter by parameter.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine_runs.hpp"
+#include "job_directory.hpp"
+#include "mpi_test_main.hpp"
+#include "offload_configs.hpp"
+#include "src/engine/partition_plan.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/estimate.hpp"
+#include "zerotrain/trainer.hpp"
+
+namespace {
+
+using namespace zt::testing::engine_runs;
+
+constexpr const char* kPrecisions[] = {"", R"(, "bf16": {"enabled": true})"};
+
+struct Case {
+  int stage;
+  std::string offload;  // offload sections inside zero_optimization, or empty
+  std::string label;
+};
+
+/// Every stage in memory; optimizer offload to the host and to NVMe at stages 1-3; parameters on
+/// NVMe at stage 3, all of them or within max_in_cpu, with the optimizer in memory or on NVMe.
+std::vector<Case> cases(const std::string& swap) {
+  std::vector<Case> all;
+  for (int stage : {0, 1, 2, 3}) all.push_back({stage, "", "in memory"});
+  for (int stage : {1, 2, 3}) {
+    all.push_back({stage, offload_section("cpu", ""), "offload_optimizer cpu"});
+    all.push_back({stage, offload_section("nvme", swap, 2), "offload_optimizer nvme"});
+  }
+  const std::string nvme_param =
+      R"("offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"(", "buffer_count": 3)";
+  all.push_back({3, nvme_param + R"(, "max_in_cpu": 0})", "offload_param nvme"});
+  all.push_back({3, nvme_param + R"(, "max_in_cpu": 3000})", "offload_param nvme, max_in_cpu 3000"});
+  all.push_back({3, nvme_param + R"(, "max_in_cpu": 0}, )" + offload_section("nvme", swap, 2),
+                 "offload_param and offload_optimizer nvme"});
+  return all;
+}
+
+/// A config with persistent stage-3 parameters (the default threshold keeps the small ones whole):
+/// the plan counts them too.
+zt::Config config_of(const Case& c, const char* precision) {
+  std::string zero = R"(, "zero_optimization": {"stage": )" + std::to_string(c.stage) +
+                     R"(, "stage3_param_persistence_threshold": 100, "sub_group_size": )" +
+                     std::to_string(kOffloadSubGroup);
+  if (!c.offload.empty()) zero += ", " + c.offload;
+  zero += "}";
+  const int world = zt::testing::runtime().world_size();
+  return parse(gpt_config(kOffloadGlobalBatch / world / 2, 2, zero + precision));
+}
+
+TEST(Estimate, IsTheEnginesModelStateAllocation) {
+  zt::testing::JobDirectory directory("zt-estimate-test", "ZT_TEST_SWAP_DIR");
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  for (const Case& c : cases(directory.path())) {
+    for (const char* precision : kPrecisions) {
+      SCOPED_TRACE("stage " + std::to_string(c.stage) + ", " + c.label + (*precision ? ", bf16" : ", fp32"));
+      const zt::Config config = config_of(c, precision);
+      const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world);
+      const zt::MemorySnapshot before = zt::memory_snapshot(zt::DeviceType::host);
+      auto model = zt::build_model(config);
+      zt::Engine engine(runtime, *model, config);
+      auto held = [&](zt::MemoryCategory category) {
+        return zt::memory_snapshot(zt::DeviceType::host)[category].current - before[category].current;
+      };
+      auto expect_the_estimate = [&](const char* when) {
+        EXPECT_EQ(held(zt::MemoryCategory::parameters), estimate.parameters_host) << when;
+        EXPECT_EQ(held(zt::MemoryCategory::gradients), estimate.gradients) << when;
+        EXPECT_EQ(held(zt::MemoryCategory::optimizer_states), estimate.optimizer_states_host) << when;
+        EXPECT_EQ(held(zt::MemoryCategory::parameters) + held(zt::MemoryCategory::gradients) +
+                      held(zt::MemoryCategory::optimizer_states),
+                  estimate.resident())
+            << when;
+      };
+      expect_the_estimate("after construction");
+      auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+      train_steps(engine, *data, 2);
+      expect_the_estimate("after 2 steps");
+      // What lives in swap files: the placements the engine reports.
+      if (estimate.param_offload_device == zt::OffloadDevice::nvme) {
+        const zt::ParametersPlacement placement = engine.parameters_placement();
+        EXPECT_EQ(placement.nvme_elements * zt::dtype_size(engine.compute_dtype()), estimate.parameters_nvme);
+        EXPECT_GT(estimate.parameters_nvme, 0u);
+      }
+      if (estimate.offload_device == zt::OffloadDevice::nvme) {
+        EXPECT_GE(engine.optimizer_states_placement().swap_bytes, estimate.nvme_bytes);
+        EXPECT_GT(estimate.nvme_bytes, 0u);
+      }
+    }
+  }
+}
+
+/// The metrics of `zerotrain train` report the same resident bytes at every step.
+TEST(Estimate, IsWhatTheMetricsReport) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  const auto path = std::filesystem::temp_directory_path() / "zt_estimate_test_metrics.jsonl";
+  for (int stage : {0, 2, 3}) {
+    for (const char* precision : kPrecisions) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (*precision ? ", bf16" : ", fp32"));
+      const zt::Config config = config_of({stage, "", ""}, precision);
+      const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world);
+      zt::TrainOptions options;
+      options.steps = 3;
+      options.metrics_path = path.string();
+      options.print_every = 0;
+      zt::train(runtime, config, options);
+      if (runtime.world_rank() != 0) continue;
+      std::ifstream in(path);
+      std::string line;
+      int steps = 0;
+      while (std::getline(in, line)) {
+        const nlohmann::json event = nlohmann::json::parse(line);
+        if (event["event"] != "step") continue;
+        ++steps;
+        const nlohmann::json& resident = event["mem"]["resident"];
+        EXPECT_EQ(resident["parameters"].get<std::uint64_t>(), estimate.parameters_host);
+        EXPECT_EQ(resident["gradients"].get<std::uint64_t>(), estimate.gradients);
+        EXPECT_EQ(resident["optimizer_states"].get<std::uint64_t>(), estimate.optimizer_states_host);
+      }
+      EXPECT_EQ(steps, 3);
+    }
+  }
+  if (runtime.world_rank() == 0) std::filesystem::remove(path);
+}
+
+/// The plan of a config's model, made without building it, is the built model's: same names,
+/// shapes and order (GPT tied and untied, MLP).
+TEST(Estimate, PlansTheModelTheConfigBuilds) {
+  const char* models[] = {
+      kGptModel,
+      R"({"type": "gpt", "n_layer": 3, "n_head": 2, "d_model": 16, "seq_len": 8, "vocab_size": 50,
+          "tie_embeddings": false})",
+      R"({"type": "mlp", "sizes": [7, 12, 5, 3], "activation": "gelu"})",
+  };
+  for (const char* model_section : models) {
+    SCOPED_TRACE(model_section);
+    const zt::Config config = parse(gpt_config(2, 1, "", kAdamW, model_section));
+    const std::vector<zt::engine_detail::PlannedParameter> planned =
+        zt::engine_detail::planned_parameters_of_config(config);
+    auto model = zt::build_model(config);
+    const std::vector<zt::nn::Parameter*> built = model->parameters();
+    ASSERT_EQ(planned.size(), built.size());
+    for (std::size_t i = 0; i < built.size(); ++i) {
+      EXPECT_EQ(planned[i].name, built[i]->name) << i;
+      EXPECT_EQ(planned[i].shape, built[i]->value.shape()) << built[i]->name;
+    }
+    EXPECT_EQ(zt::model_parameter_count(config), model->parameter_count());
+  }
+}
+
+}  // namespace
