@@ -59,7 +59,4 @@ class Watchdog {
 /// list its members' world ranks. Collective over `comm`.
 CommIdentity agree_comm_identity(MPI_Comm comm, const std::string& name);
 
-/// "4.0 MiB", "12 B": a byte count for people.
-std::string format_bytes(std::uint64_t bytes);
-
 }  // namespace zt::detail

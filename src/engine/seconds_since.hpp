@@ -1,15 +1,13 @@
-// Wall-clock intervals for the engine's timing reports (waits, updates): one steady clock.
+// The engine's name for base/seconds_since.hpp, kept only for gradient_reducer.cpp and
+// parameter_gatherer.cpp until their rewrite includes base/seconds_since.hpp itself; then delete
+// this file.
 #pragma once
 
-#include <chrono>
+#include "base/seconds_since.hpp"
 
 namespace zt::engine_detail {
 
-using Clock = std::chrono::steady_clock;
-
-/// Seconds from `start` to now.
-inline double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using base::Clock;
+using base::seconds_since;
 
 }  // namespace zt::engine_detail
