@@ -337,22 +337,6 @@ SwapBackendProbe probe_swap_backend() {
   return {SwapBackend::posix, note};
 }
 
-SwapOptions SwapOptions::from_aio(const AioConfig& aio, std::filesystem::path nvme_path) {
-  SwapOptions options;
-  options.nvme_path = std::move(nvme_path);
-  options.block_size = static_cast<std::size_t>(std::max<std::int64_t>(aio.block_size, 0));
-  options.queue_depth = static_cast<std::size_t>(std::max<std::int64_t>(aio.queue_depth, 0));
-  options.intra_op_parallelism =
-      static_cast<std::size_t>(std::max<std::int64_t>(aio.intra_op_parallelism, 0));
-  options.single_submit = aio.single_submit;
-  options.overlap_events = aio.overlap_events;
-  const char* buffered = std::getenv("ZT_SWAP_BUFFERED_IO");
-  options.allow_buffered_io = buffered != nullptr && std::string_view(buffered) == "1";
-  if (const char* backend = std::getenv("ZT_SWAP_BACKEND"))
-    options.backend = swap_backend_from_string(backend);
-  return options;
-}
-
 bool SwapHandle::ready() const {
   return request_ == nullptr || request_->is_done();
 }

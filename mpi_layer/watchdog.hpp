@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/communicator.hpp"
+#include "mpi_layer/op_tracker.hpp"
 
 namespace zt::detail {
 

@@ -16,6 +16,7 @@
 #include "src/engine/gradient_reducer.hpp"
 #include "src/engine/parameter_gatherer.hpp"
 #include "src/engine/parameter_store.hpp"
+#include "src/engine/swap_options_from_config.hpp"
 #include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
@@ -334,7 +335,7 @@ void Engine::build_parameter_store() {
               "zero_optimization.offload_param.nvme_path: required when device is \"nvme\"");
   engine_detail::ParameterStoreOptions options;
   options.dtype = compute_dtype_;
-  options.swap = SwapOptions::from_aio(config_.aio, *offload.nvme_path);
+  options.swap = engine_detail::swap_options_from_config(config_.aio, *offload.nvme_path);
   options.swap->rank = runtime_.world_rank();
   options.swap->pin_memory = offload.pin_memory;
   options.max_in_cpu = offload.max_in_cpu;
@@ -421,7 +422,7 @@ void Engine::build_swapped_states() {
   const auto& zero = config_.zero_optimization;
   const OffloadOptimizerConfig& offload = zero.offload_optimizer;
   engine_detail::SwappedStatesOptions options;
-  options.swap = SwapOptions::from_aio(config_.aio, *offload.nvme_path);
+  options.swap = engine_detail::swap_options_from_config(config_.aio, *offload.nvme_path);
   options.swap.rank = runtime_.world_rank();
   options.swap.pin_memory = offload.pin_memory;
   options.shard_elements = shard_size_;
