@@ -80,10 +80,7 @@ inline RunResult run_through_checkpoint(const Config& saver, const Config& loade
   EXPECT_TRUE(loaded.data_position.has_value());
   if (loaded.data_position) data->restore(*loaded.data_position);
   train_steps(engine, *data, after, [&] { resumed.losses.push_back(engine.last_step().loss); });
-  const std::vector<float> flat = engine.gather_master_parameters();
-  for (const FlatParameter& slot : engine.flat_layout())
-    resumed.master.insert(resumed.master.end(), flat.begin() + slot.offset,
-                          flat.begin() + slot.offset + slot.numel);
+  resumed.master = real_master_parameters(engine);
   return resumed;
 }
 

@@ -17,6 +17,7 @@
 #include "job_directory.hpp"
 #include "mpi_layer/op_tracker.hpp"
 #include "mpi_test_main.hpp"
+#include "runtime_checks.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/engine.hpp"
@@ -98,24 +99,8 @@ TEST(SubCommunicatorRuntime, RanksNodeAndHostsAreThoseOfTheCommunicator) {
   EXPECT_EQ(runtime.thread_level(), job.thread_level());
   EXPECT_EQ(runtime.device(), job.device()) << "a process computes on one device";
 
-  // Node-local ranks count the communicator's ranks on each node, 0..local_size-1 each once.
-  const auto local_ranks = gather(runtime.world(), runtime.local_rank());
-  const auto nodes = gather(runtime.world(), runtime.node_index());
-  const auto local_sizes = gather(runtime.world(), runtime.local_size());
-  int total = 0;
-  for (int node = 0; node < runtime.node_count(); ++node) {
-    std::set<int> seen;
-    int node_size = -1;
-    for (int r = 0; r < runtime.world_size(); ++r) {
-      if (nodes[static_cast<std::size_t>(r)] != node) continue;
-      seen.insert(local_ranks[static_cast<std::size_t>(r)]);
-      node_size = local_sizes[static_cast<std::size_t>(r)];
-    }
-    ASSERT_EQ(static_cast<int>(seen.size()), node_size) << "node " << node;
-    EXPECT_EQ(*seen.begin(), 0);
-    total += node_size;
-  }
-  EXPECT_EQ(total, runtime.world_size());
+  // Node-local ranks count the communicator's ranks on each node.
+  zt::testing::expect_consistent_node_local_ranks(runtime);
   EXPECT_EQ(runtime.host_name(), job.host_name());
   for (const std::string& host : runtime.hosts()) {
     EXPECT_NE(std::find(job.hosts().begin(), job.hosts().end(), host), job.hosts().end()) << host;
@@ -186,13 +171,7 @@ struct Training {
   void train(int steps, std::vector<double>& losses) {
     train_steps(engine, *data, steps, [&] { losses.push_back(engine.last_step().loss); });
   }
-  std::vector<float> master() {
-    const std::vector<float> flat = engine.gather_master_parameters();
-    std::vector<float> real;
-    for (const zt::FlatParameter& slot : engine.flat_layout())
-      real.insert(real.end(), flat.begin() + slot.offset, flat.begin() + slot.offset + slot.numel);
-    return real;
-  }
+  std::vector<float> master() { return real_master_parameters(engine); }
 
   std::unique_ptr<zt::nn::Module> model;
   zt::Engine engine;
