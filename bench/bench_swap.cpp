@@ -15,19 +15,20 @@
 // times (about as long as its I/O), run with 1 buffer (everything in turn) and 3 buffers (read ahead,
 // write behind); prints wall time, work time and the time stalled on I/O for both.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "base/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/swap.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using zt::base::Clock;
+using zt::base::seconds_since;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr std::size_t kMiB = 1 << 20;
 
@@ -85,10 +86,6 @@ Arguments parse(int argc, char** argv) {
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
-}
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 /// One sequential pass over [0, bytes) of the region in requests of the buffer's size; GiB/s.

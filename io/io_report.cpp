@@ -3,9 +3,9 @@
 #include <hdf5.h>
 #include <libaio.h>
 
-#include <cstring>
 #include <string>
 
+#include "base/text.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/report.hpp"
 #include "zerotrain/swap.hpp"
@@ -22,7 +22,7 @@ std::string probe_uring() {
   io_uring ring{};
   const int status = io_uring_queue_init(4, &ring, 0);
   if (status < 0) {
-    return std::string("compiled in, NOT usable: io_uring_queue_init failed: ") + std::strerror(-status) +
+    return std::string("compiled in, NOT usable: io_uring_queue_init failed: ") + base::errno_text(-status) +
            " (kernel too old, or io_uring disabled by sysctl/seccomp); libaio will be used";
   }
   io_uring_queue_exit(&ring);
@@ -35,7 +35,7 @@ std::string probe_uring() {
 std::string probe_libaio() {
   io_context_t context{};
   const int status = io_setup(4, &context);
-  if (status < 0) return std::string("NOT usable: io_setup failed: ") + std::strerror(-status);
+  if (status < 0) return std::string("NOT usable: io_setup failed: ") + base::errno_text(-status);
   io_destroy(context);
   return "usable";
 }

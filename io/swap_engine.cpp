@@ -19,6 +19,8 @@
 #include <thread>
 #include <utility>
 
+#include "base/round_up.hpp"
+#include "base/text.hpp"
 #include "io/swap_naming.hpp"
 #include "io/swap_queues.hpp"
 #include "zerotrain/error.hpp"
@@ -59,7 +61,7 @@ struct SwapRequest {
     std::string message =
         result < 0
             ? concat(verb, " of ", block.bytes, " bytes at offset ", block.offset, " of swap file '", file,
-                     "' failed: ", std::strerror(static_cast<int>(-result)))
+                     "' failed: ", base::errno_text(static_cast<int>(-result)))
             : concat("short ", verb, " at offset ", block.offset, " of swap file '", file, "': ", result,
                      " of ", block.bytes, " bytes",
                      block.is_write ? " (file system full or quota reached?)"
@@ -207,13 +209,8 @@ namespace {
 
 using detail::concat;
 
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-std::string errno_text(int error) {
-  return std::strerror(error);
-}
+using base::errno_text;
+using base::round_up;
 
 }  // namespace
 
@@ -256,17 +253,8 @@ std::uint64_t free_bytes(const std::filesystem::path& path) {
 
 /// "8388608 bytes (8.0 MiB)": exact for scripts, readable for people.
 std::string bytes_text(std::uint64_t bytes) {
-  constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = -1;
-  while (value >= 1024.0 && unit < 3) {
-    value /= 1024.0;
-    ++unit;
-  }
-  if (unit < 0) return concat(bytes, " bytes");
-  char readable[32];
-  std::snprintf(readable, sizeof(readable), "%.1f %s", value, kUnits[unit]);
-  return concat(bytes, " bytes (", readable, ")");
+  if (bytes < 1024) return concat(bytes, " bytes");
+  return concat(bytes, " bytes (", base::byte_size_text(bytes), ")");
 }
 
 std::string default_job_id() {
@@ -347,22 +335,6 @@ SwapBackendProbe probe_swap_backend() {
     }
   }
   return {SwapBackend::posix, note};
-}
-
-SwapOptions SwapOptions::from_aio(const AioConfig& aio, std::filesystem::path nvme_path) {
-  SwapOptions options;
-  options.nvme_path = std::move(nvme_path);
-  options.block_size = static_cast<std::size_t>(std::max<std::int64_t>(aio.block_size, 0));
-  options.queue_depth = static_cast<std::size_t>(std::max<std::int64_t>(aio.queue_depth, 0));
-  options.intra_op_parallelism =
-      static_cast<std::size_t>(std::max<std::int64_t>(aio.intra_op_parallelism, 0));
-  options.single_submit = aio.single_submit;
-  options.overlap_events = aio.overlap_events;
-  const char* buffered = std::getenv("ZT_SWAP_BUFFERED_IO");
-  options.allow_buffered_io = buffered != nullptr && std::string_view(buffered) == "1";
-  if (const char* backend = std::getenv("ZT_SWAP_BACKEND"))
-    options.backend = swap_backend_from_string(backend);
-  return options;
 }
 
 bool SwapHandle::ready() const {

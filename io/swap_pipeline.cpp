@@ -1,20 +1,13 @@
 // Sub-groups through a ring of buffers: read ahead, work, write behind.
 #include <algorithm>
-#include <chrono>
 
+#include "base/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/swap.hpp"
 
 namespace zt {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
+using base::Clock;
+using base::seconds_since;
 
 SwapPipeline::SwapPipeline(SwapEngine& engine, std::vector<std::string> tensor_names,
                            std::size_t buffer_count, MemoryCategory category)

@@ -6,10 +6,10 @@
 
 #include <array>
 #include <cerrno>
-#include <cstring>
 #include <deque>
 #include <vector>
 
+#include "base/text.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/error.hpp"
 
@@ -25,7 +25,7 @@ class UringQueue final : public IoQueue {
  public:
   UringQueue(std::size_t depth, bool single_submit) : depth_(depth), single_submit_(single_submit) {
     const int status = io_uring_queue_init(static_cast<unsigned>(depth), &ring_, 0);
-    ZT_CHECK_AS(IoError, status >= 0, "io_uring_queue_init(", depth, ") failed: ", std::strerror(-status),
+    ZT_CHECK_AS(IoError, status >= 0, "io_uring_queue_init(", depth, ") failed: ", base::errno_text(-status),
                 " (kernel too old, io_uring disabled by sysctl kernel.io_uring_disabled, or blocked by a "
                 "container's seccomp profile)");
   }
@@ -65,7 +65,7 @@ class UringQueue final : public IoQueue {
       do {
         status = io_uring_wait_cqe(&ring_, &first);
       } while (status == -EINTR);
-      ZT_CHECK_AS(IoError, status >= 0, "io_uring_wait_cqe failed: ", std::strerror(-status));
+      ZT_CHECK_AS(IoError, status >= 0, "io_uring_wait_cqe failed: ", base::errno_text(-status));
     }
     std::array<io_uring_cqe*, 64> cqes{};
     while (true) {
@@ -88,7 +88,7 @@ class UringQueue final : public IoQueue {
     do {
       status = io_uring_submit(&ring_);
     } while (status == -EINTR || status == -EAGAIN);
-    ZT_CHECK_AS(IoError, status >= 0, "io_uring_submit failed: ", std::strerror(-status));
+    ZT_CHECK_AS(IoError, status >= 0, "io_uring_submit failed: ", base::errno_text(-status));
   }
 
   io_uring ring_{};
@@ -103,7 +103,7 @@ class AioQueue final : public IoQueue {
       : depth_(depth), single_submit_(single_submit), control_blocks_(depth), events_(depth) {
     const int status = io_setup(static_cast<int>(depth), &context_);
     ZT_CHECK_AS(
-        IoError, status >= 0, "io_setup(", depth, ") failed: ", std::strerror(-status),
+        IoError, status >= 0, "io_setup(", depth, ") failed: ", base::errno_text(-status),
         status == -EAGAIN ? " (the system-wide limit fs.aio-max-nr is reached; raise it with sysctl)" : "");
     for (iocb& control : control_blocks_) free_.push_back(&control);
   }
@@ -145,7 +145,7 @@ class AioQueue final : public IoQueue {
       count = io_getevents(context_, block ? 1 : 0, static_cast<long>(events_.size()), events_.data(),
                            block ? nullptr : &no_wait);
     } while (count == -EINTR);
-    ZT_CHECK_AS(IoError, count >= 0, "io_getevents failed: ", std::strerror(-count));
+    ZT_CHECK_AS(IoError, count >= 0, "io_getevents failed: ", base::errno_text(-count));
     for (int i = 0; i < count; ++i) {
       iocb* control = events_[i].obj;
       free_.push_back(control);

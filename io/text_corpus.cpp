@@ -1,10 +1,10 @@
 // Text -> byte tokens, the text-file converter, and the built-in generated corpus.
 #include <array>
 #include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <string>
 
+#include "base/text.hpp"
 #include "io/splitmix64.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
@@ -20,7 +20,8 @@ std::vector<std::uint32_t> tokenize_bytes(std::string_view text) {
 ConvertStats convert_text_file(const std::filesystem::path& input, const std::filesystem::path& output) {
   std::ifstream in(input, std::ios::binary);
   if (!in)
-    ZT_THROW_AS(IoError, "cannot open text file '", input.string(), "' for reading: ", std::strerror(errno));
+    ZT_THROW_AS(IoError, "cannot open text file '", input.string(),
+                "' for reading: ", base::errno_text(errno));
   TokenFileWriter writer(output, kByteVocabSize, 2);
   ConvertStats stats;
   std::string chunk(1 << 20, '\0');

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <utility>
 
+#include "base/text.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 
@@ -67,9 +68,7 @@ std::string expected_file_size(const TokenFileHeader& header) {
   return std::to_string(header.header_size + header.token_count * header.token_width);
 }
 
-std::string errno_text(int error) {
-  return std::string(std::strerror(error));
-}
+using base::errno_text;
 
 std::array<std::byte, kTokenFileHeaderSize> encode_header(const TokenFileHeader& header) {
   std::array<std::byte, kTokenFileHeaderSize> bytes{};

@@ -2,18 +2,14 @@
 #include "zerotrain/tensor.hpp"
 
 #include <cstring>
-#include <sstream>
 
+#include "base/text.hpp"
 #include "kernels/nn_kernels.hpp"
 
 namespace zt {
 
 std::string shape_string(const Shape& shape) {
-  std::ostringstream out;
-  out << '[';
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ']';
-  return out.str();
+  return base::shape_text(shape);
 }
 
 std::int64_t shape_numel(const Shape& shape) {

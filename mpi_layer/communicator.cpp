@@ -7,6 +7,8 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "mpi_layer/op_tracker.hpp"
 #include "zerotrain/error.hpp"
@@ -201,6 +203,9 @@ void detail::InFlightOp::finish() noexcept {
   }
 }
 
+Communicator::Communicator(int rank, int size, std::string name)
+    : Communicator(rank, size, std::move(name), detail::CommIdentity{}) {}
+
 Communicator::Communicator(int rank, int size, std::string name, detail::CommIdentity identity)
     : rank_(rank),
       size_(size),
@@ -218,9 +223,19 @@ detail::InFlightOp Communicator::begin(CommOp op, std::size_t payload_bytes, std
   return {tracker_.get(), tracker_->begin(op, payload_bytes, type, peer, tag)};
 }
 
+namespace {
+
+/// A Work's registration as an object again (ended when it goes out of scope).
+detail::InFlightOp take_in_flight(detail::OpTracker*& list, std::uint64_t token) {
+  return {std::exchange(list, nullptr), token};
+}
+
+}  // namespace
+
 Work Communicator::tracked(detail::InFlightOp in_flight, Work work) {
   if (work.completed()) return work;  // the backend finished it already; `in_flight` ends here
-  work.in_flight_ = std::move(in_flight);
+  take_in_flight(work.in_flight_list_, work.in_flight_token_).finish();
+  std::tie(work.in_flight_list_, work.in_flight_token_) = in_flight.release();
   return work;
 }
 
@@ -229,24 +244,29 @@ Work Communicator::tracked(detail::InFlightOp in_flight, Work work) {
 Work::Work(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 Work::Work(Work&& other) noexcept
-    : state_(std::move(other.state_)), in_flight_(std::move(other.in_flight_)) {}
+    : state_(std::move(other.state_)),
+      in_flight_list_(std::exchange(other.in_flight_list_, nullptr)),
+      in_flight_token_(other.in_flight_token_) {}
 
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     finish_or_terminate(state_, "Work move-assignment (the overwritten handle had not completed)");
+    take_in_flight(in_flight_list_, in_flight_token_).finish();
     state_ = std::move(other.state_);
-    in_flight_ = std::move(other.in_flight_);
+    in_flight_list_ = std::exchange(other.in_flight_list_, nullptr);
+    in_flight_token_ = other.in_flight_token_;
   }
   return *this;
 }
 
 Work::~Work() {
   finish_or_terminate(state_, "~Work (the handle was destroyed before wait())");
+  take_in_flight(in_flight_list_, in_flight_token_).finish();
 }
 
 void Work::wait() {
   if (!state_) return;
-  const detail::InFlightOp finished_at_exit = std::move(in_flight_);
+  const detail::InFlightOp finished_at_exit = take_in_flight(in_flight_list_, in_flight_token_);
   // The handle is complete afterwards whether or not wait() throws: a failed operation cannot be
   // waited for again, and the state's destructor releases whatever is still pending.
   std::unique_ptr<State> pending = std::move(state_);
@@ -260,12 +280,12 @@ bool Work::test() {
     done = state_->test();
   } catch (...) {
     state_.reset();
-    in_flight_.finish();
+    take_in_flight(in_flight_list_, in_flight_token_).finish();
     throw;
   }
   if (done) {
     state_.reset();
-    in_flight_.finish();
+    take_in_flight(in_flight_list_, in_flight_token_).finish();
   }
   return done;
 }

@@ -8,7 +8,6 @@
 #include "zerotrain/mpi_communicator.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -16,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/seconds_since.hpp"
 #include "mpi_layer/mpi_check.hpp"
 #include "mpi_layer/mpi_communicator_testing.hpp"
 #include "mpi_layer/mpi_datatypes.hpp"
@@ -24,11 +24,8 @@
 namespace zt {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using base::Clock;
+using base::seconds_since;
 
 bool mpi_finalized() {
   int finalized = 0;

@@ -46,9 +46,12 @@ std::string ucx_status(const std::string& library) {
 
 std::string watchdog_status(const Runtime& runtime) {
   if (!runtime.watchdog_running()) {
-    return runtime.thread_level() < MPI_THREAD_MULTIPLE
-               ? "off: needs MPI_THREAD_MULTIPLE"
-               : "off (ZT_COLLECTIVE_TIMEOUT=0 or RuntimeOptions::collective_timeout = 0)";
+    if (runtime.thread_level() < MPI_THREAD_MULTIPLE) return "off: needs MPI_THREAD_MULTIPLE";
+    if (!runtime.covers_mpi_world()) {
+      return "off: this runtime over a sub-communicator is watched by the process's watchdog, and no "
+             "zt::Runtime over MPI_COMM_WORLD runs one";
+    }
+    return "off (ZT_COLLECTIVE_TIMEOUT=0 or RuntimeOptions::collective_timeout = 0)";
   }
   const double timeout = runtime.collective_timeout().count();
   const auto settings = detail::WatchdogSettings::for_timeout(timeout);
@@ -67,14 +70,18 @@ Report mpi_report(const Runtime& runtime) {
   MPI_Get_version(&major, &minor);
   std::string hosts;
   for (const auto& host : runtime.hosts()) hosts += (hosts.empty() ? "" : ", ") + host;
+  int job_size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &job_size);
+  const std::string sub_communicator =
+      runtime.covers_mpi_world() ? "" : " (a sub-communicator of the job's " + std::to_string(job_size) + ")";
   Report report{
       {"mpi", "library", library},
       {"mpi", "standard", std::to_string(major) + "." + std::to_string(minor)},
       {"mpi", "thread level", Runtime::thread_level_name(runtime.thread_level())},
       {"mpi", "launcher", runtime.launcher()},
       {"mpi", "ranks",
-       std::to_string(runtime.world_size()) + " on " + std::to_string(runtime.node_count()) +
-           " node(s): " + hosts},
+       std::to_string(runtime.world_size()) + sub_communicator + " on " +
+           std::to_string(runtime.node_count()) + " node(s): " + hosts},
       {"mpi", "local ranks on this node", std::to_string(runtime.local_size())},
       {"mpi", "UCX", ucx_status(library)},
   };

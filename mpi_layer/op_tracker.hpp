@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zerotrain/communicator.hpp"
@@ -38,6 +39,14 @@ struct WatchdogClock {
         std::chrono::duration_cast<duration>(std::chrono::steady_clock::now().time_since_epoch()));
 #endif
   }
+};
+
+/// Who a communicator is across processes, for the watchdog: an id that every member agreed on
+/// when it was created (0: none) and the MPI_COMM_WORLD rank of each member, in communicator rank
+/// order (the watchdog talks to the other processes by these ranks).
+struct CommIdentity {
+  std::uint64_t id = 0;
+  std::vector<int> world_ranks;
 };
 
 /// Collectives are numbered per communicator (every member numbers alike); send and recv are
@@ -88,6 +97,37 @@ class OpTracker {
   std::uint64_t collectives_started_ = 0;
   std::uint64_t point_to_point_started_ = 0;
   std::vector<OpRecord> in_flight_;
+};
+
+/// One operation registered as in flight; destroying (or finish()ing) it marks it complete.
+class InFlightOp {
+ public:
+  InFlightOp() = default;
+  InFlightOp(OpTracker* tracker, std::uint64_t token) : tracker_(tracker), token_(token) {}
+  InFlightOp(InFlightOp&& other) noexcept
+      : tracker_(std::exchange(other.tracker_, nullptr)), token_(other.token_) {}
+  InFlightOp& operator=(InFlightOp&& other) noexcept {
+    if (this != &other) {
+      finish();
+      tracker_ = std::exchange(other.tracker_, nullptr);
+      token_ = other.token_;
+    }
+    return *this;
+  }
+  InFlightOp(const InFlightOp&) = delete;
+  InFlightOp& operator=(const InFlightOp&) = delete;
+  ~InFlightOp() { finish(); }
+  void finish() noexcept;
+
+  /// Hand the registration to a zt::Work, which keeps it as (list, token) because the public
+  /// header cannot name this class's definition; InFlightOp(list, token) takes it back.
+  std::pair<OpTracker*, std::uint64_t> release() noexcept {
+    return {std::exchange(tracker_, nullptr), token_};
+  }
+
+ private:
+  OpTracker* tracker_ = nullptr;
+  std::uint64_t token_ = 0;
 };
 
 /// The trackers of all live communicators of this process, for the watchdog.

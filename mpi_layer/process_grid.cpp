@@ -9,11 +9,12 @@
 namespace zt {
 namespace {
 
-/// Split the world by `color` (ranks sharing it form one group), ordered by world rank, and wrap
-/// the result; the temporary split is freed once the communicator holds its own duplicate.
-std::unique_ptr<Communicator> split_world(int color, int world_rank, const std::string& name) {
+/// Split the runtime's world by `color` (ranks sharing it form one group), ordered by world rank,
+/// and wrap the result; the temporary split is freed once the communicator holds its own duplicate.
+std::unique_ptr<Communicator> split_world(MPI_Comm world, int color, int world_rank,
+                                          const std::string& name) {
   MPI_Comm split = MPI_COMM_NULL;
-  ZT_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, color, world_rank, &split), "world");
+  ZT_CHECK_MPI(MPI_Comm_split(world, color, world_rank, &split), "world");
   auto communicator = make_mpi_communicator(split, name);
   MPI_Comm_free(&split);
   return communicator;
@@ -49,9 +50,10 @@ ProcessGrid::ProcessGrid(Runtime& runtime, GridShape shape) : shape_(shape) {
   coordinates_ = coordinates_of(rank, shape_);
   const auto& c = coordinates_;
   // Ranks in one group share every coordinate but the one that varies inside the group.
-  data_ = split_world(c.pipeline * shape_.tensor + c.tensor, rank, "data");
-  pipeline_ = split_world(c.data * shape_.tensor + c.tensor, rank, "pipeline");
-  tensor_ = split_world(c.pipeline * shape_.data + c.data, rank, "tensor");
+  const MPI_Comm world_comm = runtime.world_comm();
+  data_ = split_world(world_comm, c.pipeline * shape_.tensor + c.tensor, rank, "data");
+  pipeline_ = split_world(world_comm, c.data * shape_.tensor + c.tensor, rank, "pipeline");
+  tensor_ = split_world(world_comm, c.pipeline * shape_.data + c.data, rank, "tensor");
 }
 
 ProcessGrid::~ProcessGrid() = default;

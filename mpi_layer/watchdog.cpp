@@ -27,6 +27,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "base/text.hpp"
 #include "mpi_layer/mpi_check.hpp"
 #include "mpi_layer/op_tracker.hpp"
 #include "zerotrain/error.hpp"
@@ -53,20 +54,6 @@ std::optional<double> collective_timeout_from_environment() {
               "ZT_COLLECTIVE_TIMEOUT='", text,
               "' is not a number of seconds; expected e.g. 600 or 30.5, or 0 to turn the watchdog off");
   return seconds;
-}
-
-std::string format_bytes(std::uint64_t bytes) {
-  constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(units)) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f %s", value, units[unit]);
-  return text;
 }
 
 CommIdentity agree_comm_identity(MPI_Comm comm, const std::string& name) {
@@ -194,7 +181,7 @@ std::string describe(const OpView& op) {
   if (kind == CommOp::barrier) return out.str();
   out << " (";
   if (!is_collective(kind)) out << "tag " << op.tag << ", ";
-  out << format_bytes(op.bytes);
+  out << base::byte_size_text(op.bytes);
   if (op.dtype >= 0) out << " " << dtype_name(static_cast<DType>(op.dtype));
   if (kind == CommOp::broadcast) out << ", root " << peer_text(op);
   out << ")";

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/communicator.hpp"
+#include "mpi_layer/op_tracker.hpp"
 
 namespace zt::detail {
 
@@ -58,8 +58,5 @@ class Watchdog {
 /// Agree on an id for a new communicator among its members (one MPI_Allreduce over `comm`) and
 /// list its members' world ranks. Collective over `comm`.
 CommIdentity agree_comm_identity(MPI_Comm comm, const std::string& name);
-
-/// "4.0 MiB", "12 B": a byte count for people.
-std::string format_bytes(std::uint64_t bytes);
 
 }  // namespace zt::detail

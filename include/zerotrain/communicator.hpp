@@ -67,41 +67,11 @@ struct TrafficStats {
 };
 
 namespace detail {
-
-class OpTracker;  // the in-flight operations of one communicator (mpi_layer/op_tracker.hpp)
-
-/// Who a communicator is across processes, for the watchdog: an id that every member agreed on
-/// when it was created (0: none) and the world rank of each member, in communicator rank order.
-struct CommIdentity {
-  std::uint64_t id = 0;
-  std::vector<int> world_ranks;
-};
-
-/// One operation registered as in flight; destroying (or finish()ing) it marks it complete.
-class InFlightOp {
- public:
-  InFlightOp() = default;
-  InFlightOp(OpTracker* tracker, std::uint64_t token) : tracker_(tracker), token_(token) {}
-  InFlightOp(InFlightOp&& other) noexcept
-      : tracker_(std::exchange(other.tracker_, nullptr)), token_(other.token_) {}
-  InFlightOp& operator=(InFlightOp&& other) noexcept {
-    if (this != &other) {
-      finish();
-      tracker_ = std::exchange(other.tracker_, nullptr);
-      token_ = other.token_;
-    }
-    return *this;
-  }
-  InFlightOp(const InFlightOp&) = delete;
-  InFlightOp& operator=(const InFlightOp&) = delete;
-  ~InFlightOp() { finish(); }
-  void finish() noexcept;
-
- private:
-  OpTracker* tracker_ = nullptr;
-  std::uint64_t token_ = 0;
-};
-
+// The watchdog's bookkeeping, private to mpi_layer/ (op_tracker.hpp): the in-flight operations of
+// one communicator, one operation's registration there, and who a communicator's members are.
+class OpTracker;
+class InFlightOp;
+struct CommIdentity;
 }  // namespace detail
 
 /// Handle to a non-blocking operation. wait() blocks until it completes (and finishes any
@@ -125,7 +95,10 @@ class Work {
  private:
   friend class Communicator;  // registers the operation as in flight
   std::unique_ptr<State> state_;
-  detail::InFlightOp in_flight_;  // finished when state_ completes
+  // The operation's registration in its communicator's in-flight list, ended when state_
+  // completes: the list (opaque here) and the operation's token in it.
+  detail::OpTracker* in_flight_list_ = nullptr;
+  std::uint64_t in_flight_token_ = 0;
 };
 
 class Work::State {
@@ -187,9 +160,11 @@ class Communicator {
   void reset_traffic() { traffic_ = {}; }
 
  protected:
-  /// `identity` lets the watchdog ask the other members about a hang (backends agree on it at
-  /// creation, see detail::agree_comm_identity); without one it can still report a local timeout.
-  Communicator(int rank, int size, std::string name, detail::CommIdentity identity = {});
+  /// The watchdog reports a hang here as a local timeout: it cannot ask the other members.
+  Communicator(int rank, int size, std::string name);
+  /// For zerotrain's backends (mpi_layer/): `identity`, agreed on by the members at creation, lets
+  /// the watchdog ask the other members about a hang.
+  Communicator(int rank, int size, std::string name, detail::CommIdentity identity);
 
   /// Record one completed operation (backends call this from their blocking paths and Work states).
   void record(CommOp op, std::size_t payload_bytes, double seconds);

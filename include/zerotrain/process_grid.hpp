@@ -31,8 +31,9 @@ struct GridCoordinates {
 
 class ProcessGrid {
  public:
-  /// Split the world into the grid. data <= 0 means "what is left": world / (pipeline * tensor).
-  /// A shape whose product is not the world size is an error that names the sizes.
+  /// Split the runtime's world (all of MPI_COMM_WORLD, or the communicator of a runtime over a
+  /// sub-communicator; world ranks are ranks in it) into the grid. data <= 0 means "what is left": world /
+  /// (pipeline * tensor). A shape whose product is not the world size is an error that names the sizes.
   ProcessGrid(Runtime& runtime, GridShape shape);
   ProcessGrid(const ProcessGrid&) = delete;
   ProcessGrid& operator=(const ProcessGrid&) = delete;

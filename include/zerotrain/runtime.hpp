@@ -1,10 +1,12 @@
 // The MPI runtime: initialization and finalization (RAII), world and node-local ranks, hosts,
-// and the binding of local ranks to GPUs. Works under mpirun, srun, and as a singleton.
+// and the binding of local ranks to GPUs. Works under mpirun, srun, and as a singleton, and over a
+// sub-communicator of an MPI the caller runs (several trainings in one job).
 #pragma once
 
 #include <mpi.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,10 +16,6 @@
 #include "zerotrain/watchdog.hpp"
 
 namespace zt {
-
-namespace detail {
-class Watchdog;
-}
 
 struct RuntimeOptions {
   /// Thread level asked of MPI. MULTIPLE lets a watchdog or progress thread call MPI; the runtime
@@ -38,71 +36,85 @@ struct RuntimeOptions {
   /// this long ends the job with a report of the operation and of the ranks that have not arrived
   /// (exit code kWatchdogTimeoutExitCode); a rank without heartbeat for min(this, 60 s) ends it too
   /// (kWatchdogRankLostExitCode). 0 turns the watchdog off. The environment variable
-  /// ZT_COLLECTIVE_TIMEOUT (seconds) overrides it. Needs MPI_THREAD_MULTIPLE.
+  /// ZT_COLLECTIVE_TIMEOUT (seconds) overrides it. Needs MPI_THREAD_MULTIPLE. Applies to the runtime
+  /// that starts the process's watchdog (see Runtime).
   std::chrono::duration<double> collective_timeout{kDefaultCollectiveTimeoutSeconds};
 };
 
+/// The ranks a training runs on, and the process around them.
+///
+/// Runtime(&argc, &argv) is the job's runtime: its world is MPI_COMM_WORLD. Runtime(comm) is a
+/// runtime over a communicator of an MPI that is already running, e.g. one half of a job split
+/// into two trainings: world(), world_rank(), world_size(), the node-local ranks and hosts() are
+/// then those of `comm`, and the runtime neither initializes nor finalizes MPI.
+///
+/// The watchdog (docs/fault-detection.md) is one per process. Only a runtime over the whole world
+/// (Runtime(&argc, &argv), or Runtime(comm) with comm MPI_COMM_WORLD or a duplicate) starts it,
+/// and only if none runs yet; it watches every communicator of the process, whichever runtime
+/// made it, and is stopped by the runtime that started it. A runtime over a sub-communicator
+/// never starts one (that takes every process of the job): its communicators are watched by the
+/// process's watchdog when one runs, so keep a runtime over the world alive around such runtimes
+/// (as the MPI test main does) to have their hangs detected, and destroy them first.
 class Runtime {
  public:
   /// Initializes MPI unless the caller already did (then it neither initializes nor finalizes).
   Runtime(int* argc, char*** argv, RuntimeOptions options = {});
   explicit Runtime(RuntimeOptions options = {}) : Runtime(nullptr, nullptr, options) {}
+  /// A runtime over `comm` (its own duplicate of it) in an MPI the caller initialized and will
+  /// finalize. Collective over `comm`. options.requested_thread_level does not apply (MPI is up).
+  /// With bind_device, it takes the device another live runtime of this process bound, else
+  /// local_rank() % visible devices (local to `comm`: where two trainings share a node without a
+  /// world runtime, set bind_device = false and choose the devices yourself).
+  explicit Runtime(MPI_Comm comm, RuntimeOptions options = {});
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
   ~Runtime();
 
-  int world_rank() const { return world_rank_; }
-  int world_size() const { return world_size_; }
-  int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }
-  int node_count() const { return static_cast<int>(hosts_.size()); }
+  int world_rank() const;
+  int world_size() const;
+  int local_rank() const;
+  int local_size() const;
+  int node_count() const;
   /// Index of this rank's node in hosts().
-  int node_index() const { return node_index_; }
+  int node_index() const;
   /// Distinct host names, in order of their lowest world rank.
-  const std::vector<std::string>& hosts() const { return hosts_; }
-  const std::string& host_name() const { return hosts_[node_index_]; }
-  int thread_level() const { return thread_level_; }
+  const std::vector<std::string>& hosts() const;
+  const std::string& host_name() const;
+  int thread_level() const;
   static std::string thread_level_name(int level);
   /// The device this rank computes on: a bound GPU, or the host.
-  Device device() const { return device_; }
+  Device device() const;
   /// Whether this object initialized MPI (and so will finalize it).
-  bool owns_mpi() const { return owns_mpi_; }
-  /// MPI_COMM_WORLD behind the communicator interface.
-  Communicator& world() { return *world_; }
-  MPI_Comm world_comm() const { return MPI_COMM_WORLD; }
-  MPI_Comm node_comm() const { return node_comm_; }
+  bool owns_mpi() const;
+  /// Whether world() is all of MPI_COMM_WORLD, rank for rank (false: a sub-communicator).
+  bool covers_mpi_world() const;
+  /// The runtime's ranks behind the communicator interface ("world").
+  Communicator& world();
+  /// The MPI communicator of world()'s ranks: MPI_COMM_WORLD for Runtime(&argc, &argv), else this
+  /// runtime's duplicate of `comm` (valid as long as the runtime).
+  MPI_Comm world_comm() const;
+  /// The ranks of world() on this node.
+  MPI_Comm node_comm() const;
   /// What launched us: "mpirun", "srun", or "singleton" (no launcher).
-  const std::string& launcher() const { return launcher_; }
+  const std::string& launcher() const;
 
-  /// The collective timeout in effect (options or ZT_COLLECTIVE_TIMEOUT); 0 when off.
-  std::chrono::duration<double> collective_timeout() const { return collective_timeout_; }
-  /// Whether the watchdog thread runs (a timeout above 0 and MPI_THREAD_MULTIPLE).
-  bool watchdog_running() const { return watchdog_ != nullptr; }
+  /// The collective timeout of the watchdog that watches this runtime's communicators (this
+  /// process's one: see above); 0 when none runs.
+  std::chrono::duration<double> collective_timeout() const;
+  /// Whether a watchdog watches this runtime's communicators (a timeout above 0 and
+  /// MPI_THREAD_MULTIPLE, and for a runtime over a sub-communicator, a runtime over the world
+  /// that started it).
+  bool watchdog_running() const;
 
   /// Whether keep_freed_memory is in effect for this process.
-  bool keeps_freed_memory() const { return keeps_freed_memory_; }
+  bool keeps_freed_memory() const;
 
   /// MPI library version string (MPI_Get_library_version), first line.
   static std::string mpi_library_version();
 
  private:
-  void start_watchdog(const RuntimeOptions& options, std::vector<std::string> host_of_rank);
-
-  bool owns_mpi_ = false;
-  bool keeps_freed_memory_ = false;
-  int thread_level_ = MPI_THREAD_SINGLE;
-  int world_rank_ = 0;
-  int world_size_ = 1;
-  int local_rank_ = 0;
-  int local_size_ = 1;
-  int node_index_ = 0;
-  std::vector<std::string> hosts_;
-  MPI_Comm node_comm_ = MPI_COMM_NULL;
-  Device device_{};
-  std::string launcher_;
-  std::unique_ptr<Communicator> world_;
-  std::chrono::duration<double> collective_timeout_{0.0};
-  std::unique_ptr<detail::Watchdog> watchdog_;  // last: stopped first
+  struct Impl;  // mpi_layer/runtime.cpp
+  std::unique_ptr<Impl> impl_;
 };
 
 /// Run `body` and turn any exception into a report naming the rank, then MPI_Abort the job with

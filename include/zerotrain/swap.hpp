@@ -1,6 +1,6 @@
 // NVMe swap: asynchronous, O_DIRECT reads and writes of host buffers to one swap file per rank.
 //
-//   zt::SwapEngine swap(zt::SwapOptions::from_aio(config.aio, "/local/nvme"));
+//   zt::SwapEngine swap({.nvme_path = "/local/nvme", .queue_depth = 16});
 //   swap.register_tensor("adam.m.0", bytes);            // space reserved now: a full disk fails here
 //   zt::Buffer m = swap.allocate_buffer(bytes);         // aligned for O_DIRECT
 //   zt::SwapHandle out = swap.swap_out("adam.m.0", m.data());
@@ -25,7 +25,6 @@
 #include <utility>
 #include <vector>
 
-#include "zerotrain/config.hpp"
 #include "zerotrain/device.hpp"
 
 namespace zt {
@@ -61,18 +60,18 @@ struct SwapOptions {
   bool single_submit = false;            // one submission call per block instead of batches
   bool overlap_events = true;            // refill the queue as blocks complete (false: in waves)
   /// Without O_DIRECT support (tmpfs on old kernels, ramfs, some network file systems) the engine
-  /// refuses to start unless this is set; then it uses the page cache. Environment:
-  /// ZT_SWAP_BUFFERED_IO=1 (read by from_aio).
+  /// refuses to start unless this is set; then it uses the page cache. The engine sets it when
+  /// ZT_SWAP_BUFFERED_IO=1 (src/engine/swap_options_from_config.cpp).
   bool allow_buffered_io = false;
   /// Page-lock the buffers of allocate_buffer() (offload_*.pin_memory) when a CUDA device is usable,
   /// so that copies between them and the device run asynchronously; pageable otherwise, and when
   /// the file system's alignment exceeds the page size that pinned allocations guarantee.
   bool pin_memory = false;
-  int rank = -1;       // in the file name; -1: the world rank zt::Runtime set, or 0
+  /// In the file name; -1: this process's rank in MPI_COMM_WORLD as zt::Runtime recorded it (also
+  /// under a runtime over a sub-communicator, so that trainings side by side never share a name),
+  /// 0 without a runtime.
+  int rank = -1;
   std::string job_id;  // in the file name; empty: host name, process id and a per-process counter
-
-  /// The ds_config "aio" section and an offload nvme_path.
-  static SwapOptions from_aio(const AioConfig& aio, std::filesystem::path nvme_path);
 };
 
 /// One asynchronous read or write. Copyable; wait on it through the engine that issued it.

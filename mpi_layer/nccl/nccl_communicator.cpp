@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/seconds_since.hpp"
 #include "mpi_layer/watchdog.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
@@ -20,11 +20,8 @@
 namespace zt {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using base::Clock;
+using base::seconds_since;
 
 std::byte* at(void* pointer, std::size_t bytes) {
   return static_cast<std::byte*>(pointer) + bytes;

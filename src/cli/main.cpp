@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/text.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
@@ -241,27 +242,14 @@ std::string resolve_checkpoint(const std::string& dir, const std::optional<std::
   return path;
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-std::string size_text(std::uint64_t bytes) {
-  char text[64];
-  if (bytes < (1u << 20)) {
-    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024.0);
-  } else {
-    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  }
-  return text;
-}
+using zt::base::byte_size_text;
+using zt::base::shape_text;
 
 void print_summary(const zt::CheckpointSummary& summary, const std::string& dir) {
   const auto row = [](const char* key, const std::string& value) {
     std::printf("%-16s%s\n", key, value.c_str());
   };
-  row("file", summary.path + " (" + size_text(summary.file_bytes) + ", " +
+  row("file", summary.path + " (" + byte_size_text(summary.file_bytes) + ", " +
                   std::to_string(summary.file_bytes) + " B)");
   std::string tag = summary.tag;
   if (fs::is_directory(dir) && zt::latest_checkpoint_tag(dir) == summary.tag) tag += " (latest)";
@@ -301,7 +289,7 @@ void print_summary(const zt::CheckpointSummary& summary, const std::string& dir)
                 shape_text(dataset.shape).c_str(), dataset.dtype.c_str(),
                 static_cast<unsigned long long>(dataset.checksum));
   }
-  std::printf("%zu datasets, %s of data\n", summary.datasets.size(), size_text(stored).c_str());
+  std::printf("%zu datasets, %s of data\n", summary.datasets.size(), byte_size_text(stored).c_str());
 }
 
 /// An error's message without the "zerotrain error on rank R (file:line): " prefix: the command's

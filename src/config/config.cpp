@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
+#include "base/text.hpp"
 #include "src/config/json_reader.hpp"
 
 namespace zt {
@@ -936,10 +936,10 @@ Config Config::from_file(const std::filesystem::path& path, const ConfigParseOpt
   if (std::filesystem::is_directory(path, error))
     ZT_THROW_AS(ConfigError, label, ": is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) ZT_THROW_AS(ConfigError, label, ": cannot open: ", std::strerror(errno));
+  if (!in) ZT_THROW_AS(ConfigError, label, ": cannot open: ", base::errno_text(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) ZT_THROW_AS(ConfigError, label, ": read failed: ", std::strerror(errno));
+  if (in.bad()) ZT_THROW_AS(ConfigError, label, ": read failed: ", base::errno_text(errno));
   return ConfigParser::parse_text(text.str(), path.string(), options);
 }
 

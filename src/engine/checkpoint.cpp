@@ -13,6 +13,7 @@
 #include <limits>
 #include <thread>
 
+#include "base/text.hpp"
 #include "io/hdf5_file.hpp"
 #include "src/engine/checkpointer.hpp"
 #include "src/engine/string_broadcast.hpp"
@@ -66,11 +67,11 @@ void on_rank0_everywhere(Communicator& communicator, Work&& work) {
 
 void fsync_path(const fs::path& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
-  ZT_CHECK_AS(IoError, fd >= 0, "cannot open '", path.string(), "' to sync it: ", std::strerror(errno));
+  ZT_CHECK_AS(IoError, fd >= 0, "cannot open '", path.string(), "' to sync it: ", base::errno_text(errno));
   const int status = ::fsync(fd);
   const int saved = errno;
   ::close(fd);
-  ZT_CHECK_AS(IoError, status == 0, "fsync of '", path.string(), "' failed: ", std::strerror(saved));
+  ZT_CHECK_AS(IoError, status == 0, "fsync of '", path.string(), "' failed: ", base::errno_text(saved));
 }
 
 /// Write `text` to `path` atomically: a temporary next to it, synced, renamed over it.
@@ -93,12 +94,6 @@ void check_tag(const std::string& tag) {
               !tag.empty() && tag.find('/') == std::string::npos && tag.front() != '.' && tag != "latest",
               "checkpoint tag '", tag,
               "': expected a non-empty name without '/', not starting with '.', not 'latest'");
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 std::vector<nn::Dropout*> dropouts_of(nn::Module& model) {
@@ -179,7 +174,7 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
     }
     ZT_CHECK_AS(IoError, fs::is_directory(directory), "checkpoint directory '", dir, "' is not a directory");
     ZT_CHECK_AS(IoError, ::access(directory.c_str(), W_OK) == 0, "checkpoint directory '", dir,
-                "' is not writable: ", std::strerror(errno));
+                "' is not writable: ", base::errno_text(errno));
     // Temporaries of saves that died half-way (a killed job) are garbage: no save of this job runs.
     for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
       const std::string name = entry.path().filename().string();
@@ -350,7 +345,7 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
     const std::vector<std::int64_t> stored = file.shape(name);
     const std::vector<std::int64_t> expected = global_shape(i);
     ZT_CHECK_AS(IoError, stored == expected, "checkpoint '", path, "' dataset '", name, "' has shape ",
-                shape_text(stored), " but the model's parameter has ", shape_text(expected));
+                base::shape_text(stored), " but the model's parameter has ", base::shape_text(expected));
   }
   ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == plan_.parameter_count(), "checkpoint '",
               path, "' holds ", file.int_attribute("model", "parameters"), " parameter elements, the model ",

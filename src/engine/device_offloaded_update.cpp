@@ -2,13 +2,16 @@
 #include "src/engine/device_offloaded_update.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
-#include "src/engine/seconds_since.hpp"
+#include "base/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
+
+using base::Clock;
+using base::seconds_since;
+
 DeviceOffloadedUpdate::DeviceOffloadedUpdate(const DeviceOffloadedUpdateOptions& options)
     : options_(options) {
   if (options_.device.is_cuda()) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "base/seconds_since.hpp"
 #include "kernels/nn_kernels.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "src/engine/checkpointer.hpp"
@@ -20,7 +21,6 @@
 #include "src/engine/optimizer_states.hpp"
 #include "src/engine/parallel_context.hpp"
 #include "src/engine/partition_plan.hpp"
-#include "src/engine/seconds_since.hpp"
 #include "src/engine/sharded_parameters.hpp"
 #include "src/engine/zero_strategy.hpp"
 #include "zerotrain/error.hpp"
@@ -234,10 +234,9 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
                                                  .config = config_,
                                                  .parameters = parameters_,
                                                  .uses = uses_,
-                                                 .external = external_,
-                                                 .swap_rank = runtime_.world_rank()});
+                                                 .external = external_});
   if (external_ == nullptr) install_hooks();
-  states_ = engine_detail::make_optimizer_states(plan_, *strategy_, config_, runtime_.world_rank());
+  states_ = engine_detail::make_optimizer_states(plan_, *strategy_, config_);
   // With offload_param "nvme" the parameter store holds the pieces now; the optimizer's master was
   // initialized from the shard in memory above.
   if (auto* sharded = dynamic_cast<engine_detail::ShardedParameters*>(strategy_.get()))
@@ -384,9 +383,9 @@ bool Engine::Impl::step() {
   if (plan_.partition_count() > 1) span = span | engine_detail::GroupSpan::data;
   if ((plan_.partition_count() > 1) || parallel_.tensor().size() > 1 || parallel_.pipeline().size() > 1) {
     double partial[2] = {check.sum_sq, check.found_inf ? 1.0 : 0.0};
-    const auto started = engine_detail::Clock::now();
+    const auto started = base::Clock::now();
     parallel_.sum(partial, 2, DType::fp64, span);
-    step_wait_seconds_ += engine_detail::seconds_since(started);
+    step_wait_seconds_ += base::seconds_since(started);
     check = {partial[0], partial[1] > 0};
   }
   const bool overflow = loss_scaler_.checks_overflow() && check.found_inf;

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/seconds_since.hpp"
 #include "kernels/nn_kernels.hpp"
-#include "src/engine/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
 
@@ -32,9 +32,9 @@ std::byte* FlatParameters::parameters(std::size_t index) {
 
 void FlatParameters::after_update() {
   if (plan_.partition_count() > 1) {
-    const auto started = std::chrono::steady_clock::now();
+    const auto started = base::Clock::now();
     all_gather_updated_parameters();
-    allgather_wait_seconds_ += seconds_since(started);
+    allgather_wait_seconds_ += base::seconds_since(started);
   }
   if (external_ != nullptr) copy_parameters_out();
 }

@@ -1,15 +1,18 @@
 // Bucketed gradient reduction (see gradient_reducer.hpp).
 #include "src/engine/gradient_reducer.hpp"
+#include "base/seconds_since.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "kernels/nn_kernels.hpp"
-#include "src/engine/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
+
+using base::Clock;
+using base::seconds_since;
 namespace {
 
 std::byte* at(void* base, std::int64_t elements, DType dtype) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/nn_kernels.hpp"
+#include "src/engine/swap_options_from_config.hpp"
 #include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/swap.hpp"
@@ -109,7 +110,7 @@ class InMemoryStates final : public OptimizerStates {
 /// ZeRO-Infinity: the master (in 16-bit training) and the states in the rank's swap file.
 class NvmeStates final : public OptimizerStates {
  public:
-  NvmeStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config, int swap_rank)
+  NvmeStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config)
       : OptimizerStates(plan, strategy) {
     const ZeroConfig& zero = config.zero_optimization;
     const OffloadOptimizerConfig& offload = zero.offload_optimizer;
@@ -120,8 +121,7 @@ class NvmeStates final : public OptimizerStates {
     ZT_CHECK_AS(ConfigError, offload.nvme_path.has_value(),
                 "zero_optimization.offload_optimizer.nvme_path: required when device is \"nvme\"");
     SwappedStatesOptions options;
-    options.swap = SwapOptions::from_aio(config.aio, *offload.nvme_path);
-    options.swap.rank = swap_rank;
+    options.swap = swap_options_from_config(config.aio, *offload.nvme_path);
     options.swap.pin_memory = offload.pin_memory;
     options.shard_elements = plan_.shard_size();
     options.arrays = plan_.swapped_arrays();
@@ -232,8 +232,8 @@ float* OptimizerStates::master_in_memory(std::size_t index) {
 }
 
 std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan, ZeroStrategy& strategy,
-                                                       const Config& config, int swap_rank) {
-  if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config, swap_rank);
+                                                       const Config& config) {
+  if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config);
   return std::make_unique<InMemoryStates>(plan, strategy, config);
 }
 

@@ -59,6 +59,6 @@ class OptimizerStates {
 /// The home the plan calls for, its master initialized from the strategy's parameters and its
 /// states zero. The one place where the choice is made.
 std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan, ZeroStrategy& strategy,
-                                                       const Config& config, int swap_rank);
+                                                       const Config& config);
 
 }  // namespace zt::engine_detail

@@ -1,15 +1,18 @@
 // ZeRO-3 parameter gathering (see parameter_gatherer.hpp).
 #include "src/engine/parameter_gatherer.hpp"
+#include "base/seconds_since.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "src/engine/parameter_store.hpp"
-#include "src/engine/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
+
+using base::Clock;
+using base::seconds_since;
 ParameterGatherer::ParameterGatherer(Communicator& communicator, const std::vector<FlatParameter>& layout,
                                      std::vector<nn::Parameter*> parameters,
                                      std::vector<std::vector<std::size_t>> uses, ParameterStore& shard,

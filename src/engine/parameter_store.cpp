@@ -2,13 +2,16 @@
 #include "src/engine/parameter_store.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
-#include "src/engine/seconds_since.hpp"
+#include "base/seconds_since.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
+
+using base::Clock;
+using base::seconds_since;
+
 ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* host_shard)
     : layout_(layout), dtype_(dtype), pieces_(layout.size()) {
   const std::size_t element = dtype_size(dtype_);

@@ -5,19 +5,12 @@
 #include <string>
 #include <variant>
 
+#include "base/round_up.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
-namespace {
-
-// TODO(base): the project-wide round_up from base/ once it lands.
-template <typename Integer>
-Integer round_up(Integer value, Integer multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-}  // namespace
+using base::round_up;
 
 ZeroPartitioning ZeroPartitioning::of_stage(int stage) {
   ZT_CHECK_AS(ConfigError, stage >= 0 && stage <= 3, "zero_optimization.stage is ", stage,

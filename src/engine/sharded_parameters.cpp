@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/nn_kernels.hpp"
+#include "src/engine/swap_options_from_config.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/swap.hpp"
 
@@ -41,8 +42,7 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
                 "zero_optimization.offload_param.nvme_path: required when device is \"nvme\"");
     ParameterStoreOptions options;
     options.dtype = dtype_;
-    options.swap = SwapOptions::from_aio(inputs.config.aio, *offload.nvme_path);
-    options.swap->rank = inputs.swap_rank;
+    options.swap = swap_options_from_config(inputs.config.aio, *offload.nvme_path);
     options.swap->pin_memory = offload.pin_memory;
     options.max_in_cpu = offload.max_in_cpu;
     options.buffer_elements = offload.buffer_size;

@@ -7,17 +7,13 @@
 #include <utility>
 #include <vector>
 
+#include "base/round_up.hpp"
 #include "src/engine/partition_plan.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
-namespace {
 
-std::size_t round_up(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
-
-}  // namespace
+using base::round_up;
 
 SwappedOptimizerStates::SwappedOptimizerStates(const SwappedStatesOptions& options)
     : arrays_(options.arrays), swap_(options.swap) {

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <variant>
 
+#include "base/text.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/trainer.hpp"
 
@@ -43,7 +44,7 @@ class TokenTrainingData final : public TrainingData {
         break;
       case DataFormat::text: {
         std::ifstream in(require_path(path), std::ios::binary);
-        ZT_CHECK_AS(IoError, in.good(), "cannot open text file '", *path, "': ", std::strerror(errno));
+        ZT_CHECK_AS(IoError, in.good(), "cannot open text file '", *path, "': ", base::errno_text(errno));
         const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         text_tokens_ = tokenize_bytes(text);
         tokens_ = TokenView(std::span<const std::uint32_t>(text_tokens_), kByteVocabSize, *path);
@@ -95,7 +96,7 @@ class TokenTrainingData final : public TrainingData {
  private:
   static DataFormat detect_format(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    ZT_CHECK_AS(IoError, in.good(), "cannot open data file '", path, "': ", std::strerror(errno));
+    ZT_CHECK_AS(IoError, in.good(), "cannot open data file '", path, "': ", base::errno_text(errno));
     char magic[8] = {};
     in.read(magic, sizeof magic);
     return std::memcmp(magic, "ZTTOKENS", 8) == 0 ? DataFormat::tokens : DataFormat::text;

@@ -52,7 +52,6 @@ struct StrategyInputs {
   std::vector<nn::Parameter*> parameters;  // the model's, in plan order
   const std::vector<ModuleUse>& uses;
   ExternalModel* external = nullptr;  // the caller's buffers (bring your own model), or null
-  int swap_rank = 0;                  // names this rank's swap files
 };
 
 class ZeroStrategy {

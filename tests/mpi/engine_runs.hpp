@@ -78,6 +78,16 @@ inline void train_steps(Engine& engine, TrainingData& data, int steps) {
   train_steps(engine, data, steps, [] {});
 }
 
+/// The engine's master weights, real parameters only, in the flat layout's order: the layout's
+/// padding depends on the rank count and the stage. Collective over the data-parallel group.
+inline std::vector<float> real_master_parameters(Engine& engine) {
+  const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
+  std::vector<float> real;
+  for (const FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout())
+    real.insert(real.end(), flat.begin() + slot.offset, flat.begin() + slot.offset + slot.numel);
+  return real;
+}
+
 /// Train `steps` optimizer steps with the engine on `data_parallel` (nullptr: the world).
 inline RunResult run(const Config& config, int steps, Communicator* data_parallel) {
   Runtime& runtime = zt::testing::runtime();
@@ -89,12 +99,7 @@ inline RunResult run(const Config& config, int steps, Communicator* data_paralle
     result.losses.push_back(engine.last_step().loss);
     result.comm_bytes.push_back(engine.last_step().comm_bytes);
   });
-  // The layout's padding depends on the rank count and the stage: keep the real elements only.
-  const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
-  for (const FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout()) {
-    result.master.insert(result.master.end(), flat.begin() + slot.offset,
-                         flat.begin() + slot.offset + slot.numel);
-  }
+  result.master = real_master_parameters(engine);
   result.skipped = engine.skipped_steps();
   result.peak_gathered = zt::engine_detail::inspect(engine).peak_gathered_parameters();
   return result;

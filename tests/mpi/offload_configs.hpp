@@ -11,7 +11,6 @@
 
 #include "engine_runs.hpp"
 #include "mpi_test_main.hpp"
-#include "src/engine/engine_access.hpp"
 #include "zerotrain/checkpoint.hpp"
 
 namespace zt::testing::engine_runs {
@@ -81,10 +80,7 @@ inline RunResult run_through_checkpoint(const Config& saver, const Config& loade
   EXPECT_TRUE(loaded.data_position.has_value());
   if (loaded.data_position) data->restore(*loaded.data_position);
   train_steps(engine, *data, after, [&] { resumed.losses.push_back(engine.last_step().loss); });
-  const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
-  for (const FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout())
-    resumed.master.insert(resumed.master.end(), flat.begin() + slot.offset,
-                          flat.begin() + slot.offset + slot.numel);
+  resumed.master = real_master_parameters(engine);
   return resumed;
 }
 

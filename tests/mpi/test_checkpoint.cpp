@@ -74,13 +74,7 @@ struct Trainee {
       if (ids != nullptr) ids->push_back(std::move(consumed));
     }
   }
-  std::vector<float> master() {
-    const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
-    std::vector<float> real;
-    for (const zt::FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout())
-      real.insert(real.end(), flat.begin() + slot.offset, flat.begin() + slot.offset + slot.numel);
-    return real;
-  }
+  std::vector<float> master() { return real_master_parameters(engine); }
   void save(const std::string& dir, const std::string& client = "{}") {
     zt::SaveOptions options;
     options.client_state = client;

@@ -2,11 +2,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <set>
 #include <string>
 #include <vector>
 
 #include "mpi_test_main.hpp"
+#include "runtime_checks.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/process_grid.hpp"
 #include "zerotrain/runtime.hpp"
@@ -37,25 +37,7 @@ TEST(Runtime, NodeLocalRanksAreConsistent) {
   ASSERT_GE(runtime.node_count(), 1);
   ASSERT_LT(runtime.node_index(), runtime.node_count());
   EXPECT_FALSE(runtime.host_name().empty());
-  // Local ranks on each node are 0..local_size-1, each exactly once; node sizes add up to the world.
-  const auto local_ranks = gather_world(runtime.world(), runtime.local_rank());
-  const auto nodes = gather_world(runtime.world(), runtime.node_index());
-  const auto local_sizes = gather_world(runtime.world(), runtime.local_size());
-  int total = 0;
-  for (int node = 0; node < runtime.node_count(); ++node) {
-    std::set<int> seen;
-    int node_size = -1;
-    for (int r = 0; r < runtime.world_size(); ++r) {
-      if (nodes[static_cast<std::size_t>(r)] != node) continue;
-      seen.insert(local_ranks[static_cast<std::size_t>(r)]);
-      node_size = local_sizes[static_cast<std::size_t>(r)];
-    }
-    ASSERT_EQ(static_cast<int>(seen.size()), node_size) << "node " << node;
-    EXPECT_EQ(*seen.begin(), 0);
-    EXPECT_EQ(*seen.rbegin(), node_size - 1);
-    total += node_size;
-  }
-  EXPECT_EQ(total, runtime.world_size());
+  zt::testing::expect_consistent_node_local_ranks(runtime);
   EXPECT_EQ(runtime.device().is_cuda(), zt::cuda_status().usable());
 }
 

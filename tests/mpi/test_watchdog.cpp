@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/text.hpp"
 #include "mpi_layer/op_tracker.hpp"
 #include "mpi_layer/watchdog.hpp"
 #include "mpi_test_main.hpp"
@@ -160,9 +161,9 @@ TEST(Watchdog, SettingsFollowTheTimeout) {
 }
 
 TEST(Watchdog, FormatsBytes) {
-  EXPECT_EQ(zt::detail::format_bytes(12), "12 B");
-  EXPECT_EQ(zt::detail::format_bytes(4096), "4.0 KiB");
-  EXPECT_EQ(zt::detail::format_bytes(std::uint64_t{3} << 29), "1.5 GiB");
+  EXPECT_EQ(zt::base::byte_size_text(12), "12 B");
+  EXPECT_EQ(zt::base::byte_size_text(4096), "4.0 KiB");
+  EXPECT_EQ(zt::base::byte_size_text(std::uint64_t{3} << 29), "1.5 GiB");
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "src/engine/swap_options_from_config.hpp"
 #include "swap_test_fixtures.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/build_info.hpp"
@@ -275,7 +276,7 @@ TEST(SwapEngine, OptionsFromTheAioSection) {
   aio.intra_op_parallelism = 2;
   aio.single_submit = true;
   aio.overlap_events = false;
-  const SwapOptions options = SwapOptions::from_aio(aio, "/nvme");
+  const SwapOptions options = zt::engine_detail::swap_options_from_config(aio, "/nvme");
   EXPECT_EQ(options.nvme_path, fs::path("/nvme"));
   EXPECT_EQ(options.block_size, 2u << 20);
   EXPECT_EQ(options.queue_depth, 16u);
@@ -283,7 +284,7 @@ TEST(SwapEngine, OptionsFromTheAioSection) {
   EXPECT_TRUE(options.single_submit);
   EXPECT_FALSE(options.overlap_events);
   EXPECT_FALSE(options.allow_buffered_io);
-  const SwapOptions defaults = SwapOptions::from_aio(zt::AioConfig{}, "/nvme");
+  const SwapOptions defaults = zt::engine_detail::swap_options_from_config(zt::AioConfig{}, "/nvme");
   EXPECT_EQ(defaults.block_size, 1u << 20);  // DeepSpeed's defaults
   EXPECT_EQ(defaults.queue_depth, 8u);
 }

@@ -1,9 +1,9 @@
-// Wall-clock intervals for the engine's timing reports (waits, updates): one steady clock.
+// Wall-clock intervals for timing reports (traffic counters, waits, I/O stalls): one steady clock.
 #pragma once
 
 #include <chrono>
 
-namespace zt::engine_detail {
+namespace zt::base {
 
 using Clock = std::chrono::steady_clock;
 
@@ -12,4 +12,4 @@ inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-}  // namespace zt::engine_detail
+}  // namespace zt::base

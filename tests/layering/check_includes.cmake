@@ -1,0 +1,43 @@
+# ctest layering.includes (tests/layering/CMakeLists.txt): build each probe target of BUILD_DIR and
+# compare with its expectation.
+#   -DBUILD_DIR=<build tree> -DSOURCE_DIR=<source tree> -DPROBES="<target>|<layer>|<header it must refuse, or - to compile>;..."
+cmake_minimum_required(VERSION 3.24)
+set(failures "")
+set(refused 0)
+set(compiled 0)
+foreach(probe IN LISTS PROBES)
+  string(REPLACE "|" ";" fields "${probe}")
+  list(GET fields 0 target)
+  list(GET fields 1 layer)
+  list(GET fields 2 header)
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${target}
+                  RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+  if(header STREQUAL "-")
+    if(result EQUAL 0)
+      message(STATUS "${layer}: ${target} compiles (what the layer may know is on its include path)")
+      math(EXPR compiled "${compiled} + 1")
+    else()
+      string(APPEND failures "\n${layer}: ${target} should compile but failed (${result}):\n${output}")
+    endif()
+  elseif(NOT EXISTS "${SOURCE_DIR}/${header}")
+    # A refusal of a header that exists nowhere proves nothing.
+    string(APPEND failures "\n${layer}: ${target} probes \"${header}\", which is not in the source tree; "
+                           "probe an existing header")
+  else()
+    string(FIND "${output}" "${header}: No such file or directory" at)
+    if(NOT result EQUAL 0 AND at GREATER -1)
+      string(REGEX MATCH "[^\n]*${header}: No such file or directory[^\n]*" line "${output}")
+      message(STATUS "${layer}: ${target} is refused: ${line}")
+      math(EXPR refused "${refused} + 1")
+    elseif(result EQUAL 0)
+      string(APPEND failures "\n${layer}: ${target} compiled, but \"${header}\" must not be on ${layer}'s include path")
+    else()
+      string(APPEND failures "\n${layer}: ${target} failed (${result}) without \"${header}: No such file or "
+                             "directory\"; it must fail on that include alone:\n${output}")
+    endif()
+  endif()
+endforeach()
+if(failures)
+  message(FATAL_ERROR "the layering is not enforced as documented:${failures}")
+endif()
+message(STATUS "layering: ${refused} wrong-way includes refused, ${compiled} right-way probes compiled")

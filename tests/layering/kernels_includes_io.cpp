@@ -1,0 +1,2 @@
+// Wrong way: kernels must not know io.
+#include "io/hdf5_file.hpp"

@@ -1,0 +1,2 @@
+// Wrong way: mpi_layer must not know the engine.
+#include "src/engine/string_broadcast.hpp"
