@@ -11,6 +11,7 @@
 
 #include "base/text.hpp"
 #include "src/config/json_reader.hpp"
+#include "src/config/zero_partitioning.hpp"
 
 namespace zt {
 
@@ -441,7 +442,8 @@ class ConfigParser {
     }
     Section s = top.child("zero_optimization");
     z.stage = static_cast<int>(s.integer("stage", 0, IntRange{0, 3}));
-    z.overlap_comm = s.boolean("overlap_comm", z.stage == 3);
+    // DeepSpeed overlaps by default where the parameters are partitioned (stage 3).
+    z.overlap_comm = s.boolean("overlap_comm", engine_detail::ZeroPartitioning::of_stage(z.stage).parameters);
     z.reduce_bucket_size = s.integer("reduce_bucket_size", 500'000'000, kPositive);
     z.allgather_bucket_size = s.integer("allgather_bucket_size", 500'000'000, kPositive);
     if (z.allgather_bucket_size % 2 != 0) {
@@ -606,19 +608,20 @@ class ConfigParser {
 
   static void check_zero(const ZeroConfig& z, Section& s) {
     const std::string stage_text = "zero_optimization.stage is " + std::to_string(z.stage);
-    if (z.offload_param.device != OffloadDevice::none && z.stage != 3) {
+    const engine_detail::ZeroPartitioning partitioned = engine_detail::ZeroPartitioning::of_stage(z.stage);
+    if (z.offload_param.device != OffloadDevice::none && !partitioned.parameters) {
       s.fail("offload_param", "parameter offload needs ZeRO stage 3, but " + stage_text);
     }
     const OffloadOptimizerConfig& o = z.offload_optimizer;
-    if (o.device != OffloadDevice::none && z.stage == 0) {
+    if (o.device != OffloadDevice::none && !partitioned.optimizer_states) {
       s.fail("offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3, but " + stage_text);
     }
     // DeepSpeed documents NVMe optimizer offload for stage 3 only (stages 1-2 silently run without
     // it); zerotrain's engine swaps the optimizer states at stages 1-3 alike (docs/offload.md).
-    if (o.ratio < 1.0 && z.stage != 3) {
+    if (o.ratio < 1.0 && !partitioned.parameters) {
       s.fail("offload_optimizer.ratio", "partial offload (ratio < 1) needs ZeRO stage 3, but " + stage_text);
     }
-    if (o.super_offload && z.stage != 3) {
+    if (o.super_offload && !partitioned.parameters) {
       s.fail("offload_optimizer.super_offload", "needs ZeRO stage 3, but " + stage_text);
     }
   }
@@ -666,7 +669,8 @@ class ConfigParser {
     if (b.bf16_optimizer_states && !b.bf16_master_weights_and_grads) {
       s.fail("bf16_optimizer_states", "needs bf16_master_weights_and_grads true");
     }
-    if (b.bf16_optimizer_states && c.zero_optimization.stage == 0) {
+    if (b.bf16_optimizer_states &&
+        !engine_detail::ZeroPartitioning::of_stage(c.zero_optimization.stage).optimizer_states) {
       s.fail("bf16_optimizer_states", "needs ZeRO stage 1, 2 or 3, but zero_optimization.stage is 0");
     }
     s.finish();
@@ -864,11 +868,13 @@ class ConfigParser {
     if (c.fp16.enabled && c.bf16.enabled) {
       top.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
     }
-    if (c.fp16.fp16_master_weights_and_grads && c.zero_optimization.stage == 0) {
+    const engine_detail::ZeroPartitioning partitioned =
+        engine_detail::ZeroPartitioning::of_stage(c.zero_optimization.stage);
+    if (c.fp16.fp16_master_weights_and_grads && !partitioned.optimizer_states) {
       top.fail("fp16.fp16_master_weights_and_grads",
                "needs ZeRO stage 1, 2 or 3, but zero_optimization.stage is 0");
     }
-    if (c.gradient_allreduce_op == GradientReduceOp::sum && c.zero_optimization.stage == 3) {
+    if (c.gradient_allreduce_op == GradientReduceOp::sum && partitioned.parameters) {
       top.fail("gradient_allreduce_op",
                "\"sum\" is not supported with ZeRO stage 3 (as in DeepSpeed); use \"mean\"");
     }

@@ -12,12 +12,6 @@
 namespace zt::engine_detail {
 using base::round_up;
 
-ZeroPartitioning ZeroPartitioning::of_stage(int stage) {
-  ZT_CHECK_AS(ConfigError, stage >= 0 && stage <= 3, "zero_optimization.stage is ", stage,
-              "; expected 0, 1, 2 or 3");
-  return {.optimizer_states = stage >= 1, .gradients = stage >= 2, .parameters = stage >= 3};
-}
-
 PlanSettings plan_settings(const Config& config, int data_size, int data_rank, int tensor_size,
                            int tensor_rank) {
   const ZeroConfig& zero = config.zero_optimization;

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/config/zero_partitioning.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/nn.hpp"
@@ -41,15 +42,6 @@ struct FlatParameter {
 };
 
 namespace engine_detail {
-
-/// What ZeRO partitions across the data-parallel group. The stage is turned into these three
-/// facts here and nowhere else (ZeroPartitioning::of_stage).
-struct ZeroPartitioning {
-  bool optimizer_states = false;  // stage >= 1 (ZeRO-1)
-  bool gradients = false;         // stage >= 2 (ZeRO-2)
-  bool parameters = false;        // stage 3 (ZeRO-3)
-  static ZeroPartitioning of_stage(int stage);
-};
 
 /// One parameter as the plan sees it: the model's parameters() order.
 struct PlannedParameter {
