@@ -341,7 +341,7 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
       std::vector<float> whole(static_cast<std::size_t>(slot.numel));
       file.read_range(name, 0, slot.numel, whole.data(), DType::fp32);
       sums.push_back(io::range_checksum(whole.data() + first, sizeof(float), first, count));
-      kernels::convert(Device::host(), whole.data(), DType::fp32,
+      kernels::convert(default_stream(Device::host()), whole.data(), DType::fp32,
                        parameters_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element,
                        compute_dtype_, slot.numel);
       if (keeps_separate_master()) {
@@ -367,8 +367,8 @@ LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& op
       }
       // The piece goes where stage 3 keeps it: the shard in host memory, or the parameter swap file.
       std::vector<std::byte> converted(static_cast<std::size_t>(owned.count) * element);
-      kernels::convert(Device::host(), piece.data(), DType::fp32, converted.data(), compute_dtype_,
-                       owned.count);
+      kernels::convert(default_stream(Device::host()), piece.data(), DType::fp32, converted.data(),
+                       compute_dtype_, owned.count);
       parameter_store_->write(i, converted.data());
     }
     names.push_back(name);

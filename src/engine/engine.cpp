@@ -316,8 +316,8 @@ void Engine::build_buffers() {
                      MemoryCategory::optimizer_states);
     std::memset(master_.data(), 0, master_.size());
     for (const OwnedRange& range : owned_) {
-      kernels::convert(Device::host(), parameter_of(range), compute_dtype_, master_of(range), DType::fp32,
-                       range.count);
+      kernels::convert(default_stream(Device::host()), parameter_of(range), compute_dtype_, master_of(range),
+                       DType::fp32, range.count);
     }
   }
   if (stage_ == 3) build_parameter_store();
@@ -439,7 +439,7 @@ void Engine::build_swapped_states() {
     if (!master_in_swap_) return;
     for_each_overlap(
         owned_, cursor, first, count, [&](const OwnedRange& range, std::int64_t begin, std::int64_t end) {
-          kernels::convert(Device::host(),
+          kernels::convert(default_stream(Device::host()),
                            static_cast<const std::byte*>(parameter_of(range)) +
                                static_cast<std::size_t>(begin - range.shard_begin) * element,
                            compute_dtype_, arrays[0] + (begin - first), DType::fp32, end - begin);
@@ -847,8 +847,9 @@ bool Engine::step() {
   const double scale_used = loss_scaler_.loss_scale();
   kernels::GradCheck check;
   for (OwnedRange& range : owned_) {
-    check = check + kernels::grad_sum_squares(Device::host(), gradient_of(range), compute_dtype_,
-                                              static_cast<std::size_t>(range.count), 1.0 / scale_used);
+    check =
+        check + kernels::grad_sum_squares(default_stream(Device::host()), gradient_of(range), compute_dtype_,
+                                          static_cast<std::size_t>(range.count), 1.0 / scale_used);
   }
   if (stage_ >= 1 && data.size() > 1) {
     // Each rank saw its pieces: the global norm and the overflow flag are sums over ranks.

@@ -81,8 +81,8 @@ void GradientReducer::add(std::size_t index, const void* gradient, DType gradien
   const DType wire = options_.wire_dtype;
   void* staging = open_.staging.raw_data();
   if (!partitioned()) {
-    kernels::convert(Device::host(), gradient, gradient_dtype, at(staging, open_.used, wire), wire,
-                     parameter.numel);
+    kernels::convert(default_stream(Device::host()), gradient, gradient_dtype, at(staging, open_.used, wire),
+                     wire, parameter.numel);
   } else {
     // Rank q's piece of this parameter goes to rank q's region; the padding past numel is zero.
     const std::int64_t piece = parameter.piece_numel;
@@ -91,7 +91,7 @@ void GradientReducer::add(std::size_t index, const void* gradient, DType gradien
       const std::int64_t real = std::clamp<std::int64_t>(parameter.numel - begin, 0, piece);
       std::byte* target = at(staging, q * region_ + open_.used, wire);
       if (real > 0) {
-        kernels::convert(Device::host(),
+        kernels::convert(default_stream(Device::host()),
                          static_cast<const std::byte*>(gradient) +
                              static_cast<std::size_t>(begin) * dtype_size(gradient_dtype),
                          gradient_dtype, target, wire, real);
@@ -147,26 +147,28 @@ void GradientReducer::complete(Bucket& bucket) {
     const std::byte* reduced = at(staging, bucket.member_offsets[m], wire);
     switch (options_.destination) {
       case GradientDestination::flat_whole:
-        kernels::convert(Device::host(), reduced, wire, at(destination_, parameter.offset, target_dtype),
-                         target_dtype, parameter.numel);
+        kernels::convert(default_stream(Device::host()), reduced, wire,
+                         at(destination_, parameter.offset, target_dtype), target_dtype, parameter.numel);
         break;
       case GradientDestination::flat_own_piece:
-        kernels::convert(Device::host(), reduced, wire,
+        kernels::convert(default_stream(Device::host()), reduced, wire,
                          at(destination_, parameter.offset + rank_ * parameter.piece_numel, target_dtype),
                          target_dtype, parameter.piece_numel);
         break;
       case GradientDestination::shard: {
         std::byte* target = at(destination_, parameter.shard_offset, target_dtype);
         if (!accumulate_) {
-          kernels::convert(Device::host(), reduced, wire, target, target_dtype, parameter.piece_numel);
+          kernels::convert(default_stream(Device::host()), reduced, wire, target, target_dtype,
+                           parameter.piece_numel);
         } else if (wire == target_dtype) {
-          kernels::accumulate(Device::host(), target_dtype, target, reduced, parameter.piece_numel);
+          kernels::accumulate(default_stream(Device::host()), target_dtype, target, reduced,
+                              parameter.piece_numel);
         } else {
           Tensor converted = Tensor::empty({parameter.piece_numel}, target_dtype, Device::host(),
                                            MemoryCategory::comm_buffers);
-          kernels::convert(Device::host(), reduced, wire, converted.raw_data(), target_dtype,
+          kernels::convert(default_stream(Device::host()), reduced, wire, converted.raw_data(), target_dtype,
                            parameter.piece_numel);
-          kernels::accumulate(Device::host(), target_dtype, target, converted.raw_data(),
+          kernels::accumulate(default_stream(Device::host()), target_dtype, target, converted.raw_data(),
                               parameter.piece_numel);
         }
         break;
