@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
         [&] {
           args.params_16bit = nullptr;
           args.step = ++step;
-          zt::kernels::adam_step(host, args);
+          zt::kernels::adam_step(zt::default_stream(host), args);
         });
     const Stats& triad = paired.anchor;
     const Stats& adamw = paired.kernel;
@@ -184,17 +184,19 @@ int main(int argc, char** argv) {
       args.params_16bit = p16.data();
       args.params_16bit_dtype = zt::DType::bf16;
       args.step = ++step;
-      zt::kernels::adam_step(host, args);
+      zt::kernels::adam_step(zt::default_stream(host), args);
     });
     const Stats adamw_fp16 = measure(reps, 30.0 * static_cast<double>(params), [&] {
       args.params_16bit = p16.data();
       args.params_16bit_dtype = zt::DType::fp16;
       args.step = ++step;
-      zt::kernels::adam_step(host, args);
+      zt::kernels::adam_step(zt::default_stream(host), args);
     });
     volatile double sink = 0.0;
     const Stats sumsq = measure(reps, 4.0 * static_cast<double>(params), [&] {
-      sink = sink + zt::kernels::grad_sum_squares(host, g.data(), zt::DType::fp32, params).sum_sq;
+      sink =
+          sink +
+          zt::kernels::grad_sum_squares(zt::default_stream(host), g.data(), zt::DType::fp32, params).sum_sq;
     });
     std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "triad a=b+s*c (24 B/elem)", triad.best, triad.median);
     std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "adamw fp32 (28 B/param)", adamw.best, adamw.median);

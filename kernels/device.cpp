@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "kernels/device_backend.hpp"
+#include "kernels/emulated_device.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -25,7 +26,15 @@ const CudaStatus& cuda_status() {
 }
 
 std::string Device::str() const {
-  return is_host() ? std::string("host") : "cuda:" + std::to_string(index);
+  switch (type) {
+    case DeviceType::host:
+      return "host";
+    case DeviceType::cuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceType::emulated:
+      return "emulated:" + std::to_string(index);
+  }
+  return "?";
 }
 
 namespace {
@@ -146,7 +155,16 @@ struct MemoryCounters {
 MemoryCounters& counters_for(DeviceType type) {
   static MemoryCounters host;
   static MemoryCounters cuda;
-  return type == DeviceType::host ? host : cuda;
+  static MemoryCounters emulated;
+  switch (type) {
+    case DeviceType::host:
+      return host;
+    case DeviceType::cuda:
+      return cuda;
+    case DeviceType::emulated:
+      return emulated;
+  }
+  return host;
 }
 
 void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) {
@@ -199,7 +217,7 @@ MemorySnapshot memory_snapshot(DeviceType type) {
 }
 
 void reset_memory_peaks() {
-  for (DeviceType type : {DeviceType::host, DeviceType::cuda}) {
+  for (DeviceType type : {DeviceType::host, DeviceType::cuda, DeviceType::emulated}) {
     auto& counters = counters_for(type);
     for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) counters.peak[i].store(counters.current[i].load());
     counters.total_peak.store(counters.total_current.load());
@@ -212,6 +230,7 @@ Allocator& allocator_for(Device device, HostMemoryKind kind) {
     static HostAllocator host;
     return host;
   }
+  if (device.is_emulated()) return detail::emulated_device_allocator(device.index);
   return detail::cuda_device_allocator(device.index);
 }
 
@@ -295,6 +314,25 @@ void Stream::synchronize() const {
   if (native_ != nullptr) detail::cuda_stream_synchronize(native_);
 }
 
+void Stream::wait(const Event& event) const {
+  if (event.native() == nullptr) return;  // a host or emulated event is always reached
+  if (device_.is_cuda()) {
+    detail::cuda_stream_wait_event(native_, event.native());
+  } else {
+    event.synchronize();  // work on this stream runs at once: it may start once the event is reached
+  }
+}
+
+const Stream& default_stream(Device device) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, int>, Stream> streams;  // map nodes do not move: references stay valid
+  const std::lock_guard lock(mutex);
+  const std::pair<int, int> key{static_cast<int>(device.type), device.index};
+  auto it = streams.find(key);
+  if (it == streams.end()) it = streams.emplace(key, Stream(device, Stream::Unowned{})).first;
+  return it->second;
+}
+
 Event::Event(Device device) : device_(device) {
   if (device.is_cuda()) native_ = detail::cuda_event_create(device.index);
 }
@@ -334,11 +372,38 @@ void copy_bytes(void* destination, Device destination_device, const void* source
   if (bytes == 0) return;
   ZT_CHECK(destination != nullptr && source != nullptr, "copy_bytes of ", bytes,
            " bytes needs non-null pointers");
-  if (destination_device.is_host() && source_device.is_host()) {
+  if (destination_device.is_cuda() || source_device.is_cuda()) {
+    ZT_CHECK(!destination_device.is_emulated() && !source_device.is_emulated(), "copy_bytes from ",
+             source_device.str(), " to ", destination_device.str(),
+             ": the emulated device exchanges data with the host only");
+    detail::cuda_copy(destination, source, bytes, stream != nullptr ? stream->native() : nullptr);
+    return;
+  }
+  if (destination_device.is_emulated() || source_device.is_emulated()) {
+    const detail::EmulatedDeviceAccess access;
     std::memcpy(destination, source, bytes);
     return;
   }
-  detail::cuda_copy(destination, source, bytes, stream != nullptr ? stream->native() : nullptr);
+  std::memcpy(destination, source, bytes);
+}
+
+void zero_bytes(void* destination, Device device, std::size_t bytes, const Stream* stream) {
+  if (bytes == 0) return;
+  ZT_CHECK(destination != nullptr, "zero_bytes of ", bytes, " bytes on ", device.str(),
+           " needs a non-null pointer");
+  switch (device.type) {
+    case DeviceType::host:
+      std::memset(destination, 0, bytes);
+      return;
+    case DeviceType::emulated: {
+      const detail::EmulatedDeviceAccess access;
+      std::memset(destination, 0, bytes);
+      return;
+    }
+    case DeviceType::cuda:
+      detail::cuda_zero(destination, bytes, stream != nullptr ? stream->native() : nullptr);
+      return;
+  }
 }
 
 void set_current_device(Device device) {

@@ -14,8 +14,12 @@ Allocator& cuda_pinned_host_allocator();
 void* cuda_stream_create(int device_index);
 void cuda_stream_destroy(void* stream) noexcept;
 void cuda_stream_synchronize(void* stream);
+/// cudaStreamWaitEvent(stream, event).
+void cuda_stream_wait_event(void* stream, void* event);
 /// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing) on `stream`, then a sync if stream is null.
 void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream);
+/// cudaMemsetAsync to zero on `stream`, then a sync if stream is null.
+void cuda_zero(void* destination, std::size_t bytes, void* stream);
 void* cuda_event_create(int device_index);
 void cuda_event_destroy(void* event) noexcept;
 void cuda_event_record(void* event, void* stream);

@@ -26,8 +26,14 @@ void cuda_stream_destroy(void*) noexcept {}
 void cuda_stream_synchronize(void*) {
   no_cuda("synchronizing a CUDA stream");
 }
+void cuda_stream_wait_event(void*, void*) {
+  no_cuda("ordering a CUDA stream after an event");
+}
 void cuda_copy(void*, const void*, std::size_t, void*) {
   no_cuda("copying to or from a CUDA device");
+}
+void cuda_zero(void*, std::size_t, void*) {
+  no_cuda("zeroing CUDA device memory");
 }
 void* cuda_event_create(int) {
   no_cuda("creating a CUDA event");

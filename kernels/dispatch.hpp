@@ -1,22 +1,26 @@
-// One dispatch for every kernel: callers name a device, the kernel runs there.
+// One dispatch for every kernel: callers name a stream, the kernel runs on its device, in its order.
 //
 // Pattern for a kernel family (e.g. kernels/optimizer_kernels.hpp):
-//   - the header declares   void adamw_step(Device device, const AdamWArgs& args, const Stream* stream =
-//   nullptr);
-//   - kernels/host/<family>.cpp defines   namespace zt::kernels::host { void adamw_step(const AdamWArgs&); }
-//   - kernels/cuda/<family>.cu  defines   namespace zt::kernels::cuda { void adamw_step(const AdamWArgs&,
-//   void* stream); }
+//   - the header declares   void adam_step(const Stream& stream, const AdamStepArgs& args);
+//   - kernels/host/<family>.cpp defines   namespace zt::kernels::host { void adam_step(const AdamStepArgs&);
+//   }
+//   - kernels/cuda/<family>.cu  defines   namespace zt::kernels::cuda {
+//                                           void adam_step(const AdamStepArgs&, void* stream); }
 //     (only when CUDA is built)
-//   - the entry point calls  dispatch(device, "adamw_step", [&] { host::adamw_step(args); },
-//                                     [&](void* stream) { cuda::adamw_step(args, stream); }, stream);
+//   - the entry point calls  dispatch(stream, "adam_step", [&] { host::adam_step(args); },
+//                                     [&](void* native) { cuda::adam_step(args, native); });
 //     with the CUDA lambda inside #if ZT_HAVE_CUDA, and no_cuda_kernel in its place otherwise.
-// Adding the CUDA version later changes the family's .cpp, never its callers. Until a family has one,
-// pass no_cuda_kernel and a call on a CUDA device raises a clear error naming the kernel.
+// By device: the host runs the host kernel; the emulated device runs the host kernel inside the
+// device API's access (its memory is readable only there, kernels/emulated_device.hpp); CUDA runs
+// the CUDA kernel on the stream. Adding the CUDA version later changes the family's .cpp, never its
+// callers. Until a family has one, pass no_cuda_kernel and a call on a CUDA device raises a clear
+// error naming the kernel.
 #pragma once
 
 #include <type_traits>
 #include <utility>
 
+#include "kernels/emulated_device.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -27,9 +31,14 @@ struct NoCudaKernel {};
 inline constexpr NoCudaKernel no_cuda_kernel{};
 
 template <typename HostKernel, typename CudaKernel>
-decltype(auto) dispatch(Device device, const char* kernel_name, HostKernel&& host_kernel,
-                        CudaKernel&& cuda_kernel, const Stream* stream = nullptr) {
+decltype(auto) dispatch(const Stream& stream, const char* kernel_name, HostKernel&& host_kernel,
+                        CudaKernel&& cuda_kernel) {
+  const Device device = stream.device();
   if (device.is_host()) return std::forward<HostKernel>(host_kernel)();
+  if (device.is_emulated()) {
+    const detail::EmulatedDeviceAccess access;
+    return std::forward<HostKernel>(host_kernel)();
+  }
   if constexpr (std::is_same_v<std::decay_t<CudaKernel>, NoCudaKernel>) {
     if constexpr (build_info::have_cuda) {
       ZT_THROW("kernel '", kernel_name, "' has no CUDA version yet; run it on the host");
@@ -38,7 +47,7 @@ decltype(auto) dispatch(Device device, const char* kernel_name, HostKernel&& hos
                   ": zerotrain was built without CUDA");
     }
   } else {
-    return std::forward<CudaKernel>(cuda_kernel)(stream != nullptr ? stream->native() : nullptr);
+    return std::forward<CudaKernel>(cuda_kernel)(stream.native());
   }
 }
 

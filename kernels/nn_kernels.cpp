@@ -1,4 +1,6 @@
-// Entry points of the neural-network kernels: dispatch by device to kernels/host (and, later, cuda).
+// Entry points of the neural-network kernels: dispatch by the stream's device to kernels/host (and,
+// later, cuda). On the emulated device the host kernel runs inside the device API's access, so the
+// device scalars of the losses are written there too.
 #include "kernels/nn_kernels.hpp"
 
 #include "kernels/dispatch.hpp"
@@ -6,48 +8,48 @@
 
 namespace zt::kernels {
 
-void convert(Device device, const void* source, DType source_dtype, void* destination,
+void convert(const Stream& stream, const void* source, DType source_dtype, void* destination,
              DType destination_dtype, std::int64_t count) {
   dispatch(
-      device, "convert",
+      stream, "convert",
       [&] { return host::convert(source, source_dtype, destination, destination_dtype, count); },
       no_cuda_kernel);
 }
 
-void fill(Device device, DType dtype, void* data, std::int64_t count, double value) {
+void fill(const Stream& stream, DType dtype, void* data, std::int64_t count, double value) {
   dispatch(
-      device, "fill", [&] { return host::fill(dtype, data, count, value); }, no_cuda_kernel);
+      stream, "fill", [&] { return host::fill(dtype, data, count, value); }, no_cuda_kernel);
 }
 
-void fill_normal(Device device, DType dtype, void* data, std::int64_t count, double mean, double stddev,
-                 std::uint64_t seed) {
+void fill_normal(const Stream& stream, DType dtype, void* data, std::int64_t count, double mean,
+                 double stddev, std::uint64_t seed) {
   dispatch(
-      device, "fill_normal", [&] { return host::fill_normal(dtype, data, count, mean, stddev, seed); },
+      stream, "fill_normal", [&] { return host::fill_normal(dtype, data, count, mean, stddev, seed); },
       no_cuda_kernel);
 }
 
-void add(Device device, DType dtype, const void* a, const void* b, void* output, std::int64_t count) {
+void add(const Stream& stream, DType dtype, const void* a, const void* b, void* output, std::int64_t count) {
   dispatch(
-      device, "add", [&] { return host::add(dtype, a, b, output, count); }, no_cuda_kernel);
+      stream, "add", [&] { return host::add(dtype, a, b, output, count); }, no_cuda_kernel);
 }
 
-void accumulate(Device device, DType dtype, void* target, const void* source, std::int64_t count) {
+void accumulate(const Stream& stream, DType dtype, void* target, const void* source, std::int64_t count) {
   dispatch(
-      device, "accumulate", [&] { return host::accumulate(dtype, target, source, count); }, no_cuda_kernel);
+      stream, "accumulate", [&] { return host::accumulate(dtype, target, source, count); }, no_cuda_kernel);
 }
 
-void matmul_forward(Device device, DType dtype, const void* input, const void* weight, const void* bias,
-                    void* output, const MatmulShape& shape) {
+void matmul_forward(const Stream& stream, DType dtype, const void* input, const void* weight,
+                    const void* bias, void* output, const MatmulShape& shape) {
   dispatch(
-      device, "matmul_forward",
+      stream, "matmul_forward",
       [&] { return host::matmul_forward(dtype, input, weight, bias, output, shape); }, no_cuda_kernel);
 }
 
-void matmul_backward(Device device, DType dtype, const void* grad_output, const void* input,
+void matmul_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
                      const void* weight, void* grad_input, void* grad_weight, void* grad_bias,
                      const MatmulShape& shape) {
   dispatch(
-      device, "matmul_backward",
+      stream, "matmul_backward",
       [&] {
         return host::matmul_backward(dtype, grad_output, input, weight, grad_input, grad_weight, grad_bias,
                                      shape);
@@ -55,18 +57,19 @@ void matmul_backward(Device device, DType dtype, const void* grad_output, const 
       no_cuda_kernel);
 }
 
-void embedding_forward(Device device, DType dtype, const std::int32_t* tokens, const void* token_table,
+void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* tokens, const void* token_table,
                        const void* position_table, void* output, const EmbeddingShape& shape) {
   dispatch(
-      device, "embedding_forward",
+      stream, "embedding_forward",
       [&] { return host::embedding_forward(dtype, tokens, token_table, position_table, output, shape); },
       no_cuda_kernel);
 }
 
-void embedding_backward(Device device, DType dtype, const std::int32_t* tokens, const void* grad_output,
-                        void* grad_token_table, void* grad_position_table, const EmbeddingShape& shape) {
+void embedding_backward(const Stream& stream, DType dtype, const std::int32_t* tokens,
+                        const void* grad_output, void* grad_token_table, void* grad_position_table,
+                        const EmbeddingShape& shape) {
   dispatch(
-      device, "embedding_backward",
+      stream, "embedding_backward",
       [&] {
         return host::embedding_backward(dtype, tokens, grad_output, grad_token_table, grad_position_table,
                                         shape);
@@ -74,22 +77,22 @@ void embedding_backward(Device device, DType dtype, const std::int32_t* tokens, 
       no_cuda_kernel);
 }
 
-void layernorm_forward(Device device, DType dtype, const void* input, const void* weight, const void* bias,
-                       void* output, void* mean, void* rstd, std::int64_t rows, std::int64_t channels,
-                       double eps) {
+void layernorm_forward(const Stream& stream, DType dtype, const void* input, const void* weight,
+                       const void* bias, void* output, void* mean, void* rstd, std::int64_t rows,
+                       std::int64_t channels, double eps) {
   dispatch(
-      device, "layernorm_forward",
+      stream, "layernorm_forward",
       [&] {
         return host::layernorm_forward(dtype, input, weight, bias, output, mean, rstd, rows, channels, eps);
       },
       no_cuda_kernel);
 }
 
-void layernorm_backward(Device device, DType dtype, const void* grad_output, const void* input,
+void layernorm_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
                         const void* weight, const void* mean, const void* rstd, void* grad_input,
                         void* grad_weight, void* grad_bias, std::int64_t rows, std::int64_t channels) {
   dispatch(
-      device, "layernorm_backward",
+      stream, "layernorm_backward",
       [&] {
         return host::layernorm_backward(dtype, grad_output, input, weight, mean, rstd, grad_input,
                                         grad_weight, grad_bias, rows, channels);
@@ -97,85 +100,100 @@ void layernorm_backward(Device device, DType dtype, const void* grad_output, con
       no_cuda_kernel);
 }
 
-void activation_forward(Device device, DType dtype, Activation activation, const void* input, void* output,
-                        std::int64_t count) {
+void activation_forward(const Stream& stream, DType dtype, Activation activation, const void* input,
+                        void* output, std::int64_t count) {
   dispatch(
-      device, "activation_forward",
+      stream, "activation_forward",
       [&] { return host::activation_forward(dtype, activation, input, output, count); }, no_cuda_kernel);
 }
 
-void activation_backward(Device device, DType dtype, Activation activation, const void* input,
+void activation_backward(const Stream& stream, DType dtype, Activation activation, const void* input,
                          const void* grad_output, void* grad_input, std::int64_t count) {
   dispatch(
-      device, "activation_backward",
+      stream, "activation_backward",
       [&] { return host::activation_backward(dtype, activation, input, grad_output, grad_input, count); },
       no_cuda_kernel);
 }
 
-void dropout_forward(Device device, DType dtype, const void* input, void* output, std::int64_t count,
-                     double p, std::uint64_t seed, std::uint64_t stream) {
+void dropout_forward(const Stream& stream, DType dtype, const void* input, void* output, std::int64_t count,
+                     double p, std::uint64_t seed, std::uint64_t mask_stream) {
   dispatch(
-      device, "dropout_forward",
-      [&] { return host::dropout_forward(dtype, input, output, count, p, seed, stream); }, no_cuda_kernel);
-}
-
-void dropout_backward(Device device, DType dtype, const void* grad_output, void* grad_input,
-                      std::int64_t count, double p, std::uint64_t seed, std::uint64_t stream) {
-  dispatch(
-      device, "dropout_backward",
-      [&] { return host::dropout_backward(dtype, grad_output, grad_input, count, p, seed, stream); },
+      stream, "dropout_forward",
+      [&] { return host::dropout_forward(dtype, input, output, count, p, seed, mask_stream); },
       no_cuda_kernel);
 }
 
-void attention_forward(Device device, DType dtype, const void* qkv, void* output, void* probabilities,
+void dropout_backward(const Stream& stream, DType dtype, const void* grad_output, void* grad_input,
+                      std::int64_t count, double p, std::uint64_t seed, std::uint64_t mask_stream) {
+  dispatch(
+      stream, "dropout_backward",
+      [&] { return host::dropout_backward(dtype, grad_output, grad_input, count, p, seed, mask_stream); },
+      no_cuda_kernel);
+}
+
+void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* probabilities,
                        const AttentionShape& shape) {
   dispatch(
-      device, "attention_forward",
+      stream, "attention_forward",
       [&] { return host::attention_forward(dtype, qkv, output, probabilities, shape); }, no_cuda_kernel);
 }
 
-void attention_backward(Device device, DType dtype, const void* grad_output, const void* qkv,
+void attention_backward(const Stream& stream, DType dtype, const void* grad_output, const void* qkv,
                         const void* probabilities, void* grad_qkv, const AttentionShape& shape) {
   dispatch(
-      device, "attention_backward",
+      stream, "attention_backward",
       [&] { return host::attention_backward(dtype, grad_output, qkv, probabilities, grad_qkv, shape); },
       no_cuda_kernel);
 }
 
-CrossEntropyResult cross_entropy_forward(Device device, DType dtype, const void* logits,
-                                         const std::int32_t* targets, void* row_logsumexp, std::int64_t rows,
-                                         std::int64_t vocab, std::int32_t ignore_index) {
-  return dispatch(
-      device, "cross_entropy_forward",
-      [&] {
-        return host::cross_entropy_forward(dtype, logits, targets, row_logsumexp, rows, vocab, ignore_index);
-      },
-      no_cuda_kernel);
-}
-
-void cross_entropy_backward(Device device, DType dtype, const void* logits, const std::int32_t* targets,
-                            const void* row_logsumexp, void* grad_logits, std::int64_t rows,
-                            std::int64_t vocab, std::int32_t ignore_index, double scale) {
+void scale(const Stream& stream, DType dtype, void* data, std::int64_t count, double factor) {
   dispatch(
-      device, "cross_entropy_backward",
+      stream, "scale", [&] { return host::scale(dtype, data, count, factor); }, no_cuda_kernel);
+}
+
+void cross_entropy_forward(const Stream& stream, DType dtype, const void* logits, const std::int32_t* targets,
+                           void* row_logsumexp, std::int64_t rows, std::int64_t vocab,
+                           std::int32_t ignore_index, CrossEntropyScalars* result) {
+  ZT_CHECK(result != nullptr, "cross_entropy_forward: the result scalars are null");
+  dispatch(
+      stream, "cross_entropy_forward",
       [&] {
-        return host::cross_entropy_backward(dtype, logits, targets, row_logsumexp, grad_logits, rows, vocab,
-                                            ignore_index, scale);
+        const host::CrossEntropyResult forward =
+            host::cross_entropy_forward(dtype, logits, targets, row_logsumexp, rows, vocab, ignore_index);
+        result->mean_loss = forward.loss;
+        result->counted_rows = static_cast<double>(forward.counted_rows);
       },
       no_cuda_kernel);
 }
 
-double mse_forward(Device device, DType dtype, const void* prediction, const void* target,
-                   std::int64_t count) {
-  return dispatch(
-      device, "mse_forward", [&] { return host::mse_forward(dtype, prediction, target, count); },
+void cross_entropy_backward(const Stream& stream, DType dtype, const void* logits,
+                            const std::int32_t* targets, const void* row_logsumexp,
+                            const CrossEntropyScalars* forward_result, void* grad_logits, std::int64_t rows,
+                            std::int64_t vocab, std::int32_t ignore_index, double scale) {
+  ZT_CHECK(forward_result != nullptr, "cross_entropy_backward: the forward's result scalars are null");
+  dispatch(
+      stream, "cross_entropy_backward",
+      [&] {
+        const double counted = forward_result->counted_rows;
+        const double row_scale = counted > 0 ? scale / counted : 0.0;
+        return host::cross_entropy_backward(dtype, logits, targets, row_logsumexp, grad_logits, rows, vocab,
+                                            ignore_index, row_scale);
+      },
       no_cuda_kernel);
 }
 
-void mse_backward(Device device, DType dtype, const void* prediction, const void* target,
+void mse_forward(const Stream& stream, DType dtype, const void* prediction, const void* target,
+                 std::int64_t count, double* loss) {
+  ZT_CHECK(loss != nullptr, "mse_forward: the loss scalar is null");
+  dispatch(
+      stream, "mse_forward", [&] { *loss = host::mse_forward(dtype, prediction, target, count); },
+      no_cuda_kernel);
+}
+
+void mse_backward(const Stream& stream, DType dtype, const void* prediction, const void* target,
                   void* grad_prediction, std::int64_t count, double scale) {
   dispatch(
-      device, "mse_backward",
+      stream, "mse_backward",
       [&] { return host::mse_backward(dtype, prediction, target, grad_prediction, count, scale); },
       no_cuda_kernel);
 }

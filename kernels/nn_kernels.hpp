@@ -1,6 +1,10 @@
 // Neural-network kernels: one entry point per operation, dispatched by device (kernels/dispatch.hpp).
 //
 // Conventions shared by every kernel here:
+//   - The first parameter is the stream the kernel is ordered on; it runs on stream.device(). Every
+//     pointer is memory of that device (host kernels: host memory; the emulated device: its
+//     buffers, touched inside the device API; CUDA: device memory). Results that steer the host
+//     (a loss, a norm) are written to device scalars, so that a step reads them once, not per call.
 //   - Tensors are raw pointers to contiguous row-major data of the given floating `dtype`
 //     (fp32, fp64, bf16, fp16). 16-bit types are computed in fp32 (loads widen, stores round);
 //     fp64 is computed in fp64. Token and target indices are int32.
@@ -30,18 +34,21 @@ constexpr DType stat_dtype(DType dtype) {
 // ---- element-wise utilities -------------------------------------------------------------------
 
 /// destination[i] = source[i] converted; any pair of floating dtypes, or equal integer dtypes.
-void convert(Device device, const void* source, DType source_dtype, void* destination,
+void convert(const Stream& stream, const void* source, DType source_dtype, void* destination,
              DType destination_dtype, std::int64_t count);
 /// data[i] = value (rounded to the dtype).
-void fill(Device device, DType dtype, void* data, std::int64_t count, double value);
+void fill(const Stream& stream, DType dtype, void* data, std::int64_t count, double value);
 /// data[i] = normal(mean, stddev) drawn from a counter-based generator keyed by (seed, i): the same
 /// values for the same seed whatever the thread count.
-void fill_normal(Device device, DType dtype, void* data, std::int64_t count, double mean, double stddev,
-                 std::uint64_t seed);
+void fill_normal(const Stream& stream, DType dtype, void* data, std::int64_t count, double mean,
+                 double stddev, std::uint64_t seed);
 /// output = a + b (output may alias a or b).
-void add(Device device, DType dtype, const void* a, const void* b, void* output, std::int64_t count);
-/// target += source.
-void accumulate(Device device, DType dtype, void* target, const void* source, std::int64_t count);
+void add(const Stream& stream, DType dtype, const void* a, const void* b, void* output, std::int64_t count);
+/// target += source. With fp64 and count 1 it accumulates a device scalar (a loss sum, say).
+void accumulate(const Stream& stream, DType dtype, void* target, const void* source, std::int64_t count);
+/// data[i] *= factor in place, computed in the accumulation type (fp64 for fp64, fp32 otherwise;
+/// the factor is rounded to it first).
+void scale(const Stream& stream, DType dtype, void* data, std::int64_t count, double factor);
 
 // ---- matmul (Linear) ----------------------------------------------------------------------------
 
@@ -51,11 +58,11 @@ struct MatmulShape {
   std::int64_t out_features = 0;  // columns of the output
 };
 /// output[rows, out] = input[rows, in] . weight[out, in]^T + bias[out] (bias may be null).
-void matmul_forward(Device device, DType dtype, const void* input, const void* weight, const void* bias,
-                    void* output, const MatmulShape& shape);
+void matmul_forward(const Stream& stream, DType dtype, const void* input, const void* weight,
+                    const void* bias, void* output, const MatmulShape& shape);
 /// grad_input = grad_output . weight (overwritten; skipped when null);
 /// grad_weight += grad_output^T . input and grad_bias += column sums of grad_output (each skipped when null).
-void matmul_backward(Device device, DType dtype, const void* grad_output, const void* input,
+void matmul_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
                      const void* weight, void* grad_input, void* grad_weight, void* grad_bias,
                      const MatmulShape& shape);
 
@@ -69,22 +76,23 @@ struct EmbeddingShape {
 };
 /// output[b, t, :] = token_table[tokens[b, t], :] (+ position_table[t, :] when not null).
 /// Throws naming the position of a token outside [0, vocab_size).
-void embedding_forward(Device device, DType dtype, const std::int32_t* tokens, const void* token_table,
+void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* tokens, const void* token_table,
                        const void* position_table, void* output, const EmbeddingShape& shape);
 /// grad_token_table[tokens[b, t], :] += grad_output[b, t, :]; grad_position_table[t, :] += sum over b.
 /// Either table gradient may be null.
-void embedding_backward(Device device, DType dtype, const std::int32_t* tokens, const void* grad_output,
-                        void* grad_token_table, void* grad_position_table, const EmbeddingShape& shape);
+void embedding_backward(const Stream& stream, DType dtype, const std::int32_t* tokens,
+                        const void* grad_output, void* grad_token_table, void* grad_position_table,
+                        const EmbeddingShape& shape);
 
 // ---- layer norm -------------------------------------------------------------------------------
 
 /// Per row: output = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps) (biased variance).
 /// mean and rstd ([rows], stat_dtype) are saved for the backward pass.
-void layernorm_forward(Device device, DType dtype, const void* input, const void* weight, const void* bias,
-                       void* output, void* mean, void* rstd, std::int64_t rows, std::int64_t channels,
-                       double eps);
+void layernorm_forward(const Stream& stream, DType dtype, const void* input, const void* weight,
+                       const void* bias, void* output, void* mean, void* rstd, std::int64_t rows,
+                       std::int64_t channels, double eps);
 /// grad_input overwritten; grad_weight and grad_bias accumulate.
-void layernorm_backward(Device device, DType dtype, const void* grad_output, const void* input,
+void layernorm_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
                         const void* weight, const void* mean, const void* rstd, void* grad_input,
                         void* grad_weight, void* grad_bias, std::int64_t rows, std::int64_t channels);
 
@@ -95,22 +103,22 @@ enum class Activation : std::uint8_t {
   relu,
   tanh,
 };
-void activation_forward(Device device, DType dtype, Activation activation, const void* input, void* output,
-                        std::int64_t count);
+void activation_forward(const Stream& stream, DType dtype, Activation activation, const void* input,
+                        void* output, std::int64_t count);
 /// grad_input (overwritten) = activation'(input) * grad_output.
-void activation_backward(Device device, DType dtype, Activation activation, const void* input,
+void activation_backward(const Stream& stream, DType dtype, Activation activation, const void* input,
                          const void* grad_output, void* grad_input, std::int64_t count);
 
 // ---- dropout ----------------------------------------------------------------------------------
 
 /// Whether element `index` survives dropout with probability `p` of being dropped, for the mask
-/// keyed by (seed, stream). Counter-based: no state, identical on any thread count.
-bool dropout_keeps(std::uint64_t seed, std::uint64_t stream, std::int64_t index, double p);
+/// keyed by (seed, mask stream). Counter-based: no state, identical on any thread count.
+bool dropout_keeps(std::uint64_t seed, std::uint64_t mask_stream, std::int64_t index, double p);
 /// output = input * keep / (1 - p). The mask is never stored: backward recomputes it from the key.
-void dropout_forward(Device device, DType dtype, const void* input, void* output, std::int64_t count,
-                     double p, std::uint64_t seed, std::uint64_t stream);
-void dropout_backward(Device device, DType dtype, const void* grad_output, void* grad_input,
-                      std::int64_t count, double p, std::uint64_t seed, std::uint64_t stream);
+void dropout_forward(const Stream& stream, DType dtype, const void* input, void* output, std::int64_t count,
+                     double p, std::uint64_t seed, std::uint64_t mask_stream);
+void dropout_backward(const Stream& stream, DType dtype, const void* grad_output, void* grad_input,
+                      std::int64_t count, double p, std::uint64_t seed, std::uint64_t mask_stream);
 
 // ---- causal self-attention --------------------------------------------------------------------
 
@@ -123,34 +131,38 @@ struct AttentionShape {
 /// qkv: [B, T, 3C] (q, k, v side by side, head h at columns h*head_dim of each); output: [B, T, C];
 /// probabilities: [B, n_head, T, T] (stat_dtype), the causal softmax of q.k^T / sqrt(head_dim), saved
 /// for backward (zeros above the diagonal).
-void attention_forward(Device device, DType dtype, const void* qkv, void* output, void* probabilities,
+void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* probabilities,
                        const AttentionShape& shape);
 /// grad_qkv [B, T, 3C] overwritten.
-void attention_backward(Device device, DType dtype, const void* grad_output, const void* qkv,
+void attention_backward(const Stream& stream, DType dtype, const void* grad_output, const void* qkv,
                         const void* probabilities, void* grad_qkv, const AttentionShape& shape);
 
 // ---- losses -----------------------------------------------------------------------------------
 
-struct CrossEntropyResult {
-  double loss = 0;                // mean over counted rows
-  std::int64_t counted_rows = 0;  // rows whose target is not ignore_index
+/// What cross_entropy_forward writes: two fp64 scalars in device memory.
+struct CrossEntropyScalars {
+  double mean_loss = 0;     // mean over counted rows (0 when no row counts)
+  double counted_rows = 0;  // rows whose target is not ignore_index (an integer below 2^53)
 };
 /// Softmax cross-entropy of logits [rows, vocab] against targets [rows]; rows whose target equals
-/// ignore_index are skipped. row_logsumexp ([rows], stat_dtype) is saved for backward. Throws on a
-/// target outside [0, vocab) other than ignore_index.
-CrossEntropyResult cross_entropy_forward(Device device, DType dtype, const void* logits,
-                                         const std::int32_t* targets, void* row_logsumexp, std::int64_t rows,
-                                         std::int64_t vocab, std::int32_t ignore_index);
-/// grad_logits (overwritten) = scale * (softmax(logits) - onehot(target)) for counted rows, 0 for
-/// ignored rows. For the gradient of the mean loss pass scale = factor / counted_rows.
-void cross_entropy_backward(Device device, DType dtype, const void* logits, const std::int32_t* targets,
-                            const void* row_logsumexp, void* grad_logits, std::int64_t rows,
+/// ignore_index are skipped. row_logsumexp ([rows], stat_dtype) is saved for backward, the mean
+/// loss and the counted rows go to `result` (device memory). Throws on a target outside [0, vocab)
+/// other than ignore_index.
+void cross_entropy_forward(const Stream& stream, DType dtype, const void* logits, const std::int32_t* targets,
+                           void* row_logsumexp, std::int64_t rows, std::int64_t vocab,
+                           std::int32_t ignore_index, CrossEntropyScalars* result);
+/// grad_logits (overwritten) = scale / counted_rows * (softmax(logits) - onehot(target)) for counted
+/// rows, 0 for ignored rows (and 0 everywhere when no row counts): the gradient of scale * mean loss.
+/// `forward_result` is the forward's (device memory; only counted_rows is read).
+void cross_entropy_backward(const Stream& stream, DType dtype, const void* logits,
+                            const std::int32_t* targets, const void* row_logsumexp,
+                            const CrossEntropyScalars* forward_result, void* grad_logits, std::int64_t rows,
                             std::int64_t vocab, std::int32_t ignore_index, double scale);
-/// mean((prediction - target)^2) over `count` elements.
-double mse_forward(Device device, DType dtype, const void* prediction, const void* target,
-                   std::int64_t count);
+/// *loss (one fp64 in device memory) = mean((prediction - target)^2) over `count` elements.
+void mse_forward(const Stream& stream, DType dtype, const void* prediction, const void* target,
+                 std::int64_t count, double* loss);
 /// grad_prediction (overwritten) = scale * 2 (prediction - target) / count.
-void mse_backward(Device device, DType dtype, const void* prediction, const void* target,
+void mse_backward(const Stream& stream, DType dtype, const void* prediction, const void* target,
                   void* grad_prediction, std::int64_t count, double scale);
 
 }  // namespace zt::kernels

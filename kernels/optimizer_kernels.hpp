@@ -6,6 +6,9 @@
 // gradient on the fly with `grad_scale`; write the parameter, the state and, optionally, a 16-bit
 // copy of the parameter (bf16 or fp16, round to nearest even, bit-identical to zt::bf16/zt::fp16).
 //
+// Every kernel takes the stream it is ordered on first and runs on stream.device(); the pointers are
+// memory of that device (kernels/nn_kernels.hpp states the conventions).
+//
 // Determinism: results do not depend on the number of OpenMP threads. Elementwise kernels split the
 // range into fixed blocks (each element always takes the same code path); the sum of squares adds
 // fixed chunks in index order.
@@ -45,7 +48,7 @@ struct AdamStepArgs {
   bool bias_correction = true;
   std::int64_t step = 1;  // 1 for the first update (the count after incrementing)
 };
-void adam_step(Device device, const AdamStepArgs& args, const Stream* stream = nullptr);
+void adam_step(const Stream& stream, const AdamStepArgs& args);
 
 /// One SGD step (torch semantics), per element i:
 ///   g = grads[i] * grad_scale + weight_decay * p
@@ -68,7 +71,7 @@ struct SgdStepArgs {
   bool nesterov = false;
   bool first_step = true;  // the momentum buffer starts as a copy of the gradient
 };
-void sgd_step(Device device, const SgdStepArgs& args, const Stream* stream = nullptr);
+void sgd_step(const Stream& stream, const SgdStepArgs& args);
 
 /// Sum of squares of a gradient buffer and whether it holds inf or nan, in one read.
 /// Partial results (one rank's shard, one of several buffers) combine with `+`; ZeRO all-reduces
@@ -82,12 +85,26 @@ struct GradCheck {
 };
 /// fp64 accumulation in fixed chunks added in index order: the same bits for any thread count.
 /// `scale` unscales (e.g. 1/loss_scale) so the result is the sum of squares of the true gradient.
-GradCheck grad_sum_squares(Device device, const void* grads, DType grad_dtype, std::size_t count,
-                           double scale = 1.0, const Stream* stream = nullptr);
+/// Synchronous: the result comes back to the host (tests, host code).
+GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
+                           double scale = 1.0);
+
+/// A GradCheck that stays on the device: two fp64 scalars, so that partials of several buffers and
+/// ranks combine by one sum (an all_reduce of two doubles). found_inf counts the partials that held
+/// inf or nan: > 0 means overflow.
+struct GradCheckScalars {
+  double sum_sq = 0.0;
+  double found_inf = 0.0;
+};
+/// Adds this buffer's check into `accumulator` (device memory on stream.device()):
+/// sum_sq += partial.sum_sq, found_inf += partial.found_inf ? 1 : 0. A sequence of these gives the
+/// bits of `check = check + grad_sum_squares(...)` on the host.
+void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
+                      double scale, GradCheckScalars* accumulator);
 
 /// Round fp32 master weights to a bf16 or fp16 copy (round to nearest even, as zt::bf16/zt::fp16).
-void cast_params_to_16bit(Device device, const float* params, void* params_16bit, DType dtype,
-                          std::size_t count, const Stream* stream = nullptr);
+void cast_params_to_16bit(const Stream& stream, const float* params, void* params_16bit, DType dtype,
+                          std::size_t count);
 
 /// OpenMP threads the host kernels use for calls from this thread on (omp_set_num_threads): for
 /// tests, benchmarks and a CPU-optimizer core budget. host_threads() is omp_get_max_threads().

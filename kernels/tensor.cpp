@@ -2,6 +2,7 @@
 #include "zerotrain/tensor.hpp"
 
 #include <cstring>
+#include <sstream>
 
 #include "base/text.hpp"
 #include "kernels/nn_kernels.hpp"
@@ -107,57 +108,71 @@ Tensor Tensor::flat_slice(std::int64_t offset, std::int64_t count) const {
   return result;
 }
 
-void Tensor::zero_() {
+namespace {
+const Stream& stream_or_default(const Stream* stream, Device device) {
+  return stream != nullptr ? *stream : default_stream(device);
+}
+}  // namespace
+
+void Tensor::zero_(const Stream* stream) {
   ZT_CHECK(defined_, "zero_ of an undefined tensor");
   if (numel_ == 0) return;
-  if (device_.is_host()) {
-    std::memset(data_, 0, nbytes());
-  } else {
-    kernels::fill(device_, dtype_, data_, numel_, 0.0);
-  }
+  zero_bytes(data_, device_, nbytes(), &stream_or_default(stream, device_));
 }
 
-void Tensor::fill_(double value) {
+void Tensor::fill_(double value, const Stream* stream) {
   ZT_CHECK(defined_, "fill_ of an undefined tensor");
-  kernels::fill(device_, dtype_, data_, numel_, value);
+  kernels::fill(stream_or_default(stream, device_), dtype_, data_, numel_, value);
 }
 
-void Tensor::copy_from(const Tensor& source) {
+void Tensor::copy_from(const Tensor& source, const Stream* stream) {
   ZT_CHECK(defined_ && source.defined_, "copy_from with an undefined tensor");
   ZT_CHECK(source.numel_ == numel_, "copy_from ", source.description(), " into ", description(),
            ": expected the same number of elements");
   if (source.data_ == data_ && source.dtype_ == dtype_ && source.device_ == device_) return;
   if (source.dtype_ == dtype_) {
-    copy_bytes(data_, device_, source.data_, source.device_, nbytes());
+    const Device ordered_on = device_.is_host() ? source.device_ : device_;
+    copy_bytes(data_, device_, source.data_, source.device_, nbytes(),
+               &stream_or_default(stream, ordered_on));
     return;
   }
   ZT_CHECK(device_ == source.device_, "copy_from ", source.description(), " into ", description(),
            ": dtype conversion needs both tensors on the same device");
-  kernels::convert(device_, source.data_, source.dtype_, data_, dtype_, numel_);
+  kernels::convert(stream_or_default(stream, device_), source.data_, source.dtype_, data_, dtype_, numel_);
 }
 
-Tensor Tensor::to(DType dtype, MemoryCategory category) const {
+Tensor Tensor::to(DType dtype, MemoryCategory category, const Stream* stream) const {
   ZT_CHECK(defined_, "to(", dtype_name(dtype), ") of an undefined tensor");
   Tensor result = empty(shape_, dtype, device_, category);
-  result.copy_from(*this);
+  result.copy_from(*this, stream);
   return result;
 }
 
-Tensor Tensor::clone(MemoryCategory category) const {
-  return to(dtype_, category);
+Tensor Tensor::to(Device device, MemoryCategory category, const Stream* stream) const {
+  ZT_CHECK(defined_, "to(", device.str(), ") of an undefined tensor");
+  Tensor result = empty(shape_, dtype_, device, category);
+  result.copy_from(*this, stream);
+  return result;
+}
+
+Tensor Tensor::clone(MemoryCategory category, const Stream* stream) const {
+  return to(dtype_, category, stream);
 }
 
 double Tensor::item_as_double(std::int64_t index) const {
-  ZT_CHECK(defined_ && device_.is_host(), "item_as_double needs a defined host tensor, got ", description());
+  ZT_CHECK(defined_, "item_as_double of an undefined tensor");
   ZT_CHECK(index >= 0 && index < numel_, "item_as_double(", index, ") of ", description());
-  const void* element = static_cast<const unsigned char*>(data_) + index * dtype_size(dtype_);
+  const std::size_t size = dtype_size(dtype_);
+  alignas(8) unsigned char element[8];
+  copy_bytes(element, Device::host(), static_cast<const unsigned char*>(data_) + index * size, device_, size);
+  const Stream& host = default_stream(Device::host());
   if (dtype_is_floating(dtype_)) {
     double value = 0;
-    kernels::convert(Device::host(), element, dtype_, &value, DType::fp64, 1);
+    kernels::convert(host, element, dtype_, &value, DType::fp64, 1);
     return value;
   }
   std::int64_t integer = 0;
-  kernels::convert(Device::host(), element, dtype_, &integer, DType::int64, 1);
+  kernels::convert(host, element, dtype_, &integer, DType::int64, 1);
   return static_cast<double>(integer);
 }
 

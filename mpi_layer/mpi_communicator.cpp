@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/seconds_since.hpp"
+#include "kernels/emulated_device.hpp"
 #include "mpi_layer/mpi_check.hpp"
 #include "mpi_layer/mpi_communicator_testing.hpp"
 #include "mpi_layer/mpi_datatypes.hpp"
@@ -65,7 +66,7 @@ class OwnedMpiComm {
   ZT_CHECK_AS(::zt::CommError, condition, comm_op_name(op), " on communicator '", name(), "' (rank ", \
               rank(), " of ", size(), "): ", __VA_ARGS__)
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(OwnedMpiComm comm, int rank, int size, int tag_upper_bound, std::string name,
                   detail::CommIdentity identity)
@@ -561,34 +562,157 @@ void MpiCommunicator::do_barrier() {
   record(CommOp::barrier, 0, seconds_since(start));
 }
 
+// ---- the emulated device's communicator ---------------------------------------------------
+// The MPI backend on buffers in emulated device memory: every operation runs inside the device
+// API's access (kernels/emulated_device.hpp), and a non-blocking one completes before it returns,
+// as a stream-ordered device collective looks from the host. Point-to-point follows the device
+// backend's rules (include/zerotrain/nccl_communicator.hpp): operations complete in posting order,
+// so a rank that receives first waits for its peer's send, and the rank itself is no peer.
+
+class EmulatedDeviceCommunicator final : public MpiCommunicator {
+ public:
+  EmulatedDeviceCommunicator(OwnedMpiComm comm, int rank, int size, int tag_upper_bound, std::string name,
+                             detail::CommIdentity identity, Device device)
+      : MpiCommunicator(std::move(comm), rank, size, tag_upper_bound, std::move(name), std::move(identity)),
+        device_(device) {}
+
+  Device device() const override { return device_; }
+
+ protected:
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_all_reduce(send, recv, count, type, op);
+  }
+  void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                         ReduceOp op) override {
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_reduce_scatter(send, recv, recv_count, type, op);
+  }
+  void do_all_gather(const void* send, void* recv, std::size_t send_count, DType type) override {
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_all_gather(send, recv, send_count, type);
+  }
+  void do_all_gather_v(const void* send, std::size_t send_count, void* recv,
+                       std::span<const std::size_t> recv_counts, DType type) override {
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_all_gather_v(send, send_count, recv, recv_counts, type);
+  }
+  void do_broadcast(void* buffer, std::size_t count, DType type, int root) override {
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_broadcast(buffer, count, type, root);
+  }
+  void do_send(const void* buffer, std::size_t count, DType type, int peer, int tag) override {
+    check_not_self(CommOp::send, peer);
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_send(buffer, count, type, peer, tag);
+  }
+  void do_recv(void* buffer, std::size_t count, DType type, int peer, int tag) override {
+    check_not_self(CommOp::recv, peer);
+    const detail::EmulatedDeviceAccess access;
+    MpiCommunicator::do_recv(buffer, count, type, peer, tag);
+  }
+
+  Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
+    return completed([&] { return MpiCommunicator::do_iall_reduce(send, recv, count, type, op); });
+  }
+  Work do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
+                          ReduceOp op) override {
+    return completed([&] { return MpiCommunicator::do_ireduce_scatter(send, recv, recv_count, type, op); });
+  }
+  Work do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) override {
+    return completed([&] { return MpiCommunicator::do_iall_gather(send, recv, send_count, type); });
+  }
+  Work do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
+                        std::span<const std::size_t> recv_counts, DType type) override {
+    return completed(
+        [&] { return MpiCommunicator::do_iall_gather_v(send, send_count, recv, recv_counts, type); });
+  }
+  Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) override {
+    return completed([&] { return MpiCommunicator::do_ibroadcast(buffer, count, type, root); });
+  }
+  Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) override {
+    check_not_self(CommOp::send, peer);
+    return completed([&] { return MpiCommunicator::do_isend(buffer, count, type, peer, tag); });
+  }
+  Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) override {
+    check_not_self(CommOp::recv, peer);
+    return completed([&] { return MpiCommunicator::do_irecv(buffer, count, type, peer, tag); });
+  }
+
+ private:
+  /// Start the MPI operation and complete it (its post-processing included) inside one access: MPI
+  /// may touch the buffers until the operation completes, and only then may they be protected again.
+  template <typename Start>
+  static Work completed(Start&& start) {
+    const detail::EmulatedDeviceAccess access;
+    Work work = start();
+    work.wait();
+    return Work();
+  }
+
+  void check_not_self(CommOp op, int peer) const {
+    ZT_MPI_COMM_CHECK(op, peer != rank(), "peer ", peer, " is this rank; a device communicator (",
+                      device_.str(),
+                      ") cannot send to or receive from its own rank (copy the buffer instead)");
+  }
+
+  Device device_;
+};
+
 // ---- construction ----------------------------------------------------------------------------
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string name) {
+namespace {
+
+/// A duplicate of `comm` set up for a zt communicator, and what the communicator needs to know.
+struct DuplicatedComm {
+  OwnedMpiComm comm;
+  int rank = 0;
+  int size = 0;
+  int tag_upper_bound = 0;
+  detail::CommIdentity identity;
+};
+
+DuplicatedComm duplicate_for_zerotrain(MPI_Comm comm, const std::string& name, const char* maker) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  ZT_CHECK_AS(CommError, initialized != 0 && !mpi_finalized(), "make_mpi_communicator('", name,
+  ZT_CHECK_AS(CommError, initialized != 0 && !mpi_finalized(), maker, "('", name,
               "'): MPI is not initialized (or already finalized); create a zt::Runtime first");
-  ZT_CHECK_AS(CommError, comm != MPI_COMM_NULL, "make_mpi_communicator('", name,
+  ZT_CHECK_AS(CommError, comm != MPI_COMM_NULL, maker, "('", name,
               "'): the MPI communicator is MPI_COMM_NULL; expected a valid communicator");
   MPI_Comm duplicate = MPI_COMM_NULL;
   ZT_CHECK_MPI(MPI_Comm_dup(comm, &duplicate), name);
-  OwnedMpiComm owned(duplicate);
+  DuplicatedComm result{OwnedMpiComm(duplicate), 0, 0, 0, {}};
   ZT_CHECK_MPI(MPI_Comm_set_errhandler(duplicate, MPI_ERRORS_RETURN), name);
   // The name shows up in MPI's own error reports and in tools (truncated to what MPI allows).
   const std::string mpi_name = name.substr(0, MPI_MAX_OBJECT_NAME - 1);
   ZT_CHECK_MPI(MPI_Comm_set_name(duplicate, mpi_name.c_str()), name);
-  int rank = 0;
-  int size = 0;
-  ZT_CHECK_MPI(MPI_Comm_rank(duplicate, &rank), name);
-  ZT_CHECK_MPI(MPI_Comm_size(duplicate, &size), name);
+  ZT_CHECK_MPI(MPI_Comm_rank(duplicate, &result.rank), name);
+  ZT_CHECK_MPI(MPI_Comm_size(duplicate, &result.size), name);
   int* tag_upper_bound = nullptr;
   int found = 0;
   ZT_CHECK_MPI(MPI_Comm_get_attr(duplicate, MPI_TAG_UB, &tag_upper_bound, &found), name);
-  const int tag_limit =
+  result.tag_upper_bound =
       (found != 0 && tag_upper_bound != nullptr) ? *tag_upper_bound : 32767;  // MPI's minimum
-  detail::CommIdentity identity = detail::agree_comm_identity(duplicate, name);
-  return std::make_unique<MpiCommunicator>(std::move(owned), rank, size, tag_limit, std::move(name),
-                                           std::move(identity));
+  result.identity = detail::agree_comm_identity(duplicate, name);
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string name) {
+  DuplicatedComm made = duplicate_for_zerotrain(comm, name, "make_mpi_communicator");
+  return std::make_unique<MpiCommunicator>(std::move(made.comm), made.rank, made.size, made.tag_upper_bound,
+                                           std::move(name), std::move(made.identity));
+}
+
+std::unique_ptr<Communicator> make_emulated_device_communicator(MPI_Comm comm, std::string name,
+                                                                Device device) {
+  ZT_CHECK_AS(CommError, device.is_emulated(), "make_emulated_device_communicator('", name, "'): device ",
+              device.str(), "; expected an emulated device (Device::emulated())");
+  DuplicatedComm made = duplicate_for_zerotrain(comm, name, "make_emulated_device_communicator");
+  return std::make_unique<EmulatedDeviceCommunicator>(std::move(made.comm), made.rank, made.size,
+                                                      made.tag_upper_bound, std::move(name),
+                                                      std::move(made.identity), device);
 }
 
 MPI_Comm native_mpi_comm(const Communicator& communicator) {

@@ -1,7 +1,18 @@
-// Devices, memory and streams: the host and CUDA behind one interface.
+// Devices, memory and streams: the host, CUDA and an emulated device behind one interface.
 //
 // Every buffer zerotrain allocates is a zt::Buffer (RAII) from the allocator of its device. With CUDA
 // compiled in but no usable GPU, the CUDA side reports why (cuda_status()) and the host side works.
+//
+// The emulated device (Device::emulated()) is a stand-in device for testing device code paths
+// without a GPU (slow: every kernel call toggles page protection). Its memory is host memory that
+// only the device API may touch: each buffer is its own page-rounded mmap'ed region, kept
+// PROT_NONE except while a kernel, copy_bytes, zero_bytes or a collective of an emulated-device
+// communicator works on it. Code that reads or writes emulated memory any other way (a raw
+// pointer dereference, a memcpy, a Tensor::data<T>() loop) is killed by SIGSEGV, reported as "host
+// access to emulated device memory" with the address: a host-only path in device code cannot go
+// unnoticed. Addresses are never reused, so a stale pointer faults too, and a PROT_NONE page between
+// buffers catches overruns. Kernels run the host kernels; streams and events run work at once, as
+// on the host.
 #pragma once
 
 #include <array>
@@ -13,7 +24,7 @@
 
 namespace zt {
 
-enum class DeviceType { host, cuda };
+enum class DeviceType { host, cuda, emulated };
 
 struct Device {
   DeviceType type = DeviceType::host;
@@ -21,9 +32,12 @@ struct Device {
 
   static constexpr Device host() { return {DeviceType::host, 0}; }
   static constexpr Device cuda(int index) { return {DeviceType::cuda, index}; }
+  /// The test device (see the top of this header): host kernels on protected host memory.
+  static constexpr Device emulated(int index = 0) { return {DeviceType::emulated, index}; }
   bool is_host() const { return type == DeviceType::host; }
   bool is_cuda() const { return type == DeviceType::cuda; }
-  std::string str() const;  // "host" or "cuda:N"
+  bool is_emulated() const { return type == DeviceType::emulated; }
+  std::string str() const;  // "host", "cuda:N" or "emulated:N"
   friend bool operator==(const Device&, const Device&) = default;
 };
 
@@ -38,7 +52,7 @@ struct CudaStatus {
 };
 const CudaStatus& cuda_status();
 
-/// Make `device` current for this thread (cudaSetDevice); a no-op for the host.
+/// Make `device` current for this thread (cudaSetDevice); a no-op for the host and the emulated device.
 void set_current_device(Device device);
 
 /// Alignment of host buffers by default, and of buffers that may go through O_DIRECT I/O.
@@ -66,8 +80,9 @@ struct MemoryUsage {
   std::size_t peak = 0;
 };
 
-/// Bytes held by live Buffers on one kind of device, per category and in total. The total's peak
-/// is the peak of the sum (not the sum of the per-category peaks).
+/// Bytes held by live Buffers on one kind of device, per category and in total (host, CUDA and
+/// emulated buffers are counted apart). The total's peak is the peak of the sum (not the sum of the
+/// per-category peaks).
 struct MemorySnapshot {
   std::array<MemoryUsage, kMemoryCategoryCount> by_category{};
   MemoryUsage total{};
@@ -79,7 +94,8 @@ MemorySnapshot memory_snapshot(DeviceType type);
 /// Restart peak tracking from the current values (e.g. after initialization, before training).
 void reset_memory_peaks();
 
-/// Allocates and frees raw bytes on one device. One allocator per device, process-wide.
+/// Allocates and frees raw bytes on one device. One allocator per device, process-wide. The emulated
+/// device's hands out page-aligned regions (any alignment up to the page size).
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -127,11 +143,15 @@ class Buffer {
   Allocator* allocator_ = nullptr;
 };
 
-/// An ordered queue of device work (a cudaStream_t); on the host, work runs at once and
-/// synchronize() returns immediately. Move-only; the CUDA stream is destroyed with it.
+class Event;
+
+/// An ordered queue of device work (a cudaStream_t); on the host and the emulated device, work runs
+/// at once and synchronize() returns immediately. Move-only; the CUDA stream is destroyed with it.
 class Stream {
  public:
   Stream() = default;  // the host stream
+  /// A new stream: a non-blocking cudaStream_t on a CUDA device (it does not order against the
+  /// legacy default stream), a stream that runs work at once on the host and the emulated device.
   explicit Stream(Device device);
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
@@ -141,13 +161,28 @@ class Stream {
 
   Device device() const { return device_; }
   void synchronize() const;
-  /// The cudaStream_t as an opaque pointer (nullptr for the host stream).
+  /// Work queued on this stream from now on waits until `event` is reached (cudaStreamWaitEvent);
+  /// the host and emulated streams run work at once, so they block until then instead.
+  void wait(const Event& event) const;
+  /// The cudaStream_t as an opaque pointer (nullptr for the host and emulated streams, and for a
+  /// CUDA device's legacy default stream).
   void* native() const { return native_; }
 
  private:
+  friend const Stream& default_stream(Device device);
+  struct Unowned {};
+  Stream(Device device, Unowned) : device_(device) {}  // a default stream: nothing to create
+
   Device device_{};
   void* native_ = nullptr;
 };
+
+/// The stream for callers without an execution context (tests, benchmarks, conveniences such as
+/// Tensor::zero_()): the host stream, the emulated device's stream, or a CUDA device's legacy
+/// default stream (stream 0; copies on it are synchronous, and it does not order against the
+/// non-blocking streams of Stream(device): engine code runs on an ExecutionContext's streams).
+/// Process-wide; never destroyed.
+const Stream& default_stream(Device device);
 
 /// A point in a stream's work (a cudaEvent_t, without timing): record() marks the work queued so far,
 /// synchronize() waits for it, ready() polls. Work on the host stream runs at once, so a host event
@@ -165,14 +200,22 @@ class Event {
   void record(const Stream& stream);
   void synchronize() const;
   bool ready() const;
+  /// The cudaEvent_t as an opaque pointer (nullptr for host and emulated events).
+  void* native() const { return native_; }
 
  private:
   Device device_{};
   void* native_ = nullptr;
 };
 
-/// Copy bytes between any two devices; asynchronous on `stream` when a CUDA device is involved.
+/// Copy bytes between any two devices; asynchronous on `stream` when a CUDA device is involved
+/// (synchronous without a stream). Emulated memory is copied inside the device API's access; a copy
+/// between a CUDA device and the emulated device is an error.
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream = nullptr);
+
+/// Set `bytes` bytes at `destination` on `device` to zero; asynchronous on `stream` on a CUDA device
+/// (cudaMemsetAsync; synchronous without a stream).
+void zero_bytes(void* destination, Device device, std::size_t bytes, const Stream* stream = nullptr);
 
 }  // namespace zt

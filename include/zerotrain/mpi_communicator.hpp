@@ -1,4 +1,4 @@
-// The MPI backend of zt::Communicator: host buffers.
+// The MPI backend of zt::Communicator: host buffers, or buffers on the emulated test device.
 #pragma once
 
 #include <mpi.h>
@@ -14,6 +14,16 @@ namespace zt {
 /// the duplicate is freed with the object. Errors on it are returned, not fatal, and become
 /// zt::CommError naming the operation, communicator, rank and MPI's error string.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string name);
+
+/// The device communicator of the emulated test device (include/zerotrain/device.hpp): the MPI
+/// backend over a duplicate of `comm` for buffers in emulated memory of `device`. device() is
+/// `device`; backend() is mpi; traffic accounting and the watchdog see it as an MPI communicator.
+/// It behaves as a device backend does (nccl_communicator.hpp): each operation runs inside the
+/// device API's access, a non-blocking one has completed when it returns (its Work is done), a
+/// receive posted before the matching send waits there (order a ring: even ranks send first, odd
+/// ranks receive first), and send/recv with the rank itself is refused with zt::CommError.
+std::unique_ptr<Communicator> make_emulated_device_communicator(MPI_Comm comm, std::string name,
+                                                                Device device = Device::emulated());
 
 /// The MPI_Comm behind an MPI-backend communicator (throws for other backends).
 MPI_Comm native_mpi_comm(const Communicator& communicator);

@@ -431,6 +431,7 @@ class SoftmaxCrossEntropy {
  private:
   std::int32_t ignore_index_;
   Tensor saved_logits_, saved_targets_, saved_logsumexp_;
+  Tensor saved_scalars_;  // kernels::CrossEntropyScalars on the logits' device
   std::int64_t counted_rows_ = 0;
 };
 

@@ -5,6 +5,11 @@
 // to someone else (view_of): a flat parameter buffer, a user's own model arrays. Views made with
 // reshape() and flat_slice() keep the owning buffer alive. There are no strides: every tensor is
 // row-major and contiguous, so a flat slice of a flat buffer is again a tensor.
+//
+// Fills, copies and conversions work on any device through the device API (kernels and
+// copy_bytes), ordered on `stream` when one is given, else on default_stream() of the tensor's
+// device. raw_data() and data<T>() are pointers into the tensor's device memory: dereference them on
+// the host only for host tensors (emulated memory faults outside the device API, device.hpp).
 #pragma once
 
 #include <cstddef>
@@ -78,19 +83,28 @@ class Tensor {
   /// A 1-D view of elements [offset, offset + count) of the flattened tensor.
   Tensor flat_slice(std::int64_t offset, std::int64_t count) const;
 
-  /// Set every element to zero (all dtypes: zero bits are zero).
-  void zero_();
-  /// Fill with `value`, converted to the dtype (host only).
-  void fill_(double value);
-  /// Copy `source` into this tensor: same element count (shapes may differ), any device pair when the
-  /// dtypes match, and conversion between floating dtypes on the host.
-  void copy_from(const Tensor& source);
-  /// A new tensor of `dtype` holding this tensor's values (a copy even when the dtype matches).
-  Tensor to(DType dtype, MemoryCategory category = MemoryCategory::other) const;
-  /// A deep copy with the same dtype and device.
-  Tensor clone(MemoryCategory category = MemoryCategory::other) const;
+  // `stream` (optional): where the work is ordered; nullptr: default_stream() of the tensor's
+  // device (for a copy between the host and a device: of the device).
 
-  /// Element `index` of the flattened tensor as a double (host floating/integer tensors; tests).
+  /// Set every element to zero (all dtypes: zero bits are zero).
+  void zero_(const Stream* stream = nullptr);
+  /// Fill with `value`, converted to the dtype.
+  void fill_(double value, const Stream* stream = nullptr);
+  /// Copy `source` into this tensor: same element count (shapes may differ), any device pair when the
+  /// dtypes match, and conversion between floating dtypes on one device.
+  void copy_from(const Tensor& source, const Stream* stream = nullptr);
+  /// A new tensor of `dtype` on this tensor's device holding its values (a copy even when the dtype
+  /// matches).
+  Tensor to(DType dtype, MemoryCategory category = MemoryCategory::other,
+            const Stream* stream = nullptr) const;
+  /// A copy on `device` with the same dtype (a copy even when the device matches).
+  Tensor to(Device device, MemoryCategory category = MemoryCategory::other,
+            const Stream* stream = nullptr) const;
+  /// A deep copy with the same dtype and device.
+  Tensor clone(MemoryCategory category = MemoryCategory::other, const Stream* stream = nullptr) const;
+
+  /// Element `index` of the flattened tensor as a double (floating/integer tensors; tests). On a
+  /// device, the element is copied to the host first (synchronously).
   double item_as_double(std::int64_t index = 0) const;
   /// "fp32[2, 3] on host"
   std::string description() const;

@@ -11,6 +11,7 @@
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/estimate.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/external_model.hpp"
 #include "zerotrain/loss_scaler.hpp"
 #include "zerotrain/lr_scheduler.hpp"

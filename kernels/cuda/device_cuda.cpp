@@ -100,6 +100,16 @@ void cuda_stream_synchronize(void* stream) {
   ZT_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
+void cuda_stream_wait_event(void* stream, void* event) {
+  ZT_CHECK_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+}
+
+void cuda_zero(void* destination, std::size_t bytes, void* stream) {
+  require_usable("zeroing CUDA device memory");
+  ZT_CHECK_CUDA(cudaMemsetAsync(destination, 0, bytes, static_cast<cudaStream_t>(stream)));
+  if (stream == nullptr) ZT_CHECK_CUDA(cudaStreamSynchronize(nullptr));
+}
+
 void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream) {
   require_usable("copying to or from a CUDA device");
   ZT_CHECK_CUDA(

@@ -189,6 +189,17 @@ void accumulate(DType dtype, void* target, const void* source, std::int64_t coun
   add(dtype, target, source, target, count);
 }
 
+void scale(DType dtype, void* data, std::int64_t count, double factor) {
+  with_floating_type(dtype, "scale", [&](auto tag) {
+    using T = decltype(tag);
+    using C = acc_t<T>;
+    T* values = static_cast<T*>(data);
+    const C multiplier = static_cast<C>(factor);
+#pragma omp parallel for simd schedule(static) if (count > 32768)
+    for (std::int64_t i = 0; i < count; ++i) values[i] = store<T>(load(values[i]) * multiplier);
+  });
+}
+
 void activation_forward(DType dtype, Activation activation, const void* input, void* output,
                         std::int64_t count) {
   with_floating_type(dtype, "activation_forward", [&](auto tag) {

@@ -1,4 +1,5 @@
-// Host implementations of kernels/nn_kernels.hpp: the same signatures without the device.
+// Host implementations of kernels/nn_kernels.hpp: the same signatures without the stream (the losses
+// return their scalars; the entry points store them in device memory).
 #pragma once
 
 #include "kernels/nn_kernels.hpp"
@@ -11,6 +12,7 @@ void fill(DType dtype, void* data, std::int64_t count, double value);
 void fill_normal(DType dtype, void* data, std::int64_t count, double mean, double stddev, std::uint64_t seed);
 void add(DType dtype, const void* a, const void* b, void* output, std::int64_t count);
 void accumulate(DType dtype, void* target, const void* source, std::int64_t count);
+void scale(DType dtype, void* data, std::int64_t count, double factor);
 void matmul_forward(DType dtype, const void* input, const void* weight, const void* bias, void* output,
                     const MatmulShape& shape);
 void matmul_backward(DType dtype, const void* grad_output, const void* input, const void* weight,
@@ -36,6 +38,10 @@ void attention_forward(DType dtype, const void* qkv, void* output, void* probabi
                        const AttentionShape& shape);
 void attention_backward(DType dtype, const void* grad_output, const void* qkv, const void* probabilities,
                         void* grad_qkv, const AttentionShape& shape);
+struct CrossEntropyResult {
+  double loss = 0;                // mean over counted rows
+  std::int64_t counted_rows = 0;  // rows whose target is not ignore_index
+};
 CrossEntropyResult cross_entropy_forward(DType dtype, const void* logits, const std::int32_t* targets,
                                          void* row_logsumexp, std::int64_t rows, std::int64_t vocab,
                                          std::int32_t ignore_index);

@@ -390,7 +390,7 @@ void check_buffer(const void* pointer, std::size_t count, const char* kernel, co
 
 }  // namespace
 
-void adam_step(Device device, const AdamStepArgs& args, const Stream* stream) {
+void adam_step(const Stream& stream, const AdamStepArgs& args) {
   check_buffer(args.params, args.count, "adam_step", "params");
   check_buffer(args.exp_avg, args.count, "adam_step", "exp_avg");
   check_buffer(args.exp_avg_sq, args.count, "adam_step", "exp_avg_sq");
@@ -398,32 +398,46 @@ void adam_step(Device device, const AdamStepArgs& args, const Stream* stream) {
   ZT_CHECK(args.step >= 1, "adam_step: step is ", args.step,
            "; expected the 1-based count of updates (>= 1)");
   dispatch(
-      device, "adam_step", [&] { host::adam_step(args); }, no_cuda_kernel, stream);
+      stream, "adam_step", [&] { host::adam_step(args); }, no_cuda_kernel);
 }
 
-void sgd_step(Device device, const SgdStepArgs& args, const Stream* stream) {
+void sgd_step(const Stream& stream, const SgdStepArgs& args) {
   check_buffer(args.params, args.count, "sgd_step", "params");
   check_buffer(args.grads, args.count, "sgd_step", "grads");
   if (args.momentum != 0.0f) check_buffer(args.momentum_buffer, args.count, "sgd_step", "momentum_buffer");
   dispatch(
-      device, "sgd_step", [&] { host::sgd_step(args); }, no_cuda_kernel, stream);
+      stream, "sgd_step", [&] { host::sgd_step(args); }, no_cuda_kernel);
 }
 
-GradCheck grad_sum_squares(Device device, const void* grads, DType grad_dtype, std::size_t count,
-                           double scale, const Stream* stream) {
+GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
+                           double scale) {
   check_buffer(grads, count, "grad_sum_squares", "grads");
   return dispatch(
-      device, "grad_sum_squares", [&] { return host::grad_sum_squares(grads, grad_dtype, count, scale); },
-      no_cuda_kernel, stream);
+      stream, "grad_sum_squares", [&] { return host::grad_sum_squares(grads, grad_dtype, count, scale); },
+      no_cuda_kernel);
 }
 
-void cast_params_to_16bit(Device device, const float* params, void* params_16bit, DType dtype,
-                          std::size_t count, const Stream* stream) {
+void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
+                      double scale, GradCheckScalars* accumulator) {
+  check_buffer(grads, count, "grad_sum_squares", "grads");
+  ZT_CHECK(accumulator != nullptr, "grad_sum_squares: the accumulator is null");
+  dispatch(
+      stream, "grad_sum_squares",
+      [&] {
+        const GradCheck partial = host::grad_sum_squares(grads, grad_dtype, count, scale);
+        accumulator->sum_sq = accumulator->sum_sq + partial.sum_sq;
+        accumulator->found_inf = accumulator->found_inf + (partial.found_inf ? 1.0 : 0.0);
+      },
+      no_cuda_kernel);
+}
+
+void cast_params_to_16bit(const Stream& stream, const float* params, void* params_16bit, DType dtype,
+                          std::size_t count) {
   check_buffer(params, count, "cast_params_to_16bit", "params");
   check_buffer(params_16bit, count, "cast_params_to_16bit", "params_16bit");
   dispatch(
-      device, "cast_params_to_16bit", [&] { host::cast_params_to_16bit(params, params_16bit, dtype, count); },
-      no_cuda_kernel, stream);
+      stream, "cast_params_to_16bit", [&] { host::cast_params_to_16bit(params, params_16bit, dtype, count); },
+      no_cuda_kernel);
 }
 
 void set_host_threads(int threads) {

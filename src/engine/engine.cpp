@@ -148,7 +148,7 @@ class Engine::Impl {
   Runtime& runtime_;
   nn::Module& model_;
   Config config_;
-  Device device_;
+  ExecutionContext execution_;  // the device the model's states live on, its streams
   engine_detail::ParallelContext parallel_;
   ExternalModel* external_;  // the caller's buffers (bring your own model), or null
   DType compute_dtype_;
@@ -163,6 +163,7 @@ class Engine::Impl {
   std::unique_ptr<LRScheduler> scheduler_;
   nn::SoftmaxCrossEntropy cross_entropy_;
   nn::MseLoss mse_;
+  Buffer grad_check_;  // kernels::GradCheckScalars on the device: the step's norm and overflow partials
   engine_detail::TrainingProgress progress_;
   bool last_forward_was_cross_entropy_ = true;
   bool forward_pending_ = false;          // a forward whose backward has not run yet
@@ -193,7 +194,7 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
     : runtime_(runtime),
       model_(model),
       config_(std::move(config)),
-      device_(options.device),
+      execution_(options.device),
       parallel_(runtime, options.grid, options.data_parallel, options.device),
       external_(dynamic_cast<ExternalModel*>(&model)),
       compute_dtype_(compute_dtype_of(config_)),
@@ -202,8 +203,10 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       plan_(engine_detail::planned_parameters(parameters_),
             engine_detail::plan_settings(config_, parallel_.data().size(), parallel_.data().rank(),
                                          parallel_.tensor().size(), parallel_.tensor().rank())) {
-  ZT_CHECK_AS(ConfigError, device_.is_host(), "EngineOptions.device is ", device_.str(),
-              ": this build trains on the host (the CUDA training path is not built yet)");
+  ZT_CHECK_AS(
+      ConfigError, !execution_.device().is_cuda(), "EngineOptions.device is ", execution_.device().str(),
+      ": this build trains on the host (or the emulated test device); the CUDA training path is not built "
+      "yet");
   ZT_CHECK_AS(ConfigError, parallel_.pipeline().size() == 1, "the process grid has ",
               parallel_.pipeline().size(),
               " pipeline stages: pipeline parallelism is not available yet in this build");
@@ -230,19 +233,20 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
 
   if (external_ == nullptr) uses_ = find_module_uses();
   strategy_ = engine_detail::make_zero_strategy({.plan = plan_,
+                                                 .execution = execution_,
                                                  .parallel = parallel_,
                                                  .config = config_,
                                                  .parameters = parameters_,
                                                  .uses = uses_,
                                                  .external = external_});
   if (external_ == nullptr) install_hooks();
-  states_ = engine_detail::make_optimizer_states(plan_, *strategy_, config_);
+  states_ = engine_detail::make_optimizer_states(plan_, *strategy_, config_, execution_);
   // With offload_param "nvme" the parameter store holds the pieces now; the optimizer's master was
   // initialized from the shard in memory above.
   if (auto* sharded = dynamic_cast<engine_detail::ShardedParameters*>(strategy_.get()))
     sharded->drop_initial_shard();
-  checkpointer_ =
-      std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_, model_);
+  checkpointer_ = std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_, model_);
+  grad_check_ = execution_.allocate(sizeof(kernels::GradCheckScalars), MemoryCategory::other);
   if (config_.scheduler) {
     scheduler_ = make_lr_scheduler(config_.scheduler->params, config_.optimizer->lr);
     if (config_.scheduler->last_batch_iteration >= 0)
@@ -313,10 +317,11 @@ double Engine::Impl::forward(const Batch& batch) {
   mark_step_start();
   model_.train();
   strategy_->begin_forward(true);
-  const Tensor output = model_.run_forward(batch.inputs);
+  const Tensor output = model_.run_forward(execution_.on_device(batch.inputs));
   last_forward_was_cross_entropy_ = batch.targets.dtype() == DType::int32;
-  const double loss = last_forward_was_cross_entropy_ ? cross_entropy_.forward(output, batch.targets)
-                                                      : mse_.forward(output, batch.targets);
+  const Tensor targets = execution_.on_device(batch.targets);
+  const double loss = last_forward_was_cross_entropy_ ? cross_entropy_.forward(output, targets)
+                                                      : mse_.forward(output, targets);
   forward_pending_ = true;
   accumulated_loss_ += loss;
   ++accumulated_micro_batches_;
@@ -354,7 +359,8 @@ void Engine::Impl::update_part(std::size_t index, std::int64_t begin, std::int64
   HalfParamBuffer half;
   if (compute_dtype_ != DType::fp32) half = {target, compute_dtype_};
   states_->optimizer().update_range({master, count}, state, gradient, grad_scale, lr, half);
-  if (target != nullptr && compute_dtype_ == DType::fp32) std::memcpy(target, master, count * sizeof(float));
+  if (target != nullptr && compute_dtype_ == DType::fp32)
+    execution_.copy(target, master, count * sizeof(float));
   if (end == range.shard_begin + range.count) strategy_->commit(index);  // the range is complete
 }
 
@@ -367,27 +373,29 @@ bool Engine::Impl::step() {
 
   if (external_ != nullptr) strategy_->take_external_gradients();
 
-  // Overflow check and norm over this rank's (reduced) gradients, unscaled; a parameter replicated
-  // across the tensor group counts once.
+  // Overflow check and norm over this rank's (reduced) gradients, unscaled, summed on the device; a
+  // parameter replicated across the tensor group counts once.
   const double scale_used = loss_scaler_.loss_scale();
-  kernels::GradCheck check;
+  auto* partial = static_cast<kernels::GradCheckScalars*>(grad_check_.data());
+  execution_.zero(grad_check_.data(), grad_check_.size());
   for (std::size_t i = 0; i < plan_.size(); ++i) {
     if (plan_.layout()[i].role == nn::ParallelRole::replicated && parallel_.tensor().rank() != 0) continue;
-    check =
-        check + kernels::grad_sum_squares(Device::host(), strategy_->gradient(i), compute_dtype_,
-                                          static_cast<std::size_t>(plan_.owned()[i].count), 1.0 / scale_used);
+    kernels::grad_sum_squares(execution_.compute(), strategy_->gradient(i), compute_dtype_,
+                              static_cast<std::size_t>(plan_.owned()[i].count), 1.0 / scale_used, partial);
   }
   // Each rank saw its pieces (when the optimizer states are partitioned) and its slice of the
   // tensor-parallel parameters: the global norm and the overflow flag are sums over those groups.
   engine_detail::GroupSpan span = engine_detail::GroupSpan::tensor | engine_detail::GroupSpan::pipeline;
   if (plan_.partition_count() > 1) span = span | engine_detail::GroupSpan::data;
-  if ((plan_.partition_count() > 1) || parallel_.tensor().size() > 1 || parallel_.pipeline().size() > 1) {
-    double partial[2] = {check.sum_sq, check.found_inf ? 1.0 : 0.0};
+  if (plan_.partition_count() > 1 || parallel_.tensor().size() > 1 || parallel_.pipeline().size() > 1) {
     const auto started = base::Clock::now();
     parallel_.sum(partial, 2, DType::fp64, span);
     step_wait_seconds_ += base::seconds_since(started);
-    check = {partial[0], partial[1] > 0};
   }
+  // The one read of the step that steers control flow: skip or update, and the clip coefficient.
+  kernels::GradCheckScalars summed;
+  execution_.to_host(&summed, partial, sizeof summed);
+  const kernels::GradCheck check{summed.sum_sq, summed.found_inf > 0};
   const bool overflow = loss_scaler_.checks_overflow() && check.found_inf;
   const bool skip = loss_scaler_.update(overflow);
   const kernels::GradClip clip = kernels::clip_from_sum_squares(check.sum_sq, config_.gradient_clipping);
@@ -582,7 +590,7 @@ DType Engine::compute_dtype() const {
   return impl_->compute_dtype_;
 }
 Device Engine::device() const {
-  return impl_->device_;
+  return impl_->execution_.device();
 }
 nn::Module& Engine::model() {
   return impl_->model_;

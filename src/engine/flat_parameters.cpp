@@ -12,15 +12,16 @@
 namespace zt::engine_detail {
 
 FlatParameters::FlatParameters(const StrategyInputs& inputs) : ZeroStrategy(inputs) {
-  flat_ = Buffer(Device::host(), static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element_size(),
-                 MemoryCategory::parameters);
-  std::memset(flat_.data(), 0, flat_.size());  // padding stays zero: no update moves it
+  flat_ = execution_.allocate(static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element_size(),
+                              MemoryCategory::parameters);
+  execution_.zero(flat_.data(), flat_.size());  // padding stays zero: no update moves it
   for (std::size_t i = 0; i < model_parameters_.size(); ++i) {
     nn::Parameter& parameter = *model_parameters_[i];
     const FlatParameter& slot = plan_.layout()[i];
-    Tensor flat_value = Tensor::view_of(
-        flat_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element_size(), slot.shape, dtype_);
-    flat_value.copy_from(parameter.value);
+    Tensor flat_value =
+        Tensor::view_of(flat_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element_size(),
+                        slot.shape, dtype_, execution_.device());
+    flat_value.copy_from(parameter.value, &execution_.compute());
     if (external_ == nullptr) parameter.value = flat_value;  // the model's own storage is released
   }
 }
@@ -48,8 +49,7 @@ void FlatParameters::all_gather_updated_parameters() {
   const std::vector<OwnedRange>& owned = plan_.owned();
   const std::int64_t region = plan_.allgather_region();
   if (allgather_staging_.numel() < region * ranks) {
-    allgather_staging_ =
-        Tensor::empty({region * ranks}, dtype_, Device::host(), MemoryCategory::comm_buffers);
+    allgather_staging_ = execution_.empty({region * ranks}, dtype_, MemoryCategory::comm_buffers);
   }
   auto* staging = static_cast<std::byte*>(allgather_staging_.raw_data());
   auto* flat = flat_.as<std::byte>();
@@ -63,16 +63,16 @@ void FlatParameters::all_gather_updated_parameters() {
     }
     std::int64_t offset = 0;
     for (std::size_t i = first; i < last; ++i) {
-      std::memcpy(staging + bytes(rank * count + offset), flat + bytes(owned[i].flat_begin),
-                  bytes(layout[i].piece_numel));
+      execution_.copy(staging + bytes(rank * count + offset), flat + bytes(owned[i].flat_begin),
+                      bytes(layout[i].piece_numel));
       offset += layout[i].piece_numel;
     }
     data.all_gather(staging + bytes(rank * count), staging, static_cast<std::size_t>(count), dtype_);
     offset = 0;
     for (std::size_t i = first; i < last; ++i) {
       for (int q = 0; q < ranks; ++q) {
-        std::memcpy(flat + bytes(layout[i].offset + q * layout[i].piece_numel),
-                    staging + bytes(q * count + offset), bytes(layout[i].piece_numel));
+        execution_.copy(flat + bytes(layout[i].offset + q * layout[i].piece_numel),
+                        staging + bytes(q * count + offset), bytes(layout[i].piece_numel));
       }
       offset += layout[i].piece_numel;
     }
@@ -94,7 +94,10 @@ std::pair<std::int64_t, std::int64_t> FlatParameters::held_range(std::size_t ind
 
 void FlatParameters::load_parameter(std::size_t index, const float* values) {
   const FlatParameter& slot = plan_.layout()[index];
-  kernels::convert(Device::host(), values, DType::fp32,
+  // From the host's fp32 values (a copy on the device first, when the device is not the host).
+  const Tensor on_device = execution_.on_device(
+      Tensor::view_of(const_cast<float*>(values), {slot.numel}, DType::fp32), MemoryCategory::other);
+  kernels::convert(execution_.compute(), on_device.raw_data(), DType::fp32,
                    flat_.as<std::byte>() + static_cast<std::size_t>(slot.offset) * element_size(), dtype_,
                    slot.numel);
 }

@@ -21,9 +21,11 @@ std::byte* at(void* base, std::int64_t elements, DType dtype) {
 
 }  // namespace
 
-GradientReducer::GradientReducer(Communicator& communicator, const std::vector<FlatParameter>& layout,
-                                 GradientReducerOptions options, void* destination)
+GradientReducer::GradientReducer(Communicator& communicator, const ExecutionContext& execution,
+                                 const std::vector<FlatParameter>& layout, GradientReducerOptions options,
+                                 void* destination)
     : communicator_(communicator),
+      execution_(execution),
       layout_(layout),
       options_(options),
       destination_(static_cast<std::byte*>(destination)),
@@ -57,8 +59,7 @@ void GradientReducer::open_bucket() {
     open_.staging = std::move(free_staging_.back());
     free_staging_.pop_back();
   } else {
-    open_.staging =
-        Tensor::empty({capacity_}, options_.wire_dtype, Device::host(), MemoryCategory::comm_buffers);
+    open_.staging = execution_.empty({capacity_}, options_.wire_dtype, MemoryCategory::comm_buffers);
   }
   has_open_ = true;
 }
@@ -74,7 +75,7 @@ void GradientReducer::add(std::size_t index, const void* gradient, DType gradien
   const DType wire = options_.wire_dtype;
   void* staging = open_.staging.raw_data();
   if (!partitioned()) {
-    kernels::convert(Device::host(), gradient, gradient_dtype, at(staging, open_.used, wire), wire,
+    kernels::convert(execution_.compute(), gradient, gradient_dtype, at(staging, open_.used, wire), wire,
                      parameter.numel);
   } else {
     // Rank q's piece of this parameter goes to rank q's region; the padding past numel is zero.
@@ -84,13 +85,13 @@ void GradientReducer::add(std::size_t index, const void* gradient, DType gradien
       const std::int64_t real = std::clamp<std::int64_t>(parameter.numel - begin, 0, piece);
       std::byte* target = at(staging, q * region_ + open_.used, wire);
       if (real > 0) {
-        kernels::convert(Device::host(),
+        kernels::convert(execution_.compute(),
                          static_cast<const std::byte*>(gradient) +
                              static_cast<std::size_t>(begin) * dtype_size(gradient_dtype),
                          gradient_dtype, target, wire, real);
       }
       if (real < piece)
-        std::memset(at(target, real, wire), 0, static_cast<std::size_t>(piece - real) * dtype_size(wire));
+        execution_.zero(at(target, real, wire), static_cast<std::size_t>(piece - real) * dtype_size(wire));
     }
   }
   open_.members.push_back(index);
@@ -114,8 +115,8 @@ void GradientReducer::launch_open_bucket() {
     // takes ranks x used contiguous elements. Ascending order never overwrites a region not yet moved.
     if (bucket.used < region_) {
       for (int q = 1; q < ranks_; ++q) {
-        std::memmove(at(staging, q * bucket.used, wire), at(staging, q * region_, wire),
-                     count * dtype_size(wire));
+        execution_.move(at(staging, q * bucket.used, wire), at(staging, q * region_, wire),
+                        count * dtype_size(wire));
       }
     }
   }
@@ -140,26 +141,26 @@ void GradientReducer::complete(Bucket& bucket) {
     const std::byte* reduced = at(staging, bucket.member_offsets[m], wire);
     switch (options_.destination) {
       case GradientDestination::flat_whole:
-        kernels::convert(Device::host(), reduced, wire, at(destination_, parameter.offset, target_dtype),
-                         target_dtype, parameter.numel);
+        kernels::convert(execution_.compute(), reduced, wire,
+                         at(destination_, parameter.offset, target_dtype), target_dtype, parameter.numel);
         break;
       case GradientDestination::flat_own_piece:
-        kernels::convert(Device::host(), reduced, wire,
+        kernels::convert(execution_.compute(), reduced, wire,
                          at(destination_, parameter.offset + rank_ * parameter.piece_numel, target_dtype),
                          target_dtype, parameter.piece_numel);
         break;
       case GradientDestination::shard: {
         std::byte* target = at(destination_, parameter.shard_offset, target_dtype);
         if (!accumulate_) {
-          kernels::convert(Device::host(), reduced, wire, target, target_dtype, parameter.piece_numel);
+          kernels::convert(execution_.compute(), reduced, wire, target, target_dtype, parameter.piece_numel);
         } else if (wire == target_dtype) {
-          kernels::accumulate(Device::host(), target_dtype, target, reduced, parameter.piece_numel);
+          kernels::accumulate(execution_.compute(), target_dtype, target, reduced, parameter.piece_numel);
         } else {
-          Tensor converted = Tensor::empty({parameter.piece_numel}, target_dtype, Device::host(),
-                                           MemoryCategory::comm_buffers);
-          kernels::convert(Device::host(), reduced, wire, converted.raw_data(), target_dtype,
+          Tensor converted =
+              execution_.empty({parameter.piece_numel}, target_dtype, MemoryCategory::comm_buffers);
+          kernels::convert(execution_.compute(), reduced, wire, converted.raw_data(), target_dtype,
                            parameter.piece_numel);
-          kernels::accumulate(Device::host(), target_dtype, target, converted.raw_data(),
+          kernels::accumulate(execution_.compute(), target_dtype, target, converted.raw_data(),
                               parameter.piece_numel);
         }
         break;

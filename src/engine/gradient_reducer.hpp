@@ -15,6 +15,7 @@
 #include "src/engine/partition_plan.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/tensor.hpp"
 
 namespace zt::engine_detail {
@@ -42,8 +43,9 @@ class GradientReducer {
  public:
   /// `destination` is the flat gradient buffer (stages 0-1) or the gradient shard (stages 2-3), in
   /// options.gradient_dtype, laid out as `layout` says.
-  GradientReducer(Communicator& communicator, const std::vector<FlatParameter>& layout,
-                  GradientReducerOptions options, void* destination);
+  GradientReducer(Communicator& communicator, const ExecutionContext& execution,
+                  const std::vector<FlatParameter>& layout, GradientReducerOptions options,
+                  void* destination);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -82,6 +84,7 @@ class GradientReducer {
   void wait_oldest();
 
   Communicator& communicator_;
+  const ExecutionContext& execution_;  // staging buffers, conversions and copies on its device
   const std::vector<FlatParameter>& layout_;
   GradientReducerOptions options_;
   std::byte* destination_;

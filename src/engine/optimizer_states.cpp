@@ -47,14 +47,15 @@ void for_each_overlap(const std::vector<OwnedRange>& ranges, std::size_t& cursor
 /// In memory: the optimizer's own state buffers beside the master.
 class InMemoryStates final : public OptimizerStates {
  public:
-  InMemoryStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config)
-      : OptimizerStates(plan, strategy) {
+  InMemoryStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config,
+                 const ExecutionContext& execution)
+      : OptimizerStates(plan, strategy, execution) {
     allocate_master();
     std::vector<ParamBuffer> buffers;
     for (std::size_t i = 0; i < plan_.size(); ++i)
       buffers.push_back({master_in_memory(i), static_cast<std::size_t>(plan_.owned()[i].count)});
     optimizer_ = make_optimizer(to_string(config.optimizer->type), std::move(buffers),
-                                optimizer_params_of(*config.optimizer));
+                                optimizer_params_of(*config.optimizer), execution_.device());
     names_ = optimizer_->state_names();
   }
 
@@ -70,18 +71,16 @@ class InMemoryStates final : public OptimizerStates {
   }
 
   void read_master(std::size_t index, float* destination) override {
-    std::copy_n(master_in_memory(index), plan_.owned()[index].count, destination);
+    execution_.to_host(destination, master_in_memory(index), bytes_of(index));
   }
   void write_master(std::size_t index, const float* source) override {
-    std::copy_n(source, plan_.owned()[index].count, master_in_memory(index));
+    execution_.from_host(master_in_memory(index), source, bytes_of(index));
   }
   void read_state(std::size_t state, std::size_t index, float* destination) override {
-    const std::span<const float> values = optimizer_->state(names_[state], index);
-    std::copy(values.begin(), values.end(), destination);
+    execution_.to_host(destination, optimizer_->state(names_[state], index).data(), bytes_of(index));
   }
   void write_state(std::size_t state, std::size_t index, const float* source) override {
-    const std::span<float> values = optimizer_->state(names_[state], index);
-    std::copy_n(source, values.size(), values.data());
+    execution_.from_host(optimizer_->state(names_[state], index).data(), source, bytes_of(index));
   }
 
   OptimizerStatesPlacement placement() const override {
@@ -95,13 +94,17 @@ class InMemoryStates final : public OptimizerStates {
     if (plan_.master_elements() == 0) return;
     // fp32 master weights belong with the optimizer states (the 12 bytes of K in ZeRO's 16Ψ): each
     // rank keeps the master of its pieces only.
-    master_ = Buffer(Device::host(), static_cast<std::size_t>(plan_.master_elements()) * sizeof(float),
-                     MemoryCategory::optimizer_states);
-    std::memset(master_.data(), 0, master_.size());
+    master_ = execution_.allocate(static_cast<std::size_t>(plan_.master_elements()) * sizeof(float),
+                                  MemoryCategory::optimizer_states);
+    execution_.zero(master_.data(), master_.size());
     for (std::size_t i = 0; i < plan_.size(); ++i) {
-      kernels::convert(Device::host(), strategy_.parameters(i), plan_.settings().compute_dtype,
+      kernels::convert(execution_.compute(), strategy_.parameters(i), plan_.settings().compute_dtype,
                        master_in_memory(i), DType::fp32, plan_.owned()[i].count);
     }
+  }
+
+  std::size_t bytes_of(std::size_t index) const {
+    return static_cast<std::size_t>(plan_.owned()[index].count) * sizeof(float);
   }
 
   std::vector<std::string_view> names_;
@@ -110,8 +113,13 @@ class InMemoryStates final : public OptimizerStates {
 /// ZeRO-Infinity: the master (in 16-bit training) and the states in the rank's swap file.
 class NvmeStates final : public OptimizerStates {
  public:
-  NvmeStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config)
-      : OptimizerStates(plan, strategy) {
+  NvmeStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config,
+             const ExecutionContext& execution)
+      : OptimizerStates(plan, strategy, execution) {
+    ZT_CHECK_AS(
+        ConfigError, execution_.device().is_host(),
+        "zero_optimization.offload_optimizer nvme with the engine on ", execution_.device().str(),
+        ": the states move through host buffers, which comes with the CUDA training path; train on the host");
     const ZeroConfig& zero = config.zero_optimization;
     const OffloadOptimizerConfig& offload = zero.offload_optimizer;
     // The optimizer keeps no state of its own: it updates the sub-groups swapped into the
@@ -141,7 +149,7 @@ class NvmeStates final : public OptimizerStates {
           plan_.owned(), cursor, first, count, [&](std::size_t i, std::int64_t begin, std::int64_t end) {
             const OwnedRange& range = plan_.owned()[i];
             kernels::convert(
-                Device::host(),
+                execution_.compute(),
                 strategy_.parameters(i) + static_cast<std::size_t>(begin - range.shard_begin) * element,
                 dtype, arrays[0] + (begin - first), DType::fp32, end - begin);
           });
@@ -177,7 +185,8 @@ class NvmeStates final : public OptimizerStates {
   void read_master(std::size_t index, float* destination) override {
     const OwnedRange& range = plan_.owned()[index];
     if (!plan_.master_in_swap()) {
-      std::copy_n(master_in_memory(index), range.count, destination);
+      execution_.to_host(destination, master_in_memory(index),
+                         static_cast<std::size_t>(range.count) * sizeof(float));
       return;
     }
     swapped_->read(0, range.shard_begin, range.count, destination);
@@ -185,7 +194,8 @@ class NvmeStates final : public OptimizerStates {
   void write_master(std::size_t index, const float* source) override {
     const OwnedRange& range = plan_.owned()[index];
     if (!plan_.master_in_swap()) {
-      std::copy_n(source, range.count, master_in_memory(index));
+      execution_.from_host(master_in_memory(index), source,
+                           static_cast<std::size_t>(range.count) * sizeof(float));
       return;
     }
     swapped_->write(0, range.shard_begin, range.count, source);
@@ -232,9 +242,10 @@ float* OptimizerStates::master_in_memory(std::size_t index) {
 }
 
 std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan, ZeroStrategy& strategy,
-                                                       const Config& config) {
-  if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config);
-  return std::make_unique<InMemoryStates>(plan, strategy, config);
+                                                       const Config& config,
+                                                       const ExecutionContext& execution) {
+  if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config, execution);
+  return std::make_unique<InMemoryStates>(plan, strategy, config, execution);
 }
 
 }  // namespace zt::engine_detail

@@ -13,6 +13,7 @@
 #include "src/engine/partition_plan.hpp"
 #include "src/engine/zero_strategy.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/optimizer.hpp"
 
 namespace zt::engine_detail {
@@ -45,13 +46,15 @@ class OptimizerStates {
   virtual OptimizerStatesPlacement placement() const = 0;
 
  protected:
-  OptimizerStates(const PartitionPlan& plan, ZeroStrategy& strategy) : plan_(plan), strategy_(strategy) {}
+  OptimizerStates(const PartitionPlan& plan, ZeroStrategy& strategy, const ExecutionContext& execution)
+      : plan_(plan), strategy_(strategy), execution_(execution) {}
   /// The fp32 master of owned range `index` when it is in memory: the separate master, or the fp32
   /// parameters themselves.
   float* master_in_memory(std::size_t index);
 
   const PartitionPlan& plan_;
   ZeroStrategy& strategy_;
+  const ExecutionContext& execution_;
   std::unique_ptr<Optimizer> optimizer_;
   Buffer master_;  // the separate master in memory (bf16/fp16 training, parameters on NVMe)
 };
@@ -59,6 +62,7 @@ class OptimizerStates {
 /// The home the plan calls for, its master initialized from the strategy's parameters and its
 /// states zero. The one place where the choice is made.
 std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan, ZeroStrategy& strategy,
-                                                       const Config& config);
+                                                       const Config& config,
+                                                       const ExecutionContext& execution);
 
 }  // namespace zt::engine_detail

@@ -43,7 +43,12 @@ ParallelContext::Group ParallelContext::group_of(Communicator& host, const char*
   group.host = &host;
   if (device_.is_host()) {
     group.device = &host;
+  } else if (device_.is_emulated()) {
+    own_comms_.push_back(make_emulated_device_communicator(native_mpi_comm(host),
+                                                           std::string(name) + "@" + device_.str(), device_));
+    group.device = own_comms_.back().get();
   } else {
+    // NCCL communicators come with the CUDA training path.
     ZT_THROW_AS(ConfigError, "communicators for buffers on ", device_.str(),
                 " are not available in this build; train on the host");
   }

@@ -13,11 +13,13 @@ namespace zt::engine_detail {
 
 using base::Clock;
 using base::seconds_since;
-ParameterGatherer::ParameterGatherer(Communicator& communicator, const std::vector<FlatParameter>& layout,
+ParameterGatherer::ParameterGatherer(Communicator& communicator, const ExecutionContext& execution,
+                                     const std::vector<FlatParameter>& layout,
                                      std::vector<nn::Parameter*> parameters,
                                      std::vector<std::vector<std::size_t>> uses, ParameterStore& shard,
                                      ParameterGathererOptions options)
     : communicator_(communicator),
+      execution_(execution),
       layout_(layout),
       parameters_(std::move(parameters)),
       uses_(std::move(uses)),
@@ -59,8 +61,7 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
   }
   const std::size_t element = dtype_size(options_.dtype);
   const int ranks = communicator_.size();
-  gather.staging =
-      Tensor::empty({gather.count * ranks}, options_.dtype, Device::host(), MemoryCategory::comm_buffers);
+  gather.staging = execution_.empty({gather.count * ranks}, options_.dtype, MemoryCategory::comm_buffers);
   std::byte* mine = static_cast<std::byte*>(gather.staging.raw_data()) +
                     static_cast<std::size_t>(communicator_.rank() * gather.count) * element;
   // Pieces on NVMe: start every member's read before waiting for the first (as buffers allow).
@@ -69,8 +70,8 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
   }
   for (std::size_t m = 0; m < members.size(); ++m) {
     const FlatParameter& parameter = layout_[members[m]];
-    std::memcpy(mine + static_cast<std::size_t>(gather.member_offsets[m]) * element,
-                shard_.acquire(members[m]), static_cast<std::size_t>(parameter.piece_numel) * element);
+    execution_.copy(mine + static_cast<std::size_t>(gather.member_offsets[m]) * element,
+                    shard_.acquire(members[m]), static_cast<std::size_t>(parameter.piece_numel) * element);
     shard_.release(members[m]);
   }
   return gather;
@@ -131,17 +132,17 @@ void ParameterGatherer::complete(Gather& gather) {
     const FlatParameter& parameter = layout_[index];
     nn::Parameter& target = *parameters_[index];
     if (!target.value.defined()) {
-      target.value =
-          Tensor::empty(parameter.shape, options_.dtype, Device::host(), MemoryCategory::parameters);
+      target.value = execution_.empty(parameter.shape, options_.dtype, MemoryCategory::parameters);
     }
     auto* out = static_cast<std::byte*>(target.value.raw_data());
     for (int q = 0; q < ranks; ++q) {
       const std::int64_t begin = q * parameter.piece_numel;
       const std::int64_t real = std::clamp<std::int64_t>(parameter.numel - begin, 0, parameter.piece_numel);
       if (real == 0) continue;
-      std::memcpy(out + static_cast<std::size_t>(begin) * element,
-                  staging + static_cast<std::size_t>(q * gather.count + gather.member_offsets[m]) * element,
-                  static_cast<std::size_t>(real) * element);
+      execution_.copy(
+          out + static_cast<std::size_t>(begin) * element,
+          staging + static_cast<std::size_t>(q * gather.count + gather.member_offsets[m]) * element,
+          static_cast<std::size_t>(real) * element);
     }
     slots_[index].state = State::available;
   }

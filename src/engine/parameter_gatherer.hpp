@@ -24,6 +24,7 @@
 #include "src/engine/partition_plan.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/nn.hpp"
 
 namespace zt::engine_detail {
@@ -46,9 +47,10 @@ class ParameterGatherer {
   /// `uses[u]` lists the parameter indices module use u reads. `shard` holds this rank's pieces;
   /// `parameters[i]->value` is the gathered tensor or undefined.
   /// Non-persistent parameters are released here; persistent ones keep their current value.
-  ParameterGatherer(Communicator& communicator, const std::vector<FlatParameter>& layout,
-                    std::vector<nn::Parameter*> parameters, std::vector<std::vector<std::size_t>> uses,
-                    ParameterStore& shard, ParameterGathererOptions options);
+  ParameterGatherer(Communicator& communicator, const ExecutionContext& execution,
+                    const std::vector<FlatParameter>& layout, std::vector<nn::Parameter*> parameters,
+                    std::vector<std::vector<std::size_t>> uses, ParameterStore& shard,
+                    ParameterGathererOptions options);
   ~ParameterGatherer();
   ParameterGatherer(const ParameterGatherer&) = delete;
   ParameterGatherer& operator=(const ParameterGatherer&) = delete;
@@ -109,6 +111,7 @@ class ParameterGatherer {
   bool reused_soon(std::size_t index) const;
 
   Communicator& communicator_;
+  const ExecutionContext& execution_;  // staging and gathered tensors on its device
   const std::vector<FlatParameter>& layout_;
   std::vector<nn::Parameter*> parameters_;
   std::vector<std::vector<std::size_t>> uses_;

@@ -12,11 +12,12 @@ namespace zt::engine_detail {
 using base::Clock;
 using base::seconds_since;
 
-ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* host_shard)
-    : layout_(layout), dtype_(dtype), pieces_(layout.size()) {
+ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* shard,
+                               const ExecutionContext& execution)
+    : layout_(layout), execution_(execution), dtype_(dtype), pieces_(layout.size()) {
   const std::size_t element = dtype_size(dtype_);
   for (std::size_t i = 0; i < layout_.size(); ++i) {
-    pieces_[i].host = host_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element;
+    pieces_[i].host = shard + static_cast<std::size_t>(layout_[i].shard_offset) * element;
     pieces_[i].bytes = static_cast<std::size_t>(layout_[i].piece_numel) * element;
     host_elements_ += layout_[i].piece_numel;
   }
@@ -24,7 +25,7 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType d
 
 ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const ParameterStoreOptions& options,
                                const std::byte* initial_shard)
-    : layout_(layout), dtype_(options.dtype), pieces_(layout.size()) {
+    : layout_(layout), execution_(ExecutionContext::host()), dtype_(options.dtype), pieces_(layout.size()) {
   ZT_CHECK(options.swap.has_value(), "ParameterStore: the NVMe store needs swap options");
   ZT_CHECK_AS(ConfigError, options.buffer_count >= 1, "zero_optimization.offload_param.buffer_count is ",
               options.buffer_count, "; expected >= 1 (pieces read from NVMe at once)");
@@ -58,8 +59,8 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
   // not when the model grows.
   swap_ = std::make_unique<SwapEngine>(*options.swap);
   if (host_elements_ > 0) {
-    host_ = Buffer(Device::host(), static_cast<std::size_t>(host_elements_) * element,
-                   MemoryCategory::parameters);
+    host_ =
+        execution_.allocate(static_cast<std::size_t>(host_elements_) * element, MemoryCategory::parameters);
   }
   std::size_t host_offset = 0;
   std::vector<std::pair<std::string, std::size_t>> swapped_pieces;
@@ -82,8 +83,8 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
   }
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     std::byte* target = update_target(i);
-    std::memcpy(target, initial_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element,
-                pieces_[i].bytes);
+    execution_.copy(target, initial_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element,
+                    pieces_[i].bytes);
     commit(i);
   }
   finish_updates();
@@ -273,13 +274,13 @@ void ParameterStore::finish_updates() {
 }
 
 void ParameterStore::write(std::size_t index, const void* source) {
-  std::memcpy(update_target(index), source, pieces_[index].bytes);
+  execution_.from_host(update_target(index), source, pieces_[index].bytes);
   commit(index);
   if (PoolBuffer* buffer = buffer_of(index); buffer != nullptr) complete(*buffer);
 }
 
 void ParameterStore::read(std::size_t index, void* destination) {
-  std::memcpy(destination, acquire(index), pieces_[index].bytes);
+  execution_.to_host(destination, acquire(index), pieces_[index].bytes);
   release(index);
 }
 

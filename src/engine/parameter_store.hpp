@@ -26,6 +26,7 @@
 #include "src/engine/partition_plan.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/swap.hpp"
 
 namespace zt::engine_detail {
@@ -52,8 +53,10 @@ struct ParameterStoreStats {
 
 class ParameterStore {
  public:
-  /// All pieces in `host_shard` (the engine's shard buffer, layout[i].shard_offset; not owned).
-  ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* host_shard);
+  /// All pieces in `shard` (the engine's shard buffer in the memory of `execution`'s device,
+  /// layout[i].shard_offset; not owned).
+  ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* shard,
+                 const ExecutionContext& execution = ExecutionContext::host());
   /// offload_param "nvme": creates the swap file and reserves the swapped pieces on disk (a bad
   /// nvme_path or a disk too small fails here); `initial_shard` holds every piece's first value.
   ParameterStore(const std::vector<FlatParameter>& layout, const ParameterStoreOptions& options,
@@ -105,7 +108,7 @@ class ParameterStore {
     SwapHandle io;
   };
   struct Piece {
-    std::byte* host = nullptr;  // host memory, or nullptr: on NVMe
+    std::byte* host = nullptr;  // in memory (the context's device), or nullptr: on NVMe
     std::string swap_name;
     std::size_t bytes = 0;
   };
@@ -120,6 +123,7 @@ class ParameterStore {
   void check_index(std::size_t index, const char* what) const;
 
   const std::vector<FlatParameter>& layout_;
+  const ExecutionContext& execution_;  // where the pieces in memory are (the host's with NVMe)
   DType dtype_;
   std::vector<Piece> pieces_;
   Buffer host_;  // NVMe mode: the pieces kept in host memory

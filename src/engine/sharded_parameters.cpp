@@ -17,25 +17,30 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
       ": a zt::ExternalModel (parameters in the caller's buffers) trains with ZeRO stages 0-2; stage 3 "
       "gathers parameters around each module's forward, which needs zerotrain's own modules");
   const std::size_t element = element_size();
-  shard_ = Buffer(Device::host(), static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element,
-                  MemoryCategory::parameters);
-  std::memset(shard_.data(), 0, shard_.size());  // padding stays zero: no update moves it
+  ZT_CHECK_AS(
+      ConfigError, !plan_.parameters_on_nvme() || execution_.device().is_host(),
+      "zero_optimization.offload_param nvme with the engine on ", execution_.device().str(),
+      ": parameter offload moves pieces through host buffers, which comes with the CUDA training path; "
+      "train on the host");
+  shard_ = execution_.allocate(static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element,
+                               MemoryCategory::parameters);
+  execution_.zero(shard_.data(), shard_.size());  // padding stays zero: no update moves it
   const int rank = plan_.partition_rank();
   for (std::size_t i = 0; i < model_parameters_.size(); ++i) {
     const FlatParameter& slot = plan_.layout()[i];
     const std::int64_t begin = rank * slot.piece_numel;
     const std::int64_t real = std::clamp<std::int64_t>(slot.numel - begin, 0, slot.piece_numel);
     if (real > 0) {
-      std::memcpy(shard_.as<std::byte>() + static_cast<std::size_t>(slot.shard_offset) * element,
-                  static_cast<const std::byte*>(model_parameters_[i]->value.raw_data()) +
-                      static_cast<std::size_t>(begin) * element,
-                  static_cast<std::size_t>(real) * element);
+      execution_.from_host(shard_.as<std::byte>() + static_cast<std::size_t>(slot.shard_offset) * element,
+                           static_cast<const std::byte*>(model_parameters_[i]->value.raw_data()) +
+                               static_cast<std::size_t>(begin) * element,
+                           static_cast<std::size_t>(real) * element);
     }
   }
 
   const ZeroConfig& zero = inputs.config.zero_optimization;
   if (!plan_.parameters_on_nvme()) {
-    store_ = std::make_unique<ParameterStore>(plan_.layout(), dtype_, shard_.as<std::byte>());
+    store_ = std::make_unique<ParameterStore>(plan_.layout(), dtype_, shard_.as<std::byte>(), execution_);
   } else {
     const OffloadParamConfig& offload = zero.offload_param;
     ZT_CHECK_AS(ConfigError, offload.nvme_path.has_value(),
@@ -59,8 +64,15 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
   gathering.max_live = zero.stage3_max_live_parameters;
   gathering.max_reuse_distance = zero.stage3_max_reuse_distance;
   gathering.allgather_bucket_elements = zero.allgather_bucket_size;
-  gatherer_ = std::make_unique<ParameterGatherer>(*parallel_.data().device, plan_.layout(), model_parameters_,
-                                                  std::move(uses), *store_, gathering);
+  // Persistent parameters stay gathered for good: their values move to the device once (on the
+  // host they stay where the model put them).
+  for (std::size_t i = 0; i < model_parameters_.size(); ++i) {
+    if (plan_.persistent(i))
+      model_parameters_[i]->value =
+          execution_.on_device(model_parameters_[i]->value, MemoryCategory::parameters);
+  }
+  gatherer_ = std::make_unique<ParameterGatherer>(*parallel_.data().device, execution_, plan_.layout(),
+                                                  model_parameters_, std::move(uses), *store_, gathering);
 }
 
 ShardedParameters::~ShardedParameters() = default;
@@ -125,7 +137,8 @@ void ShardedParameters::load_parameter(std::size_t index, const float* values) {
   std::vector<float> piece(static_cast<std::size_t>(owned.count), 0.0f);
   std::copy_n(values, count, piece.data());
   std::vector<std::byte> converted(static_cast<std::size_t>(owned.count) * element_size());
-  kernels::convert(Device::host(), piece.data(), DType::fp32, converted.data(), dtype_, owned.count);
+  kernels::convert(ExecutionContext::host().compute(), piece.data(), DType::fp32, converted.data(), dtype_,
+                   owned.count);
   store_->write(index, converted.data());
 }
 

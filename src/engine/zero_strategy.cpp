@@ -19,6 +19,7 @@ std::unique_ptr<ZeroStrategy> make_zero_strategy(const StrategyInputs& inputs) {
 
 ZeroStrategy::ZeroStrategy(const StrategyInputs& inputs)
     : plan_(inputs.plan),
+      execution_(inputs.execution),
       parallel_(inputs.parallel),
       model_parameters_(inputs.parameters),
       external_(inputs.external),
@@ -26,10 +27,13 @@ ZeroStrategy::ZeroStrategy(const StrategyInputs& inputs)
   ZT_CHECK(model_parameters_.size() == plan_.size(), "ZeRO strategy: ", model_parameters_.size(),
            " parameters for a plan of ", plan_.size());
   const ZeroPartitioning& partitioning = plan_.partitioning();
-  gradients_ =
-      Buffer(Device::host(), static_cast<std::size_t>(plan_.gradient_buffer_elements()) * element_size(),
-             MemoryCategory::gradients);
-  std::memset(gradients_.data(), 0, gradients_.size());
+  ZT_CHECK_AS(
+      ConfigError, external_ == nullptr || execution_.device().is_host(),
+      "a zt::ExternalModel keeps its parameters in the caller's host buffers; train it on the host, not ",
+      execution_.device().str());
+  gradients_ = execution_.allocate(
+      static_cast<std::size_t>(plan_.gradient_buffer_elements()) * element_size(), MemoryCategory::gradients);
+  execution_.zero(gradients_.data(), gradients_.size());
   if (external_ == nullptr) {
     for (std::size_t i = 0; i < model_parameters_.size(); ++i) {
       const FlatParameter& slot = plan_.layout()[i];
@@ -39,7 +43,7 @@ ZeroStrategy::ZeroStrategy(const StrategyInputs& inputs)
           partitioning.gradients
               ? Tensor()
               : Tensor::view_of(gradient_buffer() + static_cast<std::size_t>(slot.offset) * element_size(),
-                                slot.shape, dtype_);
+                                slot.shape, dtype_, execution_.device());
     }
   }
 
@@ -54,8 +58,8 @@ ZeroStrategy::ZeroStrategy(const StrategyInputs& inputs)
   reduction.bucket_capacity = plan_.reduce_bucket_capacity();
   reduction.bucket_region = plan_.reduce_bucket_region();
   reduction.overlap = settings.overlap_comm;
-  reducer_ = std::make_unique<GradientReducer>(*parallel_.data().device, plan_.layout(), reduction,
-                                               gradient_buffer());
+  reducer_ = std::make_unique<GradientReducer>(*parallel_.data().device, execution_, plan_.layout(),
+                                               reduction, gradient_buffer());
 
   uses_per_parameter_.assign(model_parameters_.size(), 0);
   for (const ModuleUse& use : inputs.uses) {
@@ -94,8 +98,7 @@ void ZeroStrategy::before_backward(const ModuleUse& use) {
     for (std::size_t index : use.parameters) {
       nn::Parameter& parameter = *model_parameters_[index];
       if (!parameter.grad.defined()) {
-        parameter.grad =
-            Tensor::zeros(plan_.layout()[index].shape, dtype_, Device::host(), MemoryCategory::gradients);
+        parameter.grad = execution_.zeros(plan_.layout()[index].shape, dtype_, MemoryCategory::gradients);
       }
     }
   }
@@ -129,8 +132,7 @@ void ZeroStrategy::end_backward() {
       if (reduced_this_pass_[i]) continue;
       nn::Parameter& parameter = *model_parameters_[i];
       if (!parameter.grad.defined()) {
-        parameter.grad =
-            Tensor::zeros(plan_.layout()[i].shape, dtype_, Device::host(), MemoryCategory::gradients);
+        parameter.grad = execution_.zeros(plan_.layout()[i].shape, dtype_, MemoryCategory::gradients);
       }
       reduce(i);
     }
@@ -161,7 +163,7 @@ void ZeroStrategy::take_external_gradients() {
 
 void ZeroStrategy::clear_gradients() {
   // Partitioned gradients are overwritten by the next step's first backward.
-  if (!plan_.partitioning().gradients) std::memset(gradients_.data(), 0, gradients_.size());
+  if (!plan_.partitioning().gradients) execution_.zero(gradients_.data(), gradients_.size());
 }
 
 }  // namespace zt::engine_detail

@@ -23,6 +23,7 @@
 #include "src/engine/partition_plan.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/nn.hpp"
 
 namespace zt {
@@ -47,6 +48,7 @@ struct BackwardPass {
 /// What a strategy is built from.
 struct StrategyInputs {
   const PartitionPlan& plan;
+  const ExecutionContext& execution;  // the device the states live on, and its streams
   const ParallelContext& parallel;
   const Config& config;
   std::vector<nn::Parameter*> parameters;  // the model's, in plan order
@@ -121,6 +123,7 @@ class ZeroStrategy {
   std::byte* gradient_buffer() { return gradients_.as<std::byte>(); }
 
   const PartitionPlan& plan_;
+  const ExecutionContext& execution_;
   const ParallelContext& parallel_;
   std::vector<nn::Parameter*> model_parameters_;
   ExternalModel* external_;

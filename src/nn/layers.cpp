@@ -46,8 +46,9 @@ Tensor Linear::forward(const Tensor& input) {
   output_shape.back() = out_features_;
   Tensor output = activation_tensor(output_shape, input);
   const kernels::MatmulShape shape{input.numel() / in_features_, in_features_, out_features_};
-  kernels::matmul_forward(input.device(), input.dtype(), input.raw_data(), weight_->value.raw_data(),
-                          bias_ != nullptr ? bias_->value.raw_data() : nullptr, output.raw_data(), shape);
+  kernels::matmul_forward(default_stream(input.device()), input.dtype(), input.raw_data(),
+                          weight_->value.raw_data(), bias_ != nullptr ? bias_->value.raw_data() : nullptr,
+                          output.raw_data(), shape);
   saved_input_ = input;
   return output;
 }
@@ -60,7 +61,7 @@ Tensor Linear::backward(const Tensor& grad_output) {
            saved_input_.description());
   Tensor grad_input = activation_tensor(saved_input_.shape(), saved_input_);
   const kernels::MatmulShape shape{saved_input_.numel() / in_features_, in_features_, out_features_};
-  kernels::matmul_backward(grad_output.device(), grad_output.dtype(), grad_output.raw_data(),
+  kernels::matmul_backward(default_stream(grad_output.device()), grad_output.dtype(), grad_output.raw_data(),
                            saved_input_.raw_data(), weight_->value.raw_data(), grad_input.raw_data(),
                            grad_pointer(*weight_), bias_ != nullptr ? grad_pointer(*bias_) : nullptr, shape);
   return grad_input;
@@ -87,8 +88,8 @@ Tensor Embedding::forward(const Tensor& tokens) {
   const std::int64_t positions = tokens.ndim() == 0 ? 1 : tokens.size(-1);
   const kernels::EmbeddingShape shape{positions == 0 ? 0 : tokens.numel() / positions, positions,
                                       num_embeddings_, dim_};
-  kernels::embedding_forward(table.device(), table.dtype(), tokens.data<std::int32_t>(), table.raw_data(),
-                             nullptr, output.raw_data(), shape);
+  kernels::embedding_forward(default_stream(table.device()), table.dtype(), tokens.data<std::int32_t>(),
+                             table.raw_data(), nullptr, output.raw_data(), shape);
   saved_tokens_ = tokens;
   return output;
 }
@@ -99,8 +100,9 @@ Tensor Embedding::backward(const Tensor& grad_output) {
   ZT_CHECK(grad_output.numel() == saved_tokens_.numel() * dim_, "Embedding '", name(), "': grad_output ",
            grad_output.description(), " does not match the tokens ", saved_tokens_.description());
   const kernels::EmbeddingShape shape{saved_tokens_.numel(), 1, num_embeddings_, dim_};  // positions unused
-  kernels::embedding_backward(grad_output.device(), grad_output.dtype(), saved_tokens_.data<std::int32_t>(),
-                              grad_output.raw_data(), grad_pointer(*weight_), nullptr, shape);
+  kernels::embedding_backward(default_stream(grad_output.device()), grad_output.dtype(),
+                              saved_tokens_.data<std::int32_t>(), grad_output.raw_data(),
+                              grad_pointer(*weight_), nullptr, shape);
   return {};
 }
 
@@ -122,9 +124,9 @@ Tensor PositionalEmbedding::forward(const Tensor& input) {
   Tensor output = activation_tensor(input.shape(), input);
   const Tensor positions = weight_->value.flat_slice(0, row_elements);
   for (std::int64_t b = 0; b < batch; ++b) {
-    kernels::add(input.device(), input.dtype(), input.flat_slice(b * row_elements, row_elements).raw_data(),
-                 positions.raw_data(), output.flat_slice(b * row_elements, row_elements).raw_data(),
-                 row_elements);
+    kernels::add(default_stream(input.device()), input.dtype(),
+                 input.flat_slice(b * row_elements, row_elements).raw_data(), positions.raw_data(),
+                 output.flat_slice(b * row_elements, row_elements).raw_data(), row_elements);
   }
   return output;
 }
@@ -137,7 +139,7 @@ Tensor PositionalEmbedding::backward(const Tensor& grad_output) {
     const std::int64_t batch = grad_output.size(0), row_elements = grad_output.size(1) * dim_;
     // Batches one after another: a fixed summation order.
     for (std::int64_t b = 0; b < batch; ++b) {
-      kernels::accumulate(grad_output.device(), grad_output.dtype(), weight_->grad.raw_data(),
+      kernels::accumulate(default_stream(grad_output.device()), grad_output.dtype(), weight_->grad.raw_data(),
                           grad_output.flat_slice(b * row_elements, row_elements).raw_data(), row_elements);
     }
   }
@@ -162,9 +164,9 @@ Tensor LayerNorm::forward(const Tensor& input) {
   const DType stats = kernels::stat_dtype(input.dtype());
   saved_mean_ = Tensor::empty({rows}, stats, input.device(), MemoryCategory::activations);
   saved_rstd_ = Tensor::empty({rows}, stats, input.device(), MemoryCategory::activations);
-  kernels::layernorm_forward(input.device(), input.dtype(), input.raw_data(), weight_->value.raw_data(),
-                             bias_->value.raw_data(), output.raw_data(), saved_mean_.raw_data(),
-                             saved_rstd_.raw_data(), rows, dim_, eps_);
+  kernels::layernorm_forward(default_stream(input.device()), input.dtype(), input.raw_data(),
+                             weight_->value.raw_data(), bias_->value.raw_data(), output.raw_data(),
+                             saved_mean_.raw_data(), saved_rstd_.raw_data(), rows, dim_, eps_);
   saved_input_ = input;
   return output;
 }
@@ -175,10 +177,10 @@ Tensor LayerNorm::backward(const Tensor& grad_output) {
   ZT_CHECK(grad_output.numel() == saved_input_.numel(), "LayerNorm '", name(), "': grad_output ",
            grad_output.description(), " does not match the forward input ", saved_input_.description());
   Tensor grad_input = activation_tensor(saved_input_.shape(), saved_input_);
-  kernels::layernorm_backward(grad_output.device(), grad_output.dtype(), grad_output.raw_data(),
-                              saved_input_.raw_data(), weight_->value.raw_data(), saved_mean_.raw_data(),
-                              saved_rstd_.raw_data(), grad_input.raw_data(), grad_pointer(*weight_),
-                              grad_pointer(*bias_), saved_input_.numel() / dim_, dim_);
+  kernels::layernorm_backward(
+      default_stream(grad_output.device()), grad_output.dtype(), grad_output.raw_data(),
+      saved_input_.raw_data(), weight_->value.raw_data(), saved_mean_.raw_data(), saved_rstd_.raw_data(),
+      grad_input.raw_data(), grad_pointer(*weight_), grad_pointer(*bias_), saved_input_.numel() / dim_, dim_);
   return grad_input;
 }
 
@@ -216,8 +218,8 @@ Activation::Activation(ActivationKind kind)
 Tensor Activation::forward(const Tensor& input) {
   check_input(*this, "input", input, input.dtype(), -1);
   Tensor output = activation_tensor(input.shape(), input);
-  kernels::activation_forward(input.device(), input.dtype(), kernel_activation(kind_), input.raw_data(),
-                              output.raw_data(), input.numel());
+  kernels::activation_forward(default_stream(input.device()), input.dtype(), kernel_activation(kind_),
+                              input.raw_data(), output.raw_data(), input.numel());
   saved_input_ = input;
   return output;
 }
@@ -230,9 +232,9 @@ Tensor Activation::backward(const Tensor& grad_output) {
            "': grad_output ", grad_output.description(), " does not match the forward input ",
            saved_input_.description());
   Tensor grad_input = activation_tensor(saved_input_.shape(), saved_input_);
-  kernels::activation_backward(grad_output.device(), grad_output.dtype(), kernel_activation(kind_),
-                               saved_input_.raw_data(), grad_output.raw_data(), grad_input.raw_data(),
-                               grad_output.numel());
+  kernels::activation_backward(default_stream(grad_output.device()), grad_output.dtype(),
+                               kernel_activation(kind_), saved_input_.raw_data(), grad_output.raw_data(),
+                               grad_input.raw_data(), grad_output.numel());
   return grad_input;
 }
 
@@ -248,8 +250,8 @@ Tensor Dropout::forward(const Tensor& input) {
   check_input(*this, "input", input, input.dtype(), -1);
   last_stream_ = next_stream_++;
   Tensor output = activation_tensor(input.shape(), input);
-  kernels::dropout_forward(input.device(), input.dtype(), input.raw_data(), output.raw_data(), input.numel(),
-                           p_, seed_, last_stream_);
+  kernels::dropout_forward(default_stream(input.device()), input.dtype(), input.raw_data(), output.raw_data(),
+                           input.numel(), p_, seed_, last_stream_);
   return output;
 }
 
@@ -257,7 +259,7 @@ Tensor Dropout::backward(const Tensor& grad_output) {
   if (last_was_identity_) return grad_output;
   check_input(*this, "grad_output", grad_output, grad_output.dtype(), -1);
   Tensor grad_input = activation_tensor(grad_output.shape(), grad_output);
-  kernels::dropout_backward(grad_output.device(), grad_output.dtype(), grad_output.raw_data(),
+  kernels::dropout_backward(default_stream(grad_output.device()), grad_output.dtype(), grad_output.raw_data(),
                             grad_input.raw_data(), grad_output.numel(), p_, seed_, last_stream_);
   return grad_input;
 }
@@ -284,8 +286,8 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
       Tensor::empty({shape.batch, n_head_, shape.seq_len, shape.seq_len}, kernels::stat_dtype(input.dtype()),
                     input.device(), MemoryCategory::activations);
   Tensor attended = activation_tensor(input.shape(), input);
-  kernels::attention_forward(input.device(), input.dtype(), qkv.raw_data(), attended.raw_data(),
-                             saved_probabilities_.raw_data(), shape);
+  kernels::attention_forward(default_stream(input.device()), input.dtype(), qkv.raw_data(),
+                             attended.raw_data(), saved_probabilities_.raw_data(), shape);
   saved_qkv_ = qkv;
   return dropout_->run_forward(proj_->run_forward(attended));
 }
@@ -295,9 +297,9 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output) {
   const Tensor grad_attended = proj_->run_backward(dropout_->run_backward(grad_output));
   const kernels::AttentionShape shape{saved_qkv_.size(0), saved_qkv_.size(1), n_head_, d_model_ / n_head_};
   Tensor grad_qkv = activation_tensor(saved_qkv_.shape(), saved_qkv_);
-  kernels::attention_backward(grad_output.device(), grad_output.dtype(), grad_attended.raw_data(),
-                              saved_qkv_.raw_data(), saved_probabilities_.raw_data(), grad_qkv.raw_data(),
-                              shape);
+  kernels::attention_backward(default_stream(grad_output.device()), grad_output.dtype(),
+                              grad_attended.raw_data(), saved_qkv_.raw_data(),
+                              saved_probabilities_.raw_data(), grad_qkv.raw_data(), shape);
   return qkv_->run_backward(grad_qkv);
 }
 
@@ -334,12 +336,12 @@ TransformerBlock::TransformerBlock(std::int64_t d_model, std::int64_t n_head, DT
 Tensor TransformerBlock::forward(const Tensor& input) {
   const Tensor attended = attn_->run_forward(ln1_->run_forward(input));
   Tensor residual = activation_tensor(input.shape(), input);
-  kernels::add(input.device(), input.dtype(), input.raw_data(), attended.raw_data(), residual.raw_data(),
-               input.numel());
+  kernels::add(default_stream(input.device()), input.dtype(), input.raw_data(), attended.raw_data(),
+               residual.raw_data(), input.numel());
   const Tensor transformed = mlp_->run_forward(ln2_->run_forward(residual));
   Tensor output = activation_tensor(input.shape(), input);
-  kernels::add(input.device(), input.dtype(), residual.raw_data(), transformed.raw_data(), output.raw_data(),
-               input.numel());
+  kernels::add(default_stream(input.device()), input.dtype(), residual.raw_data(), transformed.raw_data(),
+               output.raw_data(), input.numel());
   return output;
 }
 
@@ -347,10 +349,10 @@ Tensor TransformerBlock::backward(const Tensor& grad_output) {
   // Each residual branch adds its gradient to the one that skips it. LayerNorm returns a fresh
   // tensor, so accumulating into it is safe.
   Tensor grad_residual = ln2_->run_backward(mlp_->run_backward(grad_output));
-  kernels::accumulate(grad_output.device(), grad_output.dtype(), grad_residual.raw_data(),
+  kernels::accumulate(default_stream(grad_output.device()), grad_output.dtype(), grad_residual.raw_data(),
                       grad_output.raw_data(), grad_output.numel());
   Tensor grad_input = ln1_->run_backward(attn_->run_backward(grad_residual));
-  kernels::accumulate(grad_output.device(), grad_output.dtype(), grad_input.raw_data(),
+  kernels::accumulate(default_stream(grad_output.device()), grad_output.dtype(), grad_input.raw_data(),
                       grad_residual.raw_data(), grad_output.numel());
   return grad_input;
 }
@@ -378,8 +380,8 @@ Tensor LmHead::forward(const Tensor& input) {
   Shape output_shape = input.shape();
   output_shape.back() = vocab;
   Tensor logits = activation_tensor(output_shape, input);
-  kernels::matmul_forward(input.device(), input.dtype(), input.raw_data(), weight.raw_data(), nullptr,
-                          logits.raw_data(), {input.numel() / d_model, d_model, vocab});
+  kernels::matmul_forward(default_stream(input.device()), input.dtype(), input.raw_data(), weight.raw_data(),
+                          nullptr, logits.raw_data(), {input.numel() / d_model, d_model, vocab});
   saved_input_ = input;
   return logits;
 }
@@ -390,7 +392,7 @@ Tensor LmHead::backward(const Tensor& grad_output) {
   const std::int64_t vocab = weight.size(0), d_model = weight.size(1);
   check_input(*this, "grad_output", grad_output, weight.dtype(), vocab);
   Tensor grad_input = activation_tensor(saved_input_.shape(), saved_input_);
-  kernels::matmul_backward(grad_output.device(), grad_output.dtype(), grad_output.raw_data(),
+  kernels::matmul_backward(default_stream(grad_output.device()), grad_output.dtype(), grad_output.raw_data(),
                            saved_input_.raw_data(), weight.raw_data(), grad_input.raw_data(),
                            grad_pointer(*weight_), nullptr, {saved_input_.numel() / d_model, d_model, vocab});
   return grad_input;

@@ -18,24 +18,29 @@ double SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& targets)
   const std::int64_t rows = targets.numel();
   saved_logsumexp_ = Tensor::empty({rows}, kernels::stat_dtype(logits.dtype()), logits.device(),
                                    MemoryCategory::activations);
-  const kernels::CrossEntropyResult result = kernels::cross_entropy_forward(
-      logits.device(), logits.dtype(), logits.raw_data(), targets.data<std::int32_t>(),
-      saved_logsumexp_.raw_data(), rows, vocab, ignore_index_);
+  saved_scalars_ = Tensor::empty({2}, DType::fp64, logits.device(), MemoryCategory::activations);
+  auto* scalars = static_cast<kernels::CrossEntropyScalars*>(saved_scalars_.raw_data());
+  const Stream& stream = default_stream(logits.device());
+  kernels::cross_entropy_forward(stream, logits.dtype(), logits.raw_data(), targets.data<std::int32_t>(),
+                                 saved_logsumexp_.raw_data(), rows, vocab, ignore_index_, scalars);
+  kernels::CrossEntropyScalars result;
+  copy_bytes(&result, Device::host(), scalars, logits.device(), sizeof(result), &stream);
+  stream.synchronize();
   saved_logits_ = logits;
   saved_targets_ = targets;
-  counted_rows_ = result.counted_rows;
-  return result.loss;
+  counted_rows_ = static_cast<std::int64_t>(result.counted_rows);
+  return result.mean_loss;
 }
 
 Tensor SoftmaxCrossEntropy::backward(double scale) {
   ZT_CHECK(saved_logits_.defined(), "SoftmaxCrossEntropy::backward before forward");
   Tensor grad = Tensor::empty(saved_logits_.shape(), saved_logits_.dtype(), saved_logits_.device(),
                               MemoryCategory::activations);
-  const double row_scale = counted_rows_ > 0 ? scale / static_cast<double>(counted_rows_) : 0.0;
-  kernels::cross_entropy_backward(saved_logits_.device(), saved_logits_.dtype(), saved_logits_.raw_data(),
-                                  saved_targets_.data<std::int32_t>(), saved_logsumexp_.raw_data(),
-                                  grad.raw_data(), saved_targets_.numel(), saved_logits_.size(-1),
-                                  ignore_index_, row_scale);
+  kernels::cross_entropy_backward(
+      default_stream(saved_logits_.device()), saved_logits_.dtype(), saved_logits_.raw_data(),
+      saved_targets_.data<std::int32_t>(), saved_logsumexp_.raw_data(),
+      static_cast<const kernels::CrossEntropyScalars*>(saved_scalars_.raw_data()), grad.raw_data(),
+      saved_targets_.numel(), saved_logits_.size(-1), ignore_index_, scale);
   return grad;
 }
 
@@ -46,16 +51,20 @@ double MseLoss::forward(const Tensor& prediction, const Tensor& target) {
            ": expected floating tensors of the same dtype and shape");
   saved_prediction_ = prediction;
   saved_target_ = target;
-  return kernels::mse_forward(prediction.device(), prediction.dtype(), prediction.raw_data(),
-                              target.raw_data(), prediction.numel());
+  Tensor loss = Tensor::empty({}, DType::fp64, prediction.device(), MemoryCategory::activations);
+  const Stream& stream = default_stream(prediction.device());
+  kernels::mse_forward(stream, prediction.dtype(), prediction.raw_data(), target.raw_data(),
+                       prediction.numel(), loss.data<double>());
+  return loss.item_as_double();
 }
 
 Tensor MseLoss::backward(double scale) {
   ZT_CHECK(saved_prediction_.defined(), "MseLoss::backward before forward");
   Tensor grad = Tensor::empty(saved_prediction_.shape(), saved_prediction_.dtype(),
                               saved_prediction_.device(), MemoryCategory::activations);
-  kernels::mse_backward(saved_prediction_.device(), saved_prediction_.dtype(), saved_prediction_.raw_data(),
-                        saved_target_.raw_data(), grad.raw_data(), saved_prediction_.numel(), scale);
+  kernels::mse_backward(default_stream(saved_prediction_.device()), saved_prediction_.dtype(),
+                        saved_prediction_.raw_data(), saved_target_.raw_data(), grad.raw_data(),
+                        saved_prediction_.numel(), scale);
   return grad;
 }
 

@@ -25,8 +25,8 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 
 void init_normal(Parameter& parameter, double stddev, std::uint64_t seed) {
   Tensor& value = parameter.value;
-  kernels::fill_normal(value.device(), value.dtype(), value.raw_data(), value.numel(), 0.0, stddev,
-                       seed ^ name_hash(parameter.name));
+  kernels::fill_normal(default_stream(value.device()), value.dtype(), value.raw_data(), value.numel(), 0.0,
+                       stddev, seed ^ name_hash(parameter.name));
 }
 
 std::int64_t gpt_parameter_count(const GptConfig& config) {

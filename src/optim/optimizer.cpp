@@ -50,7 +50,7 @@ void Optimizer::add_state(std::string name) {
   slot.buffers.reserve(params_.size());
   for (const ParamBuffer& p : params_) {
     Buffer buffer(device_, p.count * sizeof(float), MemoryCategory::optimizer_states);
-    if (p.count > 0) std::memset(buffer.data(), 0, buffer.size());  // torch: zeros_like(param)
+    zero_bytes(buffer.data(), device_, buffer.size());  // torch: zeros_like(param)
     slot.buffers.push_back(std::move(buffer));
   }
   states_.push_back(std::move(slot));
@@ -204,7 +204,7 @@ void Adam::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad,
   args.adam_w_mode = hp.adam_w_mode;
   args.bias_correction = hp.bias_correction;
   args.step = step_count();
-  kernels::adam_step(device(), args);
+  kernels::adam_step(default_stream(device()), args);
 }
 
 // ---- SGD -----------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ void Sgd::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad, 
   args.weight_decay = hp.weight_decay;
   args.nesterov = hp.nesterov;
   args.first_step = step_count() == 1;  // torch: the buffer does not exist before the first update
-  kernels::sgd_step(device(), args);
+  kernels::sgd_step(default_stream(device()), args);
 }
 
 // ---- factory -------------------------------------------------------------------------------------

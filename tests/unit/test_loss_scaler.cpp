@@ -56,7 +56,8 @@ bool gradients_overflow(float injected, unsigned seed) {
   std::mt19937 rng(seed);
   const std::size_t position = std::uniform_int_distribution<std::size_t>(0, n - 1)(rng);
   const GradBuffer grads = make_buffer(DType::fp16, n, {position}, injected, seed);
-  return zt::kernels::grad_sum_squares(zt::Device::host(), grads.data(), DType::fp16, n).found_inf;
+  return zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), grads.data(), DType::fp16, n)
+      .found_inf;
 }
 
 zt::LossScalerParams dynamic_params(int power, std::int64_t window, std::int64_t hysteresis) {
@@ -300,12 +301,13 @@ TEST(OverflowCheck, FindsInfMinusInfAndNanAtRandomPositionsInEveryDtype) {
   std::uniform_int_distribution<std::size_t> position(0, n - 1);
   for (DType dtype : {DType::fp32, DType::bf16, DType::fp16}) {
     const GradBuffer clean = make_buffer(dtype, n, {}, 0.0f, 1);
-    const auto baseline = zt::kernels::grad_sum_squares(zt::Device::host(), clean.data(), dtype, n);
+    const auto baseline =
+        zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), clean.data(), dtype, n);
     EXPECT_FALSE(baseline.found_inf) << zt::dtype_name(dtype);
     EXPECT_TRUE(std::isfinite(baseline.sum_sq));
     // Unscaling with 1/loss_scale: the sum of squares of the unscaled gradient (scale^2 * sum).
-    const auto unscaled =
-        zt::kernels::grad_sum_squares(zt::Device::host(), clean.data(), dtype, n, 1.0 / 1024);
+    const auto unscaled = zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), clean.data(),
+                                                        dtype, n, 1.0 / 1024);
     EXPECT_DOUBLE_EQ(unscaled.sum_sq, baseline.sum_sq / (1024.0 * 1024.0));
 
     for (float injected : {kInf, -kInf, kNan}) {
@@ -315,8 +317,8 @@ TEST(OverflowCheck, FindsInfMinusInfAndNanAtRandomPositionsInEveryDtype) {
         if (trial == 2) positions = {0};                         // the first element
         if (trial == 3) positions = {n - 1};                     // the last (in the tail)
         const GradBuffer bad = make_buffer(dtype, n, positions, injected, 1);
-        const auto check =
-            zt::kernels::grad_sum_squares(zt::Device::host(), bad.data(), dtype, n, 1.0 / 1024);
+        const auto check = zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), bad.data(),
+                                                         dtype, n, 1.0 / 1024);
         EXPECT_TRUE(check.found_inf) << zt::dtype_name(dtype) << " value " << injected << " at "
                                      << positions[0];
       }
@@ -324,10 +326,13 @@ TEST(OverflowCheck, FindsInfMinusInfAndNanAtRandomPositionsInEveryDtype) {
   }
   // The largest finite fp16 is not an overflow: 65504^2 is finite in the fp64 accumulator.
   const GradBuffer big = make_buffer(DType::fp16, 1000, {0, 1, 2, 999}, 65504.0f, 2);
-  EXPECT_FALSE(zt::kernels::grad_sum_squares(zt::Device::host(), big.data(), DType::fp16, 1000).found_inf);
+  EXPECT_FALSE(
+      zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), big.data(), DType::fp16, 1000)
+          .found_inf);
   // An fp32 value that would overflow fp16 or an fp32 accumulator is not an inf either.
   const GradBuffer huge = make_buffer(DType::fp32, 1000, {5, 6}, 3e38f, 3);
-  const auto huge_check = zt::kernels::grad_sum_squares(zt::Device::host(), huge.data(), DType::fp32, 1000);
+  const auto huge_check =
+      zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), huge.data(), DType::fp32, 1000);
   EXPECT_FALSE(huge_check.found_inf);
   EXPECT_GT(huge_check.sum_sq, 1.7e77);
 }

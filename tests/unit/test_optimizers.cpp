@@ -335,7 +335,8 @@ TEST(HalfCopy, CastMatchesDtypeConversionsOnEveryRoundingCase) {
   const std::vector<float> values = rounding_edge_values();
   std::vector<std::uint16_t> out(values.size());
   for (DType dtype : {DType::bf16, DType::fp16}) {
-    zt::kernels::cast_params_to_16bit(zt::Device::host(), values.data(), out.data(), dtype, values.size());
+    zt::kernels::cast_params_to_16bit(zt::default_stream(zt::Device::host()), values.data(), out.data(),
+                                      dtype, values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
       const std::uint16_t expected =
           dtype == DType::bf16 ? zt::bf16::from_float(values[i]) : zt::fp16::from_float(values[i]);
@@ -358,7 +359,7 @@ TEST(HalfGradients, EveryBitPatternIsReadExactly) {
     args.grad_dtype = dtype;
     args.count = n;
     args.lr = 1.0f;
-    zt::kernels::sgd_step(zt::Device::host(), args);
+    zt::kernels::sgd_step(zt::default_stream(zt::Device::host()), args);
     for (std::size_t i = 0; i < n; ++i) {
       const float g = dtype == DType::bf16 ? std::bit_cast<float>(static_cast<std::uint32_t>(bits[i]) << 16)
                                            : zt::fp16::to_float(bits[i]);
@@ -408,11 +409,14 @@ TEST(Determinism, OneAndTwoThreadsGiveTheSameBits) {
 
     const Grad grad = make_grad(dtype, normal_values(5'000'017, 1.0f, 9));
     zt::kernels::set_host_threads(1);
-    const auto s1 = zt::kernels::grad_sum_squares(zt::Device::host(), grad.data(), dtype, grad.values.size());
+    const auto s1 = zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), grad.data(), dtype,
+                                                  grad.values.size());
     zt::kernels::set_host_threads(2);
-    const auto s2 = zt::kernels::grad_sum_squares(zt::Device::host(), grad.data(), dtype, grad.values.size());
+    const auto s2 = zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), grad.data(), dtype,
+                                                  grad.values.size());
     zt::kernels::set_host_threads(3);
-    const auto s3 = zt::kernels::grad_sum_squares(zt::Device::host(), grad.data(), dtype, grad.values.size());
+    const auto s3 = zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), grad.data(), dtype,
+                                                  grad.values.size());
     EXPECT_EQ(std::bit_cast<std::uint64_t>(s1.sum_sq), std::bit_cast<std::uint64_t>(s2.sum_sq));
     EXPECT_EQ(std::bit_cast<std::uint64_t>(s1.sum_sq), std::bit_cast<std::uint64_t>(s3.sum_sq));
   }
@@ -467,20 +471,63 @@ TEST(GradSumSquares, MatchesReferenceAndAppliesScale) {
     const Grad grad = make_grad(dtype, normal_values(n, 2.0f, 13));
     long double expected = 0.0L;
     for (float x : grad.values) expected += static_cast<long double>(x) * x;
-    const auto check = zt::kernels::grad_sum_squares(zt::Device::host(), grad.data(), dtype, n, 0.5);
+    const auto check =
+        zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), grad.data(), dtype, n, 0.5);
     EXPECT_FALSE(check.found_inf);
     // fp64 accumulation of 1e6 positive terms: relative error <= ~1e6 * 2^-53 ~ 1e-10 (much less in
     // practice, with 8 lanes and 16K-element chunks).
     EXPECT_NEAR(check.sum_sq, static_cast<double>(expected) * 0.25, 1e-10 * static_cast<double>(expected))
         << zt::dtype_name(dtype);
   }
-  const auto empty = zt::kernels::grad_sum_squares(zt::Device::host(), nullptr, DType::fp32, 0);
+  const auto empty =
+      zt::kernels::grad_sum_squares(zt::default_stream(zt::Device::host()), nullptr, DType::fp32, 0);
   EXPECT_EQ(empty.sum_sq, 0.0);
   EXPECT_FALSE(empty.found_inf);
   const zt::kernels::GradCheck combined =
       zt::kernels::GradCheck{1.0, false} + zt::kernels::GradCheck{2.0, true};
   EXPECT_EQ(combined.sum_sq, 3.0);
   EXPECT_TRUE(combined.found_inf);
+}
+
+TEST(GradSumSquares, DeviceScalarsAddUpToTheHostSequence) {
+  // Three buffers (the partials of one rank), with and without an overflow in the middle one: the
+  // device-resident accumulator holds the bits of check = check + partial, on the host and on the
+  // emulated device.
+  const std::size_t n = 40'000;
+  for (bool overflow : {false, true}) {
+    std::vector<Grad> grads;
+    for (int b = 0; b < 3; ++b) grads.push_back(make_grad(DType::fp16, normal_values(n + b, 4.0f, 60 + b)));
+    if (overflow) grads[1].bits[17] = 0x7c00;  // +inf in fp16
+    const double scale = 1.0 / 1024;
+    const zt::Stream& host = zt::default_stream(zt::Device::host());
+    zt::kernels::GradCheck expected;
+    for (const Grad& grad : grads)
+      expected =
+          expected + zt::kernels::grad_sum_squares(host, grad.data(), DType::fp16, grad.values.size(), scale);
+    ASSERT_EQ(expected.found_inf, overflow);
+
+    zt::kernels::GradCheckScalars on_host;
+    for (const Grad& grad : grads)
+      zt::kernels::grad_sum_squares(host, grad.data(), DType::fp16, grad.values.size(), scale, &on_host);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(on_host.sum_sq), std::bit_cast<std::uint64_t>(expected.sum_sq));
+    EXPECT_EQ(on_host.found_inf, overflow ? 1.0 : 0.0);
+
+    const zt::Device emulated = zt::Device::emulated();
+    const zt::Stream& stream = zt::default_stream(emulated);
+    zt::Buffer accumulator(emulated, sizeof(zt::kernels::GradCheckScalars));
+    zt::zero_bytes(accumulator.data(), emulated, accumulator.size(), &stream);
+    for (const Grad& grad : grads) {
+      zt::Buffer device_grad(emulated, grad.values.size() * sizeof(std::uint16_t));
+      zt::copy_bytes(device_grad.data(), emulated, grad.data(), zt::Device::host(), device_grad.size(),
+                     &stream);
+      zt::kernels::grad_sum_squares(stream, device_grad.data(), DType::fp16, grad.values.size(), scale,
+                                    accumulator.as<zt::kernels::GradCheckScalars>());
+    }
+    zt::kernels::GradCheckScalars on_device;
+    zt::copy_bytes(&on_device, zt::Device::host(), accumulator.data(), emulated, sizeof(on_device), &stream);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(on_device.sum_sq), std::bit_cast<std::uint64_t>(expected.sum_sq));
+    EXPECT_EQ(on_device.found_inf, overflow ? 1.0 : 0.0);
+  }
 }
 
 TEST(GradClip, DeepSpeedFormula) {

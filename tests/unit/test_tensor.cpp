@@ -134,6 +134,50 @@ TEST(Tensor, CopyAndConvertBetweenFloatingDtypes) {
   EXPECT_EQ(ints.item_as_double(2), 3.0);
 }
 
+TEST(Tensor, FillCopyAndConvertRoundTripThroughTheEmulatedDevice) {
+  const zt::Device emulated = zt::Device::emulated();
+  const std::vector<float> values{0.0f, 1.0f, -2.5f, 3.140625f, 1e-3f, 65504.0f, -0.1f};
+  const Tensor source = Tensor::from_vector(values, {7});
+  const std::size_t emulated_before = zt::memory_snapshot(zt::DeviceType::emulated).total.current;
+  const std::size_t host_before = zt::memory_snapshot(zt::DeviceType::host).total.current;
+  const Tensor on_device = source.to(emulated, MemoryCategory::activations);
+  EXPECT_EQ(on_device.device(), emulated);
+  EXPECT_EQ(on_device.description(), "fp32[7] on emulated:0");
+  EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::emulated).total.current, emulated_before + 7 * sizeof(float));
+  EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).total.current, host_before);
+  for (DType dtype : {DType::fp64, DType::bf16, DType::fp16}) {
+    // Converted on the device, back to fp32 on the device, then to the host: the host's bits.
+    const Tensor converted = on_device.to(dtype);
+    EXPECT_EQ(converted.device(), emulated);
+    const Tensor back = converted.to(DType::fp32).to(zt::Device::host());
+    const Tensor expected = source.to(dtype).to(DType::fp32);
+    EXPECT_TRUE(back.device().is_host());
+    EXPECT_EQ(std::memcmp(back.raw_data(), expected.raw_data(), back.nbytes()), 0) << zt::dtype_name(dtype);
+  }
+  // Fills, zeroing a slice and reading single elements, all on the device.
+  Tensor filled = Tensor::zeros({6}, DType::bf16, emulated);
+  EXPECT_EQ(filled.item_as_double(5), 0.0);
+  filled.fill_(2.5);
+  filled.flat_slice(1, 2).zero_();
+  EXPECT_EQ(filled.item_as_double(0), 2.5);
+  EXPECT_EQ(filled.item_as_double(2), 0.0);
+  EXPECT_EQ(filled.item_as_double(3), 2.5);
+  Tensor copy = filled.clone();
+  EXPECT_EQ(copy.device(), emulated);
+  EXPECT_NE(copy.raw_data(), filled.raw_data());
+  Tensor host_copy = Tensor::empty({2, 3}, DType::bf16);
+  host_copy.copy_from(copy);
+  EXPECT_EQ(static_cast<float>(host_copy.data<zt::bf16>()[4]), 2.5f);
+  EXPECT_EQ(static_cast<float>(host_copy.data<zt::bf16>()[1]), 0.0f);
+  // Integer tensors (tokens) travel too.
+  const Tensor tokens = Tensor::from_vector<std::int32_t>({7, -1, 3}, {3}).to(emulated);
+  EXPECT_EQ(tokens.item_as_double(1), -1.0);
+  // A conversion needs both tensors on one device.
+  const std::string message = error_of([&] { filled.copy_from(Tensor::zeros({6}, DType::fp32)); });
+  EXPECT_NE(message.find("dtype conversion needs both tensors on the same device"), std::string::npos)
+      << message;
+}
+
 TEST(Tensor, ErrorsNameTheTensorAndWhatWasExpected) {
   Tensor t = Tensor::zeros({2, 3}, DType::fp32);
   std::string message = error_of([&] { t.data<double>(); });

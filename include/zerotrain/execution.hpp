@@ -1,0 +1,83 @@
+// zt::ExecutionContext: where device work runs and in which order.
+//
+// A context is a device with a compute stream and a communication stream. Every allocation, fill,
+// copy and kernel of the engine and of the nn modules goes through one (kernels take
+// context.compute()), so the same code runs on the host, on the emulated test device and on a GPU:
+//   - the operations below are ordered on the compute stream;
+//   - to_host() waits for the copy (and the work before it); everything else is asynchronous on a
+//     GPU and immediate on the host and the emulated device;
+//   - collectives run on the communication stream; communication_waits_for_compute() and
+//     compute_waits_for_communication() order the two with events (no-ops on the host and the
+//     emulated device, whose streams run work at once).
+// A context is not copyable or movable (modules and communicators keep pointers to it), and its
+// ordering calls are made by one thread.
+#pragma once
+
+#include <cstddef>
+
+#include "zerotrain/device.hpp"
+#include "zerotrain/dtype.hpp"
+#include "zerotrain/tensor.hpp"
+
+namespace zt {
+
+class ExecutionContext {
+ public:
+  /// New streams (and events) on `device`: two non-blocking CUDA streams on a GPU.
+  explicit ExecutionContext(Device device);
+  ExecutionContext(const ExecutionContext&) = delete;
+  ExecutionContext& operator=(const ExecutionContext&) = delete;
+  ExecutionContext(ExecutionContext&&) = delete;
+  ExecutionContext& operator=(ExecutionContext&&) = delete;
+  ~ExecutionContext();
+
+  /// The host's context, for defaults (nn::RunContext, the loss helpers). Process-wide.
+  static const ExecutionContext& host();
+
+  Device device() const { return device_; }
+  const Stream& compute() const { return compute_; }
+  const Stream& communication() const { return communication_; }
+
+  // ---- memory on the context's device ----
+  Tensor empty(const Shape& shape, DType dtype, MemoryCategory category = MemoryCategory::other) const;
+  Tensor zeros(const Shape& shape, DType dtype, MemoryCategory category = MemoryCategory::other) const;
+  Buffer allocate(std::size_t bytes, MemoryCategory category = MemoryCategory::other,
+                  std::size_t alignment = kHostAlignment) const;
+
+  // ---- operations, ordered on the compute stream ----
+  /// `bytes` bytes of device memory at `data` set to zero.
+  void zero(void* data, std::size_t bytes) const;
+  /// Every element of `tensor` (on this context's device) set to zero.
+  void zero(Tensor& tensor) const;
+  /// Device to device, both on this context's device.
+  void copy(void* destination, const void* source, std::size_t bytes) const;
+  /// The same where the two ranges may overlap (memmove's semantics).
+  void move(void* destination, const void* source, std::size_t bytes) const;
+  /// Device to host; returns once the bytes are in `host_destination`.
+  void to_host(void* host_destination, const void* source, std::size_t bytes) const;
+  /// Host to device. The host bytes are read before the call returns unless they are pinned (a
+  /// pinned source must stay unchanged until the compute stream has passed the copy).
+  void from_host(void* destination, const void* host_source, std::size_t bytes) const;
+  /// `tensor` on this context's device: the tensor itself when it is there already (always, for the
+  /// host's context), else a copy from the host under `category` (micro-batches from a data loader).
+  Tensor on_device(const Tensor& tensor, MemoryCategory category = MemoryCategory::activations) const;
+  /// Wait for everything queued on both streams.
+  void synchronize() const;
+
+  // ---- ordering between the streams ----
+  /// Communication queued from now on starts after the compute work queued so far.
+  void communication_waits_for_compute() const;
+  /// Compute queued from now on starts after the communication queued so far.
+  void compute_waits_for_communication() const;
+
+ private:
+  void check_on_device(const char* what, Device device) const;
+
+  Device device_;
+  Stream compute_;
+  Stream communication_;
+  mutable Event compute_reached_;
+  mutable Event communication_reached_;
+};
+
+}  // namespace zt

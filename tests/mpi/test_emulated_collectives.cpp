@@ -1,0 +1,379 @@
+// The emulated device's communicator (make_emulated_device_communicator) at 1, 2 and 4 ranks.
+//
+// Every collective runs twice on the same inputs: on the host MPI communicator with host buffers
+// and on the emulated-device communicator with copies of them in emulated memory (which faults if
+// anything touches it outside the device API). The results must be the same bytes, blocking and
+// non-blocking, in place and not, and through the chunked large-count paths. Its non-blocking
+// forms have completed when they return; traffic and sequence numbers count as on the host; and
+// point-to-point follows the device backend's rules (ordered ring, no send to itself).
+//
+// Checks inside loops use EXPECT (never ASSERT) so that all ranks keep making the same calls.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "collective_reference.hpp"
+#include "mpi_layer/mpi_communicator_testing.hpp"
+#include "test_helpers.hpp"
+#include "zerotrain/communicator.hpp"
+#include "zerotrain/device.hpp"
+#include "zerotrain/error.hpp"
+#include "zerotrain/mpi_communicator.hpp"
+
+namespace {
+
+using namespace zt::testing;  // NOLINT: the shared test vocabulary
+using zt::CommOp;
+using zt::DType;
+using zt::ReduceOp;
+
+const zt::Device kEmulated = zt::Device::emulated();
+const DType kTypes[] = {DType::fp32, DType::bf16, DType::fp64, DType::int64};
+const std::vector<std::size_t> kSizes = {0, 1, 7, 1000, 100003};
+
+std::size_t bytes_of(const Values& values) {
+  return values.size() * zt::dtype_size(values.type());
+}
+
+/// A copy of host values in emulated memory.
+class EmulatedCopy {
+ public:
+  explicit EmulatedCopy(const Values& values)
+      : type_(values.type()),
+        count_(values.size()),
+        buffer_(kEmulated, std::max<std::size_t>(bytes_of(values), 1)) {
+    zt::copy_bytes(buffer_.data(), kEmulated, values.bytes(), zt::Device::host(), bytes_of(values));
+  }
+  void* data() { return count_ == 0 ? nullptr : buffer_.data(); }  // as Values: count 0 passes null
+  Values to_host() const {
+    Values values(type_, count_);
+    zt::copy_bytes(values.bytes(), zt::Device::host(), buffer_.data(), kEmulated, bytes_of(values));
+    return values;
+  }
+
+ private:
+  DType type_;
+  std::size_t count_;
+  zt::Buffer buffer_;
+};
+
+struct Communicators {
+  std::unique_ptr<zt::Communicator> host = zt::make_mpi_communicator(MPI_COMM_WORLD, "host");
+  std::unique_ptr<zt::Communicator> emulated =
+      zt::make_emulated_device_communicator(MPI_COMM_WORLD, "emulated", kEmulated);
+  void set_chunk(std::size_t elements) {
+    zt::detail::set_mpi_max_chunk_elements(*host, elements);
+    zt::detail::set_mpi_max_chunk_elements(*emulated, elements);
+  }
+};
+
+/// The operation on the host communicator with `buffers`, and on the emulated one with emulated
+/// copies of them; afterwards every buffer must hold the same bytes on both.
+using Operation = std::function<void(zt::Communicator& comm, const std::vector<void*>& buffers)>;
+void expect_same_bytes(Communicators& comms, const std::string& label, std::vector<Values> buffers,
+                       const Operation& operation) {
+  std::vector<EmulatedCopy> copies;
+  std::vector<void*> host_pointers, emulated_pointers;
+  for (Values& values : buffers) {
+    copies.emplace_back(values);
+    host_pointers.push_back(values.data());
+  }
+  for (EmulatedCopy& copy : copies) emulated_pointers.push_back(copy.data());
+  operation(*comms.host, host_pointers);
+  operation(*comms.emulated, emulated_pointers);
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const Values back = copies[i].to_host();
+    EXPECT_EQ(std::memcmp(back.bytes(), buffers[i].bytes(), bytes_of(back)), 0)
+        << label << ": buffer " << i << " differs from the host result";
+  }
+}
+
+/// Non-blocking forms: on the emulated device the operation has completed when it returns.
+void finish(zt::Communicator& comm, zt::Work work, const std::string& label) {
+  if (comm.device().is_emulated()) {
+    EXPECT_TRUE(work.completed()) << label;
+  }
+  work.wait();
+}
+
+Values input(DType type, std::size_t count, int rank) {
+  Values values(type, count);
+  values.fill([&](std::size_t i) { return input_value(type, rank, i); });
+  return values;
+}
+
+Values filled(DType type, std::size_t count, double value) {
+  Values values(type, count);
+  values.fill([&](std::size_t) { return value; });
+  return values;
+}
+
+std::byte* at(void* pointer, std::size_t elements, DType type) {
+  return pointer == nullptr ? nullptr : static_cast<std::byte*>(pointer) + elements * zt::dtype_size(type);
+}
+
+void check_all_reduce(Communicators& comms, const std::vector<std::size_t>& sizes) {
+  const int rank = comms.host->rank();
+  for (DType type : kTypes) {
+    for (ReduceOp op : kAllOps) {
+      for (std::size_t count : sizes) {
+        for (bool in_place : {false, true}) {
+          for (bool nonblocking : {false, true}) {
+            const std::string label = describe(*comms.emulated, "all_reduce", type, count, nonblocking,
+                                               in_place, zt::reduce_op_name(op));
+            std::vector<Values> buffers{input(type, count, rank)};
+            if (!in_place) buffers.push_back(filled(type, count, 99));
+            expect_same_bytes(comms, label, buffers,
+                              [&](zt::Communicator& comm, const std::vector<void*>& b) {
+                                void* recv = b.back();
+                                if (nonblocking) {
+                                  finish(comm, comm.iall_reduce(b[0], recv, count, type, op), label);
+                                } else {
+                                  comm.all_reduce(b[0], recv, count, type, op);
+                                }
+                              });
+          }
+        }
+      }
+    }
+  }
+}
+
+void check_reduce_scatter(Communicators& comms, const std::vector<std::size_t>& sizes) {
+  const int rank = comms.host->rank();
+  const auto n = static_cast<std::size_t>(comms.host->size());
+  for (DType type : kTypes) {
+    for (ReduceOp op : kAllOps) {
+      for (std::size_t count : sizes) {
+        for (bool in_place : {false, true}) {
+          for (bool nonblocking : {false, true}) {
+            const std::string label = describe(*comms.emulated, "reduce_scatter", type, count, nonblocking,
+                                               in_place, zt::reduce_op_name(op));
+            std::vector<Values> buffers{input(type, count * n, rank)};
+            if (!in_place) buffers.push_back(filled(type, count, 99));
+            expect_same_bytes(comms, label, buffers,
+                              [&](zt::Communicator& comm, const std::vector<void*>& b) {
+                                if (nonblocking) {
+                                  finish(comm, comm.ireduce_scatter(b[0], b.back(), count, type, op), label);
+                                } else {
+                                  comm.reduce_scatter(b[0], b.back(), count, type, op);
+                                }
+                              });
+          }
+        }
+      }
+    }
+  }
+}
+
+void check_all_gather(Communicators& comms, const std::vector<std::size_t>& sizes) {
+  const int rank = comms.host->rank();
+  const auto n = static_cast<std::size_t>(comms.host->size());
+  for (DType type : kTypes) {
+    for (std::size_t count : sizes) {
+      for (bool in_place : {false, true}) {
+        for (bool nonblocking : {false, true}) {
+          const std::string label =
+              describe(*comms.emulated, "all_gather", type, count, nonblocking, in_place);
+          // In place: this rank's block already sits at its place in the output.
+          Values output = filled(type, count * n, 99);
+          const Values mine = input(type, count, rank);
+          if (count > 0) std::memcpy(output.bytes() + rank * bytes_of(mine), mine.bytes(), bytes_of(mine));
+          std::vector<Values> buffers{output};
+          if (!in_place) buffers.push_back(mine);
+          expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
+            const void* send = in_place ? at(b[0], count * static_cast<std::size_t>(rank), type) : b[1];
+            if (nonblocking) {
+              finish(comm, comm.iall_gather(send, b[0], count, type), label);
+            } else {
+              comm.all_gather(send, b[0], count, type);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+void check_all_gather_v(Communicators& comms, const std::vector<std::size_t>& sizes) {
+  const int rank = comms.host->rank();
+  for (DType type : kTypes) {
+    for (std::size_t base : sizes) {
+      const std::vector<std::size_t> counts = uneven_counts(base, comms.host->size());
+      std::size_t total = 0;
+      for (std::size_t count : counts) total += count;
+      const std::size_t mine = counts[static_cast<std::size_t>(rank)];
+      for (bool nonblocking : {false, true}) {
+        const std::string label = describe(*comms.emulated, "all_gather_v", type, base, nonblocking, false);
+        std::vector<Values> buffers{filled(type, total, 99), input(type, mine, rank)};
+        expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
+          if (nonblocking) {
+            finish(comm, comm.iall_gather_v(b[1], mine, b[0], counts, type), label);
+          } else {
+            comm.all_gather_v(b[1], mine, b[0], counts, type);
+          }
+        });
+      }
+    }
+  }
+}
+
+void check_broadcast(Communicators& comms, const std::vector<std::size_t>& sizes) {
+  const int rank = comms.host->rank();
+  for (DType type : kTypes) {
+    for (std::size_t count : sizes) {
+      for (int root = 0; root < comms.host->size(); ++root) {
+        for (bool nonblocking : {false, true}) {
+          const std::string label = describe(*comms.emulated, "broadcast", type, count, nonblocking, false,
+                                             "root " + std::to_string(root));
+          std::vector<Values> buffers{rank == root ? input(type, count, rank) : filled(type, count, 99)};
+          expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
+            if (nonblocking) {
+              finish(comm, comm.ibroadcast(b[0], count, type, root), label);
+            } else {
+              comm.broadcast(b[0], count, type, root);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(EmulatedCollectives, AllReduceEqualsTheHost) {
+  Communicators comms;
+  check_all_reduce(comms, kSizes);
+}
+
+TEST(EmulatedCollectives, ReduceScatterEqualsTheHost) {
+  Communicators comms;
+  check_reduce_scatter(comms, kSizes);
+}
+
+TEST(EmulatedCollectives, AllGatherEqualsTheHost) {
+  Communicators comms;
+  check_all_gather(comms, kSizes);
+}
+
+TEST(EmulatedCollectives, AllGatherVEqualsTheHost) {
+  Communicators comms;
+  check_all_gather_v(comms, kSizes);
+}
+
+TEST(EmulatedCollectives, BroadcastEqualsTheHost) {
+  Communicators comms;
+  check_broadcast(comms, kSizes);
+}
+
+// With a chunk limit of 64 elements: chunked calls, per-root reduces (an in-place reduce_scatter
+// copies out of scratch memory when it completes) and gathers by broadcasts, all in emulated memory.
+TEST(EmulatedCollectives, ChunkedPathsEqualTheHost) {
+  Communicators comms;
+  comms.set_chunk(64);
+  const std::vector<std::size_t> sizes = {1, 1000};
+  check_all_reduce(comms, sizes);
+  check_reduce_scatter(comms, sizes);
+  check_all_gather(comms, sizes);
+  check_all_gather_v(comms, sizes);
+  check_broadcast(comms, sizes);
+}
+
+TEST(EmulatedCollectives, SendRecvInAnOrderedRing) {
+  Communicators comms;
+  const int n = comms.host->size();
+  const int rank = comms.host->rank();
+  if (n == 1) {
+    // A device communicator has no peer in its own rank.
+    EmulatedCopy buffer(filled(DType::fp32, 4, 1));
+    const std::string message =
+        zt::testing::error_of([&] { comms.emulated->send(buffer.data(), 4, DType::fp32, 0, 0); });
+    EXPECT_NE(message.find("peer 0 is this rank"), std::string::npos) << message;
+    EXPECT_NE(message.find("emulated:0"), std::string::npos) << message;
+    EXPECT_THROW(static_cast<void>(comms.emulated->irecv(buffer.data(), 4, DType::fp32, 0, 0)),
+                 zt::CommError);
+    return;
+  }
+  const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+  int tag = 10;
+  for (DType type : kTypes) {
+    for (std::size_t count : kSizes) {
+      for (bool nonblocking : {false, true}) {
+        const std::string label =
+            describe(*comms.emulated, "send/recv ring", type, count, nonblocking, false);
+        std::vector<Values> buffers{input(type, count, rank), filled(type, count, 99)};
+        expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
+          // Even ranks send first, odd ranks receive first: a receive waits for its message.
+          const auto send = [&] {
+            if (nonblocking) {
+              finish(comm, comm.isend(b[0], count, type, next, tag), label);
+            } else {
+              comm.send(b[0], count, type, next, tag);
+            }
+          };
+          const auto receive = [&] {
+            if (nonblocking) {
+              finish(comm, comm.irecv(b[1], count, type, previous, tag), label);
+            } else {
+              comm.recv(b[1], count, type, previous, tag);
+            }
+          };
+          if (rank % 2 == 0) {
+            send();
+            receive();
+          } else {
+            receive();
+            send();
+          }
+        });
+        ++tag;
+      }
+    }
+  }
+}
+
+TEST(EmulatedCollectives, TrafficAndSequenceNumbersCountAsOnTheHost) {
+  Communicators comms;
+  const auto n = static_cast<std::size_t>(comms.host->size());
+  EXPECT_EQ(comms.emulated->device(), kEmulated);
+  EXPECT_EQ(comms.emulated->backend(), zt::CommBackend::mpi);
+  EXPECT_EQ(comms.emulated->name(), "emulated");
+  EXPECT_NE(zt::native_mpi_comm(*comms.emulated), MPI_COMM_WORLD);  // a duplicate
+  for (zt::Communicator* comm : {comms.host.get(), comms.emulated.get()}) {
+    Values floats = filled(DType::fp32, 1000, 1.0);
+    Values doubles = filled(DType::fp64, 10 * n, 1.0);
+    EmulatedCopy emulated_floats(floats), emulated_doubles(doubles);
+    void* a = comm->device().is_emulated() ? emulated_floats.data() : floats.data();
+    void* b = comm->device().is_emulated() ? emulated_doubles.data() : doubles.data();
+    comm->all_reduce(a, a, 1000, DType::fp32, ReduceOp::sum);
+    comm->iall_reduce(a, a, 1000, DType::fp32, ReduceOp::avg).wait();
+    comm->reduce_scatter(b, b, 10, DType::fp64, ReduceOp::sum);
+    comm->broadcast(a, 5, DType::fp32, 0);
+    comm->barrier();
+  }
+  EXPECT_EQ(comms.emulated->collectives_started(), comms.host->collectives_started());
+  EXPECT_EQ(comms.emulated->collectives_started(), 5u);
+  for (CommOp op : {CommOp::all_reduce, CommOp::reduce_scatter, CommOp::broadcast, CommOp::barrier}) {
+    const zt::TrafficCounter& host = comms.host->traffic()[op];
+    const zt::TrafficCounter& emulated = comms.emulated->traffic()[op];
+    EXPECT_EQ(emulated.calls, host.calls) << zt::comm_op_name(op);
+    EXPECT_EQ(emulated.bytes, host.bytes) << zt::comm_op_name(op);
+    EXPECT_EQ(emulated.wire_bytes, host.wire_bytes) << zt::comm_op_name(op);
+  }
+  EXPECT_EQ(comms.emulated->traffic()[CommOp::all_reduce].calls, 2u);
+  EXPECT_EQ(comms.emulated->traffic()[CommOp::all_reduce].bytes, 8000u);
+}
+
+TEST(EmulatedCollectives, RefusesADeviceThatIsNotEmulated) {
+  const std::string message = zt::testing::error_of(
+      [] { zt::make_emulated_device_communicator(MPI_COMM_WORLD, "wrong", zt::Device::host()); });
+  EXPECT_NE(message.find("make_emulated_device_communicator('wrong'): device host"), std::string::npos)
+      << message;
+}
+
+}  // namespace
