@@ -27,11 +27,6 @@ const ExecutionContext& ExecutionContext::host() {
   return context;
 }
 
-void ExecutionContext::check_on_device(const char* what, Device device) const {
-  ZT_CHECK(device == device_, "ExecutionContext on ", device_.str(), ": ", what, " is on ", device.str(),
-           "; expected memory of the context's device");
-}
-
 Tensor ExecutionContext::empty(const Shape& shape, DType dtype, MemoryCategory category) const {
   return Tensor::empty(shape, dtype, device_, category);
 }
@@ -52,7 +47,8 @@ void ExecutionContext::zero(void* data, std::size_t bytes) const {
 
 void ExecutionContext::zero(Tensor& tensor) const {
   ZT_CHECK(tensor.defined(), "ExecutionContext::zero of an undefined tensor");
-  check_on_device(tensor.description().c_str(), tensor.device());
+  ZT_CHECK(tensor.device() == device_, "ExecutionContext on ", device_.str(), ": zero of ",
+           tensor.description(), "; expected a tensor on the context's device");
   tensor.zero_(&compute_);
 }
 

@@ -71,8 +71,6 @@ class ExecutionContext {
   void compute_waits_for_communication() const;
 
  private:
-  void check_on_device(const char* what, Device device) const;
-
   Device device_;
   Stream compute_;
   Stream communication_;

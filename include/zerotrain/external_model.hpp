@@ -24,10 +24,11 @@ class ExternalModel : public nn::Module {
  public:
   ExternalModel() : Module("ExternalModel") {}
 
-  /// Register a parameter: `values` and `gradients` are host buffers of numel(shape) elements of
-  /// `dtype`, owned by the caller and alive as long as the engine. Names must be unique and
-  /// without dots. Returns the zt view of it.
-  nn::Parameter& add(const std::string& name, void* values, void* gradients, const Shape& shape, DType dtype);
+  /// Register a parameter: `values` and `gradients` are buffers of numel(shape) elements of `dtype`
+  /// in memory of `device` (the host by default), owned by the caller and alive as long as the
+  /// engine. Names must be unique and without dots. Returns the zt view of it.
+  nn::Parameter& add(const std::string& name, void* values, void* gradients, const Shape& shape, DType dtype,
+                     Device device = Device::host());
 
   /// Losses computed by the caller, for the engine's step report (mean over the micro-batches of
   /// a step and over ranks). Optional.
@@ -36,8 +37,8 @@ class ExternalModel : public nn::Module {
   std::pair<double, std::int64_t> take_losses();
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const nn::RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const nn::RunContext& context) override;
 
  private:
   double loss_sum_ = 0.0;

@@ -1,13 +1,21 @@
 // Neural-network modules with explicit forward and backward passes (no autograd).
 //
-// A Module computes `run_forward(x)` and, afterwards, `run_backward(grad_output)`:
-//   - forward saves what backward needs (one forward per backward; a second forward overwrites);
+// A Module computes `run_forward(x, context)` and, afterwards, `run_backward(grad_output, context)`:
+//   - the RunContext names the execution context (device and streams: every kernel runs on its
+//     compute stream, every activation is allocated on its device; default: the host) and the
+//     micro-batch;
+//   - forward saves what backward needs under the micro-batch's slot, so several forwards may be in
+//     flight (slots 0, 1, ...); backward takes the slot's activations and frees them. A second
+//     forward into a slot whose backward has not run, and a backward without its forward, are
+//     errors naming the module and the micro-batch. Forwards in evaluation mode or with
+//     save_for_backward = false save nothing;
 //   - backward ACCUMULATES into every parameter's `grad` (so micro-batches accumulate) and returns
 //     the gradient of the input (an undefined tensor when the input is integer tokens);
 //   - run_forward/run_backward call the module's hooks around the virtual forward/backward, so an
 //     engine can gather parameters before a module runs and release them after (ZeRO-3).
 // Modules read `param.value` and `param.grad` at every call and never keep raw pointers across
-// calls: the engine may re-point both to views into flat buffers or to gathered buffers.
+// calls: the engine may re-point both to views into flat buffers or to gathered buffers. Inputs and
+// parameters must be memory of the run context's device.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include "zerotrain/execution.hpp"
+#include "zerotrain/loss.hpp"
 #include "zerotrain/tensor.hpp"
 
 namespace zt::nn {
@@ -43,6 +53,33 @@ struct Parameter {
 
 class Module;
 
+/// How one forward or backward runs. Composite modules pass it to their children unchanged.
+struct RunContext {
+  /// Where kernels run (its compute stream) and activations live; nullptr: ExecutionContext::host().
+  const ExecutionContext* execution = nullptr;
+  /// The slot the forward saves its activations under and the backward takes them from.
+  std::uint32_t micro_batch = 0;
+  /// false: a forward that no backward follows (evaluation, finite differences): nothing is saved.
+  bool save_for_backward = true;
+
+  const ExecutionContext& exec() const {
+    return execution != nullptr ? *execution : ExecutionContext::host();
+  }
+};
+
+namespace detail {
+/// The part of SavedActivations that Module drives (releasing slots); see SavedActivations.
+class SavedSlots {
+ public:
+  virtual ~SavedSlots() = default;
+  virtual void release(std::uint32_t micro_batch) = 0;
+  virtual void release_all() = 0;
+  virtual std::size_t held() const = 0;
+};
+/// Called by SavedActivations::save: lets a failing run_forward release what it saved.
+void note_saved(SavedSlots* slots, std::uint32_t micro_batch);
+}  // namespace detail
+
 using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
 using ForwardPostHook = std::function<void(Module& module, const Tensor& input, const Tensor& output)>;
 using BackwardPreHook = std::function<void(Module& module, const Tensor& grad_output)>;
@@ -62,10 +99,19 @@ class Module {
   Module(Module&&) = delete;
   Module& operator=(Module&&) = delete;
 
-  /// Pre-forward hooks, forward, post-forward hooks. Always call modules through this.
-  Tensor run_forward(const Tensor& input);
-  /// Pre-backward hooks, backward, post-backward hooks.
-  Tensor run_backward(const Tensor& grad_output);
+  /// Pre-forward hooks, forward, post-forward hooks. Always call modules through this. If the
+  /// forward fails, what it saved is released again.
+  Tensor run_forward(const Tensor& input, const RunContext& context = {});
+  /// Pre-backward hooks, backward, post-backward hooks. If the backward fails, the micro-batch's
+  /// activations in this module and its descendants are released.
+  Tensor run_backward(const Tensor& grad_output, const RunContext& context = {});
+
+  /// Drop the activations saved for `micro_batch` (or for every micro-batch) in this module and
+  /// its descendants: a forward that no backward will follow.
+  void release_activations(std::uint32_t micro_batch);
+  void release_activations();
+  /// Saved slots held by this module and its descendants (one per module and micro-batch).
+  std::size_t saved_activation_count();
 
   /// "Linear", "GPT", ...
   const std::string& type_name() const { return type_name_; }
@@ -104,8 +150,10 @@ class Module {
   bool remove_hook(HookHandle handle);
 
  protected:
-  virtual Tensor forward(const Tensor& input) = 0;
-  virtual Tensor backward(const Tensor& grad_output) = 0;
+  virtual Tensor forward(const Tensor& input, const RunContext& context) = 0;
+  virtual Tensor backward(const Tensor& grad_output, const RunContext& context) = 0;
+  /// Whether a forward under `context` saves activations: in training mode and when asked to.
+  bool saves_for_backward(const RunContext& context) const { return training_ && context.save_for_backward; }
 
   /// A parameter named `local_name` holding `value` (category parameters), with a zero gradient of
   /// the same shape and dtype (category gradients). The reference stays valid for the module's life.
@@ -119,6 +167,9 @@ class Module {
   }
 
  private:
+  template <typename T>
+  friend class SavedActivations;
+
   void adopt_child(const std::string& local_name, std::unique_ptr<Module> child);
   void add_name_prefix(const std::string& prefix);
 
@@ -138,12 +189,64 @@ class Module {
   std::vector<Registered<BackwardPreHook>> backward_pre_hooks_;
   std::vector<Registered<BackwardPostHook>> backward_post_hooks_;
   std::uint64_t next_hook_id_ = 1;
+  std::vector<detail::SavedSlots*> saved_;  // this module's SavedActivations members
+};
+
+/// What a module's forward keeps for its backward, one slot per micro-batch in flight. A member of
+/// the module (constructed with it: `SavedActivations<Tensor> saved_input_{*this};`):
+///   forward:  if (saves_for_backward(context)) saved_.save(context, {input, ...});
+///   backward: const auto saved = saved_.take(context);   // the slot is empty again
+/// Few micro-batches are in flight at once, so the slots are a small vector.
+template <typename T>
+class SavedActivations final : public detail::SavedSlots {
+ public:
+  explicit SavedActivations(Module& owner) : owner_(owner) { owner.saved_.push_back(this); }
+  SavedActivations(const SavedActivations&) = delete;
+  SavedActivations& operator=(const SavedActivations&) = delete;
+
+  void save(const RunContext& context, T value) {
+    ZT_CHECK(!holds(context.micro_batch), owner_.type_name(), " '", owner_.name(),
+             "': a second forward into micro-batch slot ", context.micro_batch,
+             " before its backward; run that backward first, forward into another RunContext::micro_batch, "
+             "or forward with save_for_backward = false");
+    slots_.emplace_back(context.micro_batch, std::move(value));
+    detail::note_saved(this, context.micro_batch);
+  }
+
+  T take(const RunContext& context) {
+    for (auto it = slots_.begin(); it != slots_.end(); ++it) {
+      if (it->first != context.micro_batch) continue;
+      T value = std::move(it->second);
+      slots_.erase(it);
+      return value;
+    }
+    ZT_THROW("backward of ", owner_.type_name(), " '", owner_.name(), "' for micro-batch ",
+             context.micro_batch,
+             " without its forward (no forward saved that micro-batch, or its backward ran already)");
+  }
+
+  bool holds(std::uint32_t micro_batch) const {
+    for (const auto& slot : slots_) {
+      if (slot.first == micro_batch) return true;
+    }
+    return false;
+  }
+  void release(std::uint32_t micro_batch) override {
+    std::erase_if(slots_, [&](const auto& slot) { return slot.first == micro_batch; });
+  }
+  void release_all() override { slots_.clear(); }
+  std::size_t held() const override { return slots_.size(); }
+
+ private:
+  Module& owner_;
+  std::vector<std::pair<std::uint32_t, T>> slots_;
 };
 
 // ---- layers -----------------------------------------------------------------------------------
-// Layers are built on the host in `dtype` (fp32, fp64, bf16 or fp16). Linear and Embedding weights
-// start at zero, LayerNorm at weight 1 / bias 0; models (Gpt, Mlp) initialize from a seed, and
-// init_normal() fills any parameter.
+// Layers are built on `device` (the host by default) in `dtype` (fp32, fp64, bf16 or fp16). Linear
+// and Embedding weights start at zero, LayerNorm at weight 1 / bias 0; models (Gpt, Mlp) initialize
+// from a seed with the kernels of that device (the same values on every device), and init_normal()
+// fills any parameter.
 
 /// Runs its children in order; backward in reverse order.
 class Sequential : public Module {
@@ -158,8 +261,8 @@ class Sequential : public Module {
 
  protected:
   explicit Sequential(std::string type_name) : Module(std::move(type_name)) {}
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   std::size_t size_ = 0;
@@ -168,49 +271,52 @@ class Sequential : public Module {
 /// y = x . W^T + b over the last dimension; W is [out_features, in_features] (PyTorch layout).
 class Linear : public Module {
  public:
-  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, DType dtype = DType::fp32);
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true, DType dtype = DType::fp32,
+         Device device = Device::host());
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
   std::int64_t in_features() const { return in_features_; }
   std::int64_t out_features() const { return out_features_; }
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   std::int64_t in_features_, out_features_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  Tensor saved_input_;
+  SavedActivations<Tensor> saved_input_{*this};
 };
 
 /// Token lookup: int32 indices [...] -> [..., dim]. backward accumulates into the table and returns an
 /// undefined tensor (integer inputs have no gradient).
 class Embedding : public Module {
  public:
-  Embedding(std::int64_t num_embeddings, std::int64_t dim, DType dtype = DType::fp32);
+  Embedding(std::int64_t num_embeddings, std::int64_t dim, DType dtype = DType::fp32,
+            Device device = Device::host());
   Parameter& weight() { return *weight_; }
 
  protected:
-  Tensor forward(const Tensor& tokens) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& tokens, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   std::int64_t num_embeddings_, dim_;
   Parameter* weight_;
-  Tensor saved_tokens_;
+  SavedActivations<Tensor> saved_tokens_{*this};
 };
 
 /// Learned absolute positions: x [B, T, C] -> x + weight[:T] (T <= max_positions).
 class PositionalEmbedding : public Module {
  public:
-  PositionalEmbedding(std::int64_t max_positions, std::int64_t dim, DType dtype = DType::fp32);
+  PositionalEmbedding(std::int64_t max_positions, std::int64_t dim, DType dtype = DType::fp32,
+                      Device device = Device::host());
   Parameter& weight() { return *weight_; }
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   std::int64_t max_positions_, dim_;
@@ -220,18 +326,22 @@ class PositionalEmbedding : public Module {
 /// Normalizes the last dimension: (x - mean) / sqrt(var + eps) * weight + bias.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(std::int64_t dim, DType dtype = DType::fp32, double eps = 1e-5);
+  explicit LayerNorm(std::int64_t dim, DType dtype = DType::fp32, double eps = 1e-5,
+                     Device device = Device::host());
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   std::int64_t dim_;
   double eps_;
   Parameter* weight_;
   Parameter* bias_;
-  Tensor saved_input_, saved_mean_, saved_rstd_;
+  struct Saved {
+    Tensor input, mean, rstd;
+  };
+  SavedActivations<Saved> saved_{*this};
 };
 
 enum class ActivationKind : std::uint8_t { gelu, relu, tanh };  // gelu: tanh approximation (GPT-2)
@@ -244,12 +354,12 @@ class Activation : public Module {
   ActivationKind kind() const { return kind_; }
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   ActivationKind kind_;
-  Tensor saved_input_;
+  SavedActivations<Tensor> saved_input_{*this};
 };
 
 /// GELU with the tanh approximation, as in GPT-2.
@@ -259,8 +369,8 @@ class GELU : public Activation {
 };
 
 /// Inverted dropout with a counter-based mask: element i of forward call n is kept iff
-/// hash(seed, n, i) >= p, so masks are reproducible on any thread count and are never stored.
-/// Identity in eval mode or when p == 0.
+/// hash(seed, n, i) >= p, so masks are reproducible on any thread count and are never stored (each
+/// micro-batch's backward recomputes its forward's mask). Identity in eval mode or when p == 0.
 class Dropout : public Module {
  public:
   explicit Dropout(double p, std::uint64_t seed = 0);
@@ -270,15 +380,18 @@ class Dropout : public Module {
   void set_next_stream(std::uint64_t stream) { next_stream_ = stream; }
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   double p_;
   std::uint64_t seed_;
   std::uint64_t next_stream_ = 0;
-  std::uint64_t last_stream_ = 0;
-  bool last_was_identity_ = true;
+  struct Mask {
+    bool identity = true;
+    std::uint64_t stream = 0;  // the mask stream the forward used
+  };
+  SavedActivations<Mask> saved_mask_{*this};
 };
 
 /// Causal multi-head self-attention: qkv = Linear(C, 3C); softmax(q k^T / sqrt(C/n_head)) v per
@@ -286,29 +399,32 @@ class Dropout : public Module {
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(std::int64_t d_model, std::int64_t n_head, DType dtype = DType::fp32,
-                      double dropout = 0, std::uint64_t dropout_seed = 0);
+                      double dropout = 0, std::uint64_t dropout_seed = 0, Device device = Device::host());
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   std::int64_t d_model_, n_head_;
   Linear* qkv_;
   Linear* proj_;
   Dropout* dropout_;
-  Tensor saved_qkv_, saved_probabilities_;
+  struct Saved {
+    Tensor qkv, probabilities;
+  };
+  SavedActivations<Saved> saved_{*this};
 };
 
 /// Transformer MLP: fc = Linear(C, 4C), GELU, proj = Linear(4C, C), dropout.
 class MLPBlock : public Module {
  public:
   MLPBlock(std::int64_t d_model, DType dtype = DType::fp32, double dropout = 0,
-           std::uint64_t dropout_seed = 0);
+           std::uint64_t dropout_seed = 0, Device device = Device::host());
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   Linear* fc_;
@@ -321,11 +437,11 @@ class MLPBlock : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(std::int64_t d_model, std::int64_t n_head, DType dtype = DType::fp32, double dropout = 0,
-                   std::uint64_t dropout_seed = 0);
+                   std::uint64_t dropout_seed = 0, Device device = Device::host());
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   LayerNorm* ln1_;
@@ -341,19 +457,19 @@ class LmHead : public Module {
   /// Tied to `embedding_weight` ([vocab, C]), which must outlive the head.
   explicit LmHead(Parameter& embedding_weight);
   /// Untied, with its own weight [vocab, C].
-  LmHead(std::int64_t d_model, std::int64_t vocab_size, DType dtype);
+  LmHead(std::int64_t d_model, std::int64_t vocab_size, DType dtype, Device device = Device::host());
   Parameter& weight() { return *weight_; }
   bool tied() const { return tied_; }
   std::vector<Parameter*> borrowed_parameters() override;
 
  protected:
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   Parameter* weight_;
   bool tied_;
-  Tensor saved_input_;
+  SavedActivations<Tensor> saved_input_{*this};
 };
 
 // ---- models -----------------------------------------------------------------------------------
@@ -377,13 +493,14 @@ std::int64_t gpt_parameter_count(const GptConfig& config);
 /// LayerNorm weight 1 and bias 0. backward(grad_logits) returns an undefined tensor.
 class Gpt : public Module {
  public:
-  explicit Gpt(const GptConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0);
+  explicit Gpt(const GptConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0,
+               Device device = Device::host());
   const GptConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
 
  protected:
-  Tensor forward(const Tensor& tokens) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward(const Tensor& tokens, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
 
  private:
   GptConfig config_;
@@ -406,7 +523,8 @@ struct MlpConfig {
 /// from `seed`, biases 0.
 class Mlp : public Sequential {
  public:
-  explicit Mlp(const MlpConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0);
+  explicit Mlp(const MlpConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0,
+               Device device = Device::host());
 };
 
 /// Fill `parameter.value` with normal(0, stddev) from a generator keyed by `seed` and the parameter's
@@ -414,35 +532,37 @@ class Mlp : public Sequential {
 void init_normal(Parameter& parameter, double stddev, std::uint64_t seed);
 
 // ---- losses -----------------------------------------------------------------------------------
-// Losses return the scalar in fp64 (computed in the accumulation type, summed in a fixed order) and
-// give the gradient of (scale * loss): the engine folds loss scaling and 1/accumulation steps into
-// `scale`.
+// Stateful wrappers of the loss helpers (zerotrain/loss.hpp) for host code and tests: forward returns
+// the loss as a host double (a synchronous read) and keeps what backward needs; backward gives the
+// gradient of (scale * loss) with respect to the last forward's output: the engine folds loss
+// scaling and 1/accumulation steps into `scale`. The context must outlive the backward.
 
 /// Mean softmax cross-entropy of logits [..., V] against int32 targets [...] (rows whose target is
 /// ignore_index do not count).
 class SoftmaxCrossEntropy {
  public:
   explicit SoftmaxCrossEntropy(std::int32_t ignore_index = -100) : ignore_index_(ignore_index) {}
-  double forward(const Tensor& logits, const Tensor& targets);
+  double forward(const Tensor& logits, const Tensor& targets,
+                 const ExecutionContext& context = ExecutionContext::host());
   /// Gradient of scale * mean loss with respect to the logits of the last forward.
   Tensor backward(double scale = 1.0);
   std::int64_t counted_rows() const { return counted_rows_; }
 
  private:
   std::int32_t ignore_index_;
-  Tensor saved_logits_, saved_targets_, saved_logsumexp_;
-  Tensor saved_scalars_;  // kernels::CrossEntropyScalars on the logits' device
+  Loss loss_;
   std::int64_t counted_rows_ = 0;
 };
 
 /// Mean squared error over all elements.
 class MseLoss {
  public:
-  double forward(const Tensor& prediction, const Tensor& target);
+  double forward(const Tensor& prediction, const Tensor& target,
+                 const ExecutionContext& context = ExecutionContext::host());
   Tensor backward(double scale = 1.0);
 
  private:
-  Tensor saved_prediction_, saved_target_;
+  Loss loss_;
 };
 
 }  // namespace zt::nn

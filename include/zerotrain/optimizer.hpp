@@ -8,6 +8,11 @@
 // one fused pass per buffer: unscale and clip the gradient (grad_scale), update the state and the master
 // weights, and optionally write a 16-bit copy of the new weights. Independent of zt::Config: the engine maps
 // the ds_config "optimizer" section to OptimizerParams.
+//
+// An optimizer works on one device (device(); the host by default): the weights, gradients, 16-bit
+// copies and caller-stored state it is handed are memory of that device, its own state is allocated
+// and zeroed there, and its kernels run on the stream passed to step()/update_range() (nullptr:
+// default_stream(device())). Today the optimizer kernels exist for the host and the emulated device.
 #pragma once
 
 #include <cstddef>
@@ -70,11 +75,13 @@ class Optimizer {
 
   /// One update of every buffer: grads[i] (and params_16bit[i], when given) go with buffer i.
   /// grad_scale multiplies each gradient on the fly (1/loss_scale times the clip coefficient);
-  /// lr is this step's learning rate. Increments step_count() once.
+  /// lr is this step's learning rate. Increments step_count() once. The kernels run on `stream`
+  /// (a stream of device(); nullptr: its default stream).
   void step(std::span<const GradBuffer> grads, float grad_scale, float lr,
-            std::span<const HalfParamBuffer> params_16bit = {});
+            std::span<const HalfParamBuffer> params_16bit = {}, const Stream* stream = nullptr);
   /// The same for an optimizer over exactly one buffer.
-  void step(GradBuffer grad, float grad_scale, float lr, HalfParamBuffer params_16bit = {});
+  void step(GradBuffer grad, float grad_scale, float lr, HalfParamBuffer params_16bit = {},
+            const Stream* stream = nullptr);
 
   /// Caller-stored state (ZeRO-Infinity's swapped sub-groups): one step is begin_step() once, then
   /// update_range() over every range of master weights, in any order and pieces. begin_step checks
@@ -85,7 +92,7 @@ class Optimizer {
   /// params.count floats, caller-owned) and the gradient range `grad`; writes the 16-bit copy when
   /// given. Elementwise: any split of a buffer into ranges gives the bits one call gives.
   void update_range(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale,
-                    float lr, HalfParamBuffer params_16bit = {});
+                    float lr, HalfParamBuffer params_16bit = {}, const Stream* stream = nullptr);
 
   std::size_t buffer_count() const { return params_.size(); }
   ParamBuffer params(std::size_t buffer) const;
@@ -94,7 +101,8 @@ class Optimizer {
   /// {"momentum_buffer"} for SGD with momentum, none for plain SGD.
   std::vector<std::string_view> state_names() const;
   /// One state tensor of one buffer (same length as the buffer), for checkpoints. Unknown names
-  /// are an error listing the known ones.
+  /// are an error listing the known ones. Memory of device(): off the host, read and write it
+  /// through the device API (copy_bytes), not through the span.
   std::span<float> state(std::string_view name, std::size_t buffer);
   std::span<const float> state(std::string_view name, std::size_t buffer) const;
 
@@ -116,10 +124,10 @@ class Optimizer {
 
   /// Check hyperparameters for this optimizer; throws ConfigError naming the bad value.
   virtual void validate(const OptimizerParams& hyperparameters) const = 0;
-  /// Update `params` with its state arrays (in state_names() order); step_count() already counts
-  /// this step.
+  /// Update `params` with its state arrays (in state_names() order) on `stream`; step_count()
+  /// already counts this step.
   virtual void update(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale,
-                      float lr, HalfParamBuffer params_16bit) = 0;
+                      float lr, HalfParamBuffer params_16bit, const Stream& stream) = 0;
 
  private:
   struct StateSlot {
@@ -130,6 +138,7 @@ class Optimizer {
   void check_step_arguments(float grad_scale, float lr) const;
   void check_range_arguments(std::size_t index, std::size_t count, GradBuffer grad,
                              HalfParamBuffer params_16bit) const;
+  const Stream& stream_or_default(const Stream* stream) const;
 
   std::vector<ParamBuffer> params_;
   OptimizerParams params_hp_;
@@ -148,7 +157,7 @@ class Adam final : public Optimizer {
  private:
   void validate(const OptimizerParams& hyperparameters) const override;
   void update(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
-              HalfParamBuffer params_16bit) override;
+              HalfParamBuffer params_16bit, const Stream& stream) override;
 };
 
 /// SGD with momentum, dampening, nesterov and (L2) weight decay, torch semantics.
@@ -161,7 +170,7 @@ class Sgd final : public Optimizer {
  private:
   void validate(const OptimizerParams& hyperparameters) const override;
   void update(ParamBuffer params, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
-              HalfParamBuffer params_16bit) override;
+              HalfParamBuffer params_16bit, const Stream& stream) override;
   bool has_momentum_buffer_ = false;  // allocated when momentum != 0 at construction
 };
 

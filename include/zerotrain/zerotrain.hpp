@@ -13,6 +13,7 @@
 #include "zerotrain/estimate.hpp"
 #include "zerotrain/execution.hpp"
 #include "zerotrain/external_model.hpp"
+#include "zerotrain/loss.hpp"
 #include "zerotrain/loss_scaler.hpp"
 #include "zerotrain/lr_scheduler.hpp"
 #include "zerotrain/mpi_communicator.hpp"

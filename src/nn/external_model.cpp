@@ -6,13 +6,13 @@
 namespace zt {
 
 nn::Parameter& ExternalModel::add(const std::string& name, void* values, void* gradients, const Shape& shape,
-                                  DType dtype) {
+                                  DType dtype, Device device) {
   ZT_CHECK(values != nullptr && gradients != nullptr, "ExternalModel::add('", name,
            "'): the values and gradient buffers must not be null");
   ZT_CHECK(values != gradients, "ExternalModel::add('", name,
            "'): values and gradients must be different buffers");
-  nn::Parameter& parameter = register_parameter(name, Tensor::view_of(values, shape, dtype));
-  parameter.grad = Tensor::view_of(gradients, shape, dtype);  // the caller's, not a zt allocation
+  nn::Parameter& parameter = register_parameter(name, Tensor::view_of(values, shape, dtype, device));
+  parameter.grad = Tensor::view_of(gradients, shape, dtype, device);  // the caller's, not a zt allocation
   return parameter;
 }
 
@@ -28,12 +28,12 @@ std::pair<double, std::int64_t> ExternalModel::take_losses() {
   return losses;
 }
 
-Tensor ExternalModel::forward(const Tensor&) {
+Tensor ExternalModel::forward(const Tensor&, const nn::RunContext&) {
   ZT_THROW(
       "ExternalModel: the caller runs forward and backward itself; call Engine::step() after each backward");
 }
 
-Tensor ExternalModel::backward(const Tensor&) {
+Tensor ExternalModel::backward(const Tensor&, const nn::RunContext&) {
   ZT_THROW(
       "ExternalModel: the caller runs forward and backward itself; call Engine::step() after each backward");
 }

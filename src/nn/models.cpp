@@ -40,7 +40,7 @@ std::int64_t gpt_parameter_count(const GptConfig& config) {
          (config.tie_embeddings ? 0 : V * C);
 }
 
-Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed)
+Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed, Device device)
     : Module("GPT"), config_(config), dtype_(dtype) {
   ZT_CHECK(config.n_layer > 0 && config.n_head > 0 && config.d_model > 0 && config.seq_len > 0 &&
                config.vocab_size > 0,
@@ -51,23 +51,24 @@ Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed)
            " must be a multiple of n_head ", config.n_head);
   ZT_CHECK(dtype_is_floating(dtype), "Gpt in dtype ", dtype_name(dtype),
            ": expected fp32, fp64, bf16 or fp16");
-  wte_ = &register_module("wte", std::make_unique<Embedding>(config.vocab_size, config.d_model, dtype));
-  wpe_ =
-      &register_module("wpe", std::make_unique<PositionalEmbedding>(config.seq_len, config.d_model, dtype));
+  wte_ =
+      &register_module("wte", std::make_unique<Embedding>(config.vocab_size, config.d_model, dtype, device));
+  wpe_ = &register_module(
+      "wpe", std::make_unique<PositionalEmbedding>(config.seq_len, config.d_model, dtype, device));
   // Every dropout gets its own seed so that masks of different layers are independent.
   drop_ = &register_module("drop", std::make_unique<Dropout>(config.dropout, seed * 1000 + 1));
   blocks_ = &register_module("h", std::make_unique<Sequential>());
   for (std::int64_t layer = 0; layer < config.n_layer; ++layer) {
     blocks_->append(
         std::make_unique<TransformerBlock>(config.d_model, config.n_head, dtype, config.dropout,
-                                           seed * 1000 + 2 * static_cast<std::uint64_t>(layer) + 2));
+                                           seed * 1000 + 2 * static_cast<std::uint64_t>(layer) + 2, device));
   }
-  ln_f_ = &register_module("ln_f", std::make_unique<LayerNorm>(config.d_model, dtype));
+  ln_f_ = &register_module("ln_f", std::make_unique<LayerNorm>(config.d_model, dtype, 1e-5, device));
   if (config.tie_embeddings) {
     lm_head_ = &register_module("lm_head", std::make_unique<LmHead>(wte_->weight()));
   } else {
-    lm_head_ =
-        &register_module("lm_head", std::make_unique<LmHead>(config.d_model, config.vocab_size, dtype));
+    lm_head_ = &register_module("lm_head",
+                                std::make_unique<LmHead>(config.d_model, config.vocab_size, dtype, device));
   }
 
   // GPT-2 initialization. LayerNorms keep weight 1 / bias 0 and biases stay 0 from construction.
@@ -83,27 +84,28 @@ Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed)
   }
 }
 
-Tensor Gpt::forward(const Tensor& tokens) {
+Tensor Gpt::forward(const Tensor& tokens, const RunContext& context) {
   ZT_CHECK(tokens.defined() && tokens.dtype() == DType::int32 && tokens.ndim() == 2, "GPT: tokens ",
            tokens.description(), ", expected int32 [batch, T]");
   ZT_CHECK(tokens.size(1) <= config_.seq_len, "GPT: sequence length ", tokens.size(1),
            " exceeds the model's seq_len ", config_.seq_len);
-  Tensor x = drop_->run_forward(wpe_->run_forward(wte_->run_forward(tokens)));
-  x = ln_f_->run_forward(blocks_->run_forward(x));
-  return lm_head_->run_forward(x);
+  Tensor x = drop_->run_forward(wpe_->run_forward(wte_->run_forward(tokens, context), context), context);
+  x = ln_f_->run_forward(blocks_->run_forward(x, context), context);
+  return lm_head_->run_forward(x, context);
 }
 
-Tensor Gpt::backward(const Tensor& grad_output) {
-  Tensor grad = ln_f_->run_backward(lm_head_->run_backward(grad_output));
-  grad = drop_->run_backward(blocks_->run_backward(grad));
-  return wte_->run_backward(wpe_->run_backward(grad));
+Tensor Gpt::backward(const Tensor& grad_output, const RunContext& context) {
+  Tensor grad = ln_f_->run_backward(lm_head_->run_backward(grad_output, context), context);
+  grad = drop_->run_backward(blocks_->run_backward(grad, context), context);
+  return wte_->run_backward(wpe_->run_backward(grad, context), context);
 }
 
-Mlp::Mlp(const MlpConfig& config, DType dtype, std::uint64_t seed) : Sequential("Mlp") {
+Mlp::Mlp(const MlpConfig& config, DType dtype, std::uint64_t seed, Device device) : Sequential("Mlp") {
   ZT_CHECK(config.sizes.size() >= 2, "MlpConfig.sizes has ", config.sizes.size(),
            " entries: expected at least input and output sizes");
   for (std::size_t i = 0; i + 1 < config.sizes.size(); ++i) {
-    auto& linear = append(std::make_unique<Linear>(config.sizes[i], config.sizes[i + 1], true, dtype));
+    auto& linear =
+        append(std::make_unique<Linear>(config.sizes[i], config.sizes[i + 1], true, dtype, device));
     init_normal(linear.weight(), 1.0 / std::sqrt(static_cast<double>(config.sizes[i])), seed);
     if (i + 2 < config.sizes.size()) append(std::make_unique<Activation>(config.activation));
   }

@@ -1,22 +1,71 @@
-// Module: hooks around forward/backward, the parameter and module tree, modes.
+// Module: hooks around forward/backward, saved activations, the parameter and module tree, modes.
 #include <algorithm>
 
 #include "zerotrain/nn.hpp"
 
 namespace zt::nn {
+namespace {
 
-Tensor Module::run_forward(const Tensor& input) {
-  for (auto& entry : forward_pre_hooks_) entry.hook(*this, input);
-  Tensor output = forward(input);
-  for (auto& entry : forward_post_hooks_) entry.hook(*this, input, output);
-  return output;
+/// The slots saved by the forwards running on this thread, in order: a run_forward that fails
+/// releases the ones saved since it started (and only those: a second forward into an occupied
+/// slot must not destroy the first forward's activations).
+thread_local std::vector<std::pair<detail::SavedSlots*, std::uint32_t>> forward_journal;
+thread_local int forwards_running = 0;
+
+}  // namespace
+
+void detail::note_saved(SavedSlots* slots, std::uint32_t micro_batch) {
+  if (forwards_running > 0) forward_journal.emplace_back(slots, micro_batch);
 }
 
-Tensor Module::run_backward(const Tensor& grad_output) {
-  for (auto& entry : backward_pre_hooks_) entry.hook(*this, grad_output);
-  Tensor grad_input = backward(grad_output);
-  for (auto& entry : backward_post_hooks_) entry.hook(*this, grad_input);
-  return grad_input;
+Tensor Module::run_forward(const Tensor& input, const RunContext& context) {
+  const std::size_t journal_start = forward_journal.size();
+  ++forwards_running;
+  try {
+    for (auto& entry : forward_pre_hooks_) entry.hook(*this, input);
+    Tensor output = forward(input, context);
+    for (auto& entry : forward_post_hooks_) entry.hook(*this, input, output);
+    if (--forwards_running == 0) forward_journal.clear();
+    return output;
+  } catch (...) {
+    for (std::size_t i = journal_start; i < forward_journal.size(); ++i)
+      forward_journal[i].first->release(forward_journal[i].second);
+    forward_journal.resize(journal_start);
+    --forwards_running;
+    throw;
+  }
+}
+
+Tensor Module::run_backward(const Tensor& grad_output, const RunContext& context) {
+  try {
+    for (auto& entry : backward_pre_hooks_) entry.hook(*this, grad_output);
+    Tensor grad_input = backward(grad_output, context);
+    for (auto& entry : backward_post_hooks_) entry.hook(*this, grad_input);
+    return grad_input;
+  } catch (...) {
+    release_activations(context.micro_batch);  // this backward owned all of them
+    throw;
+  }
+}
+
+void Module::release_activations(std::uint32_t micro_batch) {
+  for (Module* module : modules()) {
+    for (detail::SavedSlots* slots : module->saved_) slots->release(micro_batch);
+  }
+}
+
+void Module::release_activations() {
+  for (Module* module : modules()) {
+    for (detail::SavedSlots* slots : module->saved_) slots->release_all();
+  }
+}
+
+std::size_t Module::saved_activation_count() {
+  std::size_t count = 0;
+  for (Module* module : modules()) {
+    for (const detail::SavedSlots* slots : module->saved_) count += slots->held();
+  }
+  return count;
 }
 
 std::vector<Parameter*> Module::direct_parameters() {

@@ -7,29 +7,52 @@
 
 namespace zt::nn::detail {
 
-/// `tensor` must be defined, of `dtype`, and (when last_dim >= 0) have `last_dim` as its last extent.
+/// `tensor` must be memory of the run context's device (kernels run there).
+inline void check_on_device(const Module& module, const char* what, const Tensor& tensor,
+                            const RunContext& context) {
+  const Device device = context.exec().device();
+  ZT_CHECK(tensor.device() == device, module.type_name(), " '", module.name(), "': ", what, " is ",
+           tensor.description(), ", expected memory of the run context's device ", device.str());
+}
+
+/// `tensor` must be defined, of `dtype`, on the context's device and (when last_dim >= 0) have
+/// `last_dim` as its last extent.
 inline void check_input(const Module& module, const char* what, const Tensor& tensor, DType dtype,
-                        std::int64_t last_dim) {
+                        std::int64_t last_dim, const RunContext& context) {
   ZT_CHECK(tensor.defined(), module.type_name(), " '", module.name(), "': ", what, " is undefined");
   ZT_CHECK(tensor.dtype() == dtype, module.type_name(), " '", module.name(), "': ", what, " is ",
            tensor.description(), ", expected dtype ", dtype_name(dtype), " (the parameters' dtype)");
   ZT_CHECK(last_dim < 0 || (tensor.ndim() >= 1 && tensor.size(-1) == last_dim), module.type_name(), " '",
            module.name(), "': ", what, " is ", tensor.description(), ", expected the last dimension to be ",
            last_dim);
+  check_on_device(module, what, tensor, context);
 }
 
-/// A new activation (or activation gradient) tensor on the device and in the dtype of `like`.
-inline Tensor activation_tensor(const Shape& shape, const Tensor& like) {
-  return Tensor::empty(shape, like.dtype(), like.device(), MemoryCategory::activations);
+/// The parameter's value, checked to be on the context's device.
+inline const Tensor& value_of(const Module& module, Parameter& parameter, const RunContext& context) {
+  ZT_CHECK(parameter.value.defined(), module.type_name(), " '", module.name(), "': parameter '",
+           parameter.name, "' has no value (partitioned away and not gathered?)");
+  ZT_CHECK(parameter.value.device() == context.exec().device(), module.type_name(), " '", module.name(),
+           "': parameter '", parameter.name, "' is ", parameter.value.description(),
+           ", expected memory of the run context's device ", context.exec().device().str());
+  return parameter.value;
+}
+
+/// A new activation (or activation gradient) tensor on the context's device, in the dtype of `like`.
+inline Tensor activation_tensor(const Shape& shape, const Tensor& like, const RunContext& context) {
+  return context.exec().empty(shape, like.dtype(), MemoryCategory::activations);
 }
 
 /// The parameter's gradient buffer, or nullptr when it has none (frozen parameter).
-inline void* grad_pointer(Parameter& parameter) {
+inline void* grad_pointer(const Module& module, Parameter& parameter, const RunContext& context) {
   if (!parameter.grad.defined()) return nullptr;
   ZT_CHECK(
       parameter.grad.numel() == parameter.value.numel() && parameter.grad.dtype() == parameter.value.dtype(),
       "parameter '", parameter.name, "': grad ", parameter.grad.description(), " does not match value ",
       parameter.value.description());
+  ZT_CHECK(parameter.grad.device() == context.exec().device(), module.type_name(), " '", module.name(),
+           "': the gradient of '", parameter.name, "' is ", parameter.grad.description(),
+           ", expected memory of the run context's device ", context.exec().device().str());
   return parameter.grad.raw_data();
 }
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -31,8 +30,6 @@ void check_grad_dtype(DType dtype, std::size_t buffer) {
 
 Optimizer::Optimizer(std::vector<ParamBuffer> params, const OptimizerParams& hyperparameters, Device device)
     : params_(std::move(params)), params_hp_(hyperparameters), device_(device) {
-  ZT_CHECK(device_.is_host(), "optimizer on ", device_.str(),
-           ": only host optimizers exist so far; expected Device::host()");
   for (std::size_t i = 0; i < params_.size(); ++i) {
     ZT_CHECK(params_[i].data != nullptr || params_[i].count == 0, "parameter buffer ", i, " is null with ",
              params_[i].count, " elements; expected a buffer of fp32 master weights");
@@ -50,7 +47,8 @@ void Optimizer::add_state(std::string name) {
   slot.buffers.reserve(params_.size());
   for (const ParamBuffer& p : params_) {
     Buffer buffer(device_, p.count * sizeof(float), MemoryCategory::optimizer_states);
-    zero_bytes(buffer.data(), device_, buffer.size());  // torch: zeros_like(param)
+    // torch: zeros_like(param). Synchronously: the steps may run on another stream of the device.
+    zero_bytes(buffer.data(), device_, buffer.size());
     slot.buffers.push_back(std::move(buffer));
   }
   states_.push_back(std::move(slot));
@@ -114,8 +112,15 @@ void Optimizer::check_range_arguments(std::size_t index, std::size_t count, Grad
   }
 }
 
+const Stream& Optimizer::stream_or_default(const Stream* stream) const {
+  if (stream == nullptr) return default_stream(device_);
+  ZT_CHECK(stream->device() == device_, "optimizer '", name(), "' on ", device_.str(), " got a stream of ",
+           stream->device().str(), "; expected a stream of the optimizer's device");
+  return *stream;
+}
+
 void Optimizer::step(std::span<const GradBuffer> grads, float grad_scale, float lr,
-                     std::span<const HalfParamBuffer> params_16bit) {
+                     std::span<const HalfParamBuffer> params_16bit, const Stream* stream) {
   ZT_CHECK(grads.size() == params_.size(), "step got ", grads.size(),
            " gradient buffers; expected one per parameter buffer (", params_.size(), ")");
   ZT_CHECK(params_16bit.empty() || params_16bit.size() == params_.size(), "step got ", params_16bit.size(),
@@ -125,13 +130,14 @@ void Optimizer::step(std::span<const GradBuffer> grads, float grad_scale, float 
     check_range_arguments(i, params_[i].count, grads[i],
                           params_16bit.empty() ? HalfParamBuffer{} : params_16bit[i]);
   }
+  const Stream& ordered_on = stream_or_default(stream);
   ++step_count_;
   std::vector<float*> state(states_.size());
   for (std::size_t i = 0; i < grads.size(); ++i) {
     for (std::size_t slot = 0; slot < states_.size(); ++slot)
       state[slot] = states_[slot].buffers[i].as<float>();
     update(params_[i], state, grads[i], grad_scale, lr,
-           params_16bit.empty() ? HalfParamBuffer{} : params_16bit[i]);
+           params_16bit.empty() ? HalfParamBuffer{} : params_16bit[i], ordered_on);
   }
 }
 
@@ -141,7 +147,7 @@ void Optimizer::begin_step(float grad_scale, float lr) {
 }
 
 void Optimizer::update_range(ParamBuffer params, std::span<float* const> state, GradBuffer grad,
-                             float grad_scale, float lr, HalfParamBuffer params_16bit) {
+                             float grad_scale, float lr, HalfParamBuffer params_16bit, const Stream* stream) {
   ZT_CHECK(step_count_ > 0, "update_range before begin_step(); call begin_step() once per step first");
   ZT_CHECK(state.size() == states_.size(), "update_range got ", state.size(), " state arrays; optimizer '",
            name(), "' needs ", states_.size(), " (state_names() order)");
@@ -152,14 +158,15 @@ void Optimizer::update_range(ParamBuffer params, std::span<float* const> state, 
              " elements");
   }
   check_range_arguments(0, params.count, grad, params_16bit);
-  update(params, state, grad, grad_scale, lr, params_16bit);
+  update(params, state, grad, grad_scale, lr, params_16bit, stream_or_default(stream));
 }
 
-void Optimizer::step(GradBuffer grad, float grad_scale, float lr, HalfParamBuffer params_16bit) {
+void Optimizer::step(GradBuffer grad, float grad_scale, float lr, HalfParamBuffer params_16bit,
+                     const Stream* stream) {
   ZT_CHECK(params_.size() == 1, "single-buffer step on an optimizer over ", params_.size(),
            " buffers; expected exactly one (pass one gradient per buffer instead)");
   step(std::span<const GradBuffer>(&grad, 1), grad_scale, lr,
-       std::span<const HalfParamBuffer>(&params_16bit, 1));
+       std::span<const HalfParamBuffer>(&params_16bit, 1), stream);
 }
 
 // ---- Adam / AdamW --------------------------------------------------------------------------------
@@ -184,7 +191,7 @@ void Adam::validate(const OptimizerParams& hp) const {
 }
 
 void Adam::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
-                  HalfParamBuffer params_16bit) {
+                  HalfParamBuffer params_16bit, const Stream& stream) {
   const OptimizerParams& hp = hyperparameters();
   kernels::AdamStepArgs args;
   args.params = p.data;
@@ -204,7 +211,7 @@ void Adam::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad,
   args.adam_w_mode = hp.adam_w_mode;
   args.bias_correction = hp.bias_correction;
   args.step = step_count();
-  kernels::adam_step(default_stream(device()), args);
+  kernels::adam_step(stream, args);
 }
 
 // ---- SGD -----------------------------------------------------------------------------------------
@@ -235,7 +242,7 @@ void Sgd::validate(const OptimizerParams& hp) const {
 }
 
 void Sgd::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad, float grad_scale, float lr,
-                 HalfParamBuffer params_16bit) {
+                 HalfParamBuffer params_16bit, const Stream& stream) {
   const OptimizerParams& hp = hyperparameters();
   kernels::SgdStepArgs args;
   args.params = p.data;
@@ -252,7 +259,7 @@ void Sgd::update(ParamBuffer p, std::span<float* const> state, GradBuffer grad, 
   args.weight_decay = hp.weight_decay;
   args.nesterov = hp.nesterov;
   args.first_step = step_count() == 1;  // torch: the buffer does not exist before the first update
-  kernels::sgd_step(default_stream(device()), args);
+  kernels::sgd_step(stream, args);
 }
 
 // ---- factory -------------------------------------------------------------------------------------

@@ -7,15 +7,22 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/nn_kernels.hpp"         // scale
 #include "kernels/optimizer_kernels.hpp"  // set_host_threads
+#include "zerotrain/execution.hpp"
+#include "zerotrain/loss.hpp"
 #include "zerotrain/nn.hpp"
+#include "zerotrain/optimizer.hpp"
 #include "zerotrain/tensor.hpp"
 
 namespace {
@@ -24,6 +31,7 @@ using zt::testing::error_of;
 using zt::testing::random_tokens;
 
 using zt::DType;
+using zt::ExecutionContext;
 using zt::Tensor;
 namespace nn = zt::nn;
 
@@ -326,6 +334,305 @@ TEST(Errors, NameTheModuleAndTheExpectedShape) {
   EXPECT_NE(message.find("target 5 of row 1"), std::string::npos) << message;
   message = error_of([] { nn::Gpt(nn::GptConfig{.n_head = 5}); });
   EXPECT_NE(message.find("multiple of n_head 5"), std::string::npos) << message;
+}
+
+// ---- micro-batch slots ----------------------------------------------------------------------
+
+/// Bitwise equality of two tensors (on any devices), with the element count as context.
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.numel() != b.numel())
+    return ::testing::AssertionFailure() << a.description() << " vs " << b.description();
+  const Tensor host_a = a.to(zt::Device::host()), host_b = b.to(zt::Device::host());
+  if (std::memcmp(host_a.raw_data(), host_b.raw_data(), host_a.nbytes()) != 0)
+    return ::testing::AssertionFailure() << a.description() << ": the bits differ";
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<Tensor> gradients_of(nn::Module& module) {
+  std::vector<Tensor> grads;
+  for (nn::Parameter* parameter : module.parameters()) grads.push_back(parameter->grad.clone());
+  return grads;
+}
+
+TEST(MicroBatches, TwoForwardsThenTwoBackwardsEqualTwoPairsForAGptWithDropout) {
+  nn::GptConfig config = kSmallGpt;
+  config.dropout = 0.2;
+  const Tensor tokens[2] = {random_tokens({2, 8}, 13, 40), random_tokens({2, 8}, 13, 41)};
+  const Tensor targets[2] = {random_tokens({2, 8}, 13, 42), random_tokens({2, 8}, 13, 43)};
+
+  nn::Gpt pairs(config, DType::fp32, 9);
+  Tensor pair_logits[2];
+  for (int m = 0; m < 2; ++m) {
+    pair_logits[m] = pairs.run_forward(tokens[m]);
+    pairs.run_backward(zt::cross_entropy_loss(pair_logits[m], targets[m]).gradient(0.5));
+  }
+
+  nn::Gpt interleaved(config, DType::fp32, 9);
+  const nn::RunContext slot[2] = {{.micro_batch = 0}, {.micro_batch = 1}};
+  Tensor logits[2];
+  for (int m = 0; m < 2; ++m) logits[m] = interleaved.run_forward(tokens[m], slot[m]);
+  EXPECT_GT(interleaved.saved_activation_count(), 0u);
+  for (int m = 0; m < 2; ++m) {
+    const Tensor grad_tokens =
+        interleaved.run_backward(zt::cross_entropy_loss(logits[m], targets[m]).gradient(0.5), slot[m]);
+    EXPECT_FALSE(grad_tokens.defined());
+  }
+  EXPECT_EQ(interleaved.saved_activation_count(), 0u) << "backward frees the activations it took";
+  for (int m = 0; m < 2; ++m) EXPECT_TRUE(same_bits(logits[m], pair_logits[m])) << "micro-batch " << m;
+  EXPECT_FALSE(same_bits(logits[0], logits[1])) << "the micro-batches differ (the check is not vacuous)";
+  const std::vector<Tensor> expected = gradients_of(pairs), actual = gradients_of(interleaved);
+  const auto parameters = pairs.parameters();
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    EXPECT_TRUE(same_bits(actual[i], expected[i])) << parameters[i]->name;
+}
+
+TEST(MicroBatches, TwoForwardsThenTwoBackwardsInEitherOrderEqualTwoPairsForAnMlp) {
+  const nn::MlpConfig config{.sizes = {5, 9, 4}, .activation = nn::ActivationKind::gelu};
+  std::mt19937_64 engine(44);
+  std::normal_distribution<float> normal;
+  Tensor inputs[2], targets[2];
+  for (int m = 0; m < 2; ++m) {
+    std::vector<float> x(15), y(12);
+    for (float& v : x) v = normal(engine);
+    for (float& v : y) v = normal(engine);
+    inputs[m] = Tensor::from_vector(x, {3, 5});
+    targets[m] = Tensor::from_vector(y, {3, 4});
+  }
+  // The backwards run in the opposite order of the forwards (as a pipeline may): each must take
+  // its own micro-batch's activations. The pairs accumulate in the same order.
+  nn::Mlp pairs(config, DType::fp32, 45), interleaved(config, DType::fp32, 45);
+  Tensor pair_grad_input[2], grad_input[2], outputs[2];
+  for (int m : {1, 0}) {
+    const Tensor output = pairs.run_forward(inputs[m]);
+    pair_grad_input[m] = pairs.run_backward(zt::mse_loss(output, targets[m]).gradient(1.0));
+  }
+  for (int m : {0, 1}) outputs[m] = interleaved.run_forward(inputs[m], {.micro_batch = std::uint32_t(m)});
+  for (int m : {1, 0}) {
+    grad_input[m] = interleaved.run_backward(zt::mse_loss(outputs[m], targets[m]).gradient(1.0),
+                                             {.micro_batch = std::uint32_t(m)});
+    EXPECT_TRUE(same_bits(grad_input[m], pair_grad_input[m])) << "input gradient of micro-batch " << m;
+  }
+  EXPECT_FALSE(same_bits(grad_input[0], grad_input[1]));
+  const std::vector<Tensor> expected = gradients_of(pairs), actual = gradients_of(interleaved);
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(same_bits(actual[i], expected[i])) << i;
+}
+
+TEST(MicroBatches, MisuseOfSlotsIsAClearError) {
+  nn::Gpt gpt(kSmallGpt);
+  const Tensor tokens = random_tokens({1, 4}, 13, 46);
+  std::string message = error_of([&] { gpt.run_backward(Tensor::zeros({1, 4, 13}, DType::fp32)); });
+  EXPECT_NE(message.find("backward of LmHead 'lm_head' for micro-batch 0 without its forward"),
+            std::string::npos)
+      << message;
+
+  const Tensor logits = gpt.run_forward(tokens, {.micro_batch = 3});
+  message = error_of([&] { gpt.run_forward(tokens, {.micro_batch = 3}); });
+  EXPECT_NE(message.find("Embedding 'wte': a second forward into micro-batch slot 3 before its backward"),
+            std::string::npos)
+      << message;
+  message = error_of([&] { gpt.run_backward(Tensor::zeros({1, 4, 13}, DType::fp32), {.micro_batch = 2}); });
+  EXPECT_NE(message.find("for micro-batch 2 without its forward"), std::string::npos) << message;
+  // The refused forward left the first one's activations alone: its backward runs.
+  const std::size_t held = gpt.saved_activation_count();
+  EXPECT_GT(held, 0u);
+  gpt.run_backward(zt::cross_entropy_loss(logits, tokens).gradient(1.0), {.micro_batch = 3});
+  EXPECT_EQ(gpt.saved_activation_count(), 0u);
+  message = error_of([&] { gpt.run_backward(Tensor::zeros({1, 4, 13}, DType::fp32), {.micro_batch = 3}); });
+  EXPECT_NE(message.find("or its backward ran already"), std::string::npos) << message;
+}
+
+TEST(MicroBatches, FailedPassesAndForwardsWithoutBackwardLeaveNoActivations) {
+  nn::Gpt gpt(kSmallGpt);
+  const Tensor tokens = random_tokens({2, 8}, 13, 47);
+  // A forward that fails half way (in a hook of the final LayerNorm) releases what it saved.
+  nn::Module& ln_f = *gpt.find_module("ln_f");
+  const nn::HookHandle failing =
+      ln_f.add_forward_pre_hook([](nn::Module&, const Tensor&) { ZT_THROW("hook refuses"); });
+  EXPECT_NE(error_of([&] { gpt.run_forward(tokens); }).find("hook refuses"), std::string::npos);
+  EXPECT_EQ(gpt.saved_activation_count(), 0u);
+  ln_f.remove_hook(failing);
+
+  // A backward that fails releases its micro-batch.
+  gpt.run_forward(tokens);
+  EXPECT_NE(error_of([&] {
+              gpt.run_backward(Tensor::zeros({2, 8, 5}, DType::fp32));
+            }).find("expected the last dimension to be 13"),
+            std::string::npos);
+  EXPECT_EQ(gpt.saved_activation_count(), 0u);
+
+  // Evaluation mode and save_for_backward = false save nothing; release_activations drops slots.
+  gpt.eval();
+  gpt.run_forward(tokens);
+  gpt.run_forward(tokens);
+  EXPECT_EQ(gpt.saved_activation_count(), 0u);
+  gpt.train();
+  gpt.run_forward(tokens, {.save_for_backward = false});
+  EXPECT_EQ(gpt.saved_activation_count(), 0u);
+  gpt.run_forward(tokens, {.micro_batch = 0});
+  gpt.run_forward(tokens, {.micro_batch = 1});
+  const std::size_t two = gpt.saved_activation_count();
+  gpt.release_activations(0);
+  EXPECT_EQ(gpt.saved_activation_count(), two / 2);
+  gpt.release_activations();
+  EXPECT_EQ(gpt.saved_activation_count(), 0u);
+}
+
+TEST(MicroBatches, ActivationMemoryIsFreedAfterBackward) {
+  nn::Gpt gpt(kBenchGpt, DType::fp32, 48);
+  const Tensor tokens = random_tokens({2, 64}, 512, 49);
+  const auto activations = [] {
+    return zt::memory_snapshot(zt::DeviceType::host)[zt::MemoryCategory::activations].current;
+  };
+  const std::size_t before = activations();
+  {
+    const Tensor logits = gpt.run_forward(tokens);
+    EXPECT_GT(activations(), before + logits.nbytes()) << "the forward keeps activations for its backward";
+    gpt.run_backward(zt::cross_entropy_loss(logits, tokens).gradient(1.0));
+  }
+  EXPECT_EQ(activations(), before);
+}
+
+// ---- loss helpers and the scale kernel --------------------------------------------------------
+
+TEST(LossHelpers, KeepTheLossOnTheDeviceAndMatchTheStatefulLosses) {
+  const Tensor logits =
+      Tensor::from_vector<float>({0.5f, -1.0f, 2.0f, 0.0f, 1.0f, 1.0f, -3.0f, 0.25f, 4.0f}, {3, 3});
+  const Tensor targets = Tensor::from_vector<std::int32_t>({2, -100, 0}, {3});
+  const zt::Loss loss = zt::cross_entropy_loss(logits, targets);
+  EXPECT_EQ(loss.value.shape(), zt::Shape{});
+  EXPECT_EQ(loss.value.dtype(), DType::fp64);
+  EXPECT_EQ(loss.counted_rows.item_as_double(), 2.0);
+  EXPECT_EQ(loss.output.raw_data(), logits.raw_data());
+  nn::SoftmaxCrossEntropy criterion;
+  EXPECT_EQ(loss.value.item_as_double(), criterion.forward(logits, targets));
+  EXPECT_EQ(criterion.counted_rows(), 2);
+  EXPECT_TRUE(same_bits(loss.gradient(3.0), criterion.backward(3.0)));
+  // No counted row: loss 0 and a zero gradient, not a division by zero.
+  const zt::Loss none =
+      zt::cross_entropy_loss(logits, Tensor::from_vector<std::int32_t>({-100, -100, -100}, {3}));
+  EXPECT_EQ(none.value.item_as_double(), 0.0);
+  EXPECT_EQ(none.gradient(1.0).item_as_double(4), 0.0);
+
+  const Tensor prediction = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
+  const Tensor target = Tensor::from_vector<float>({1, 0, 3, 2}, {4});
+  const zt::Loss mse = zt::mse_loss(prediction, target);
+  EXPECT_EQ(mse.value.item_as_double(), 2.0);
+  EXPECT_FALSE(mse.counted_rows.defined());
+  EXPECT_EQ(mse.gradient(2.0).item_as_double(3), 2.0);  // 2 * 2 * (4 - 2) / 4
+
+  // On the emulated device: the same bits, the value stays there.
+  const ExecutionContext context(zt::Device::emulated());
+  const zt::Loss on_device =
+      zt::cross_entropy_loss(context.on_device(logits), context.on_device(targets), context);
+  EXPECT_EQ(on_device.value.device(), zt::Device::emulated());
+  EXPECT_TRUE(same_bits(on_device.value, loss.value));
+  EXPECT_TRUE(same_bits(on_device.gradient(3.0), loss.gradient(3.0)));
+  const std::string message = error_of([&] { zt::cross_entropy_loss(logits, targets, context); });
+  EXPECT_NE(message.find("expected memory of the execution context's device emulated:0"), std::string::npos)
+      << message;
+}
+
+TEST(Kernels, ScaleMultipliesInTheAccumulationType) {
+  for (DType dtype : {DType::fp32, DType::bf16, DType::fp64}) {
+    Tensor values = Tensor::from_vector<float>({1.5f, -2.0f, 0.375f}, {3}).to(dtype);
+    zt::kernels::scale(zt::default_stream(zt::Device::host()), dtype, values.raw_data(), 3, 0.25);
+    EXPECT_EQ(values.item_as_double(0), 0.375) << zt::dtype_name(dtype);
+    EXPECT_EQ(values.item_as_double(1), -0.5) << zt::dtype_name(dtype);
+    Tensor on_device =
+        Tensor::from_vector<float>({1.5f, -2.0f, 0.375f}, {3}).to(dtype).to(zt::Device::emulated());
+    zt::kernels::scale(zt::default_stream(zt::Device::emulated()), dtype, on_device.raw_data(), 3, 0.25);
+    EXPECT_TRUE(same_bits(on_device, values)) << zt::dtype_name(dtype);
+  }
+}
+
+// ---- the emulated device ----------------------------------------------------------------------
+
+TEST(EmulatedDevice, GptForwardBackwardAndAdamStepGiveTheHostBits) {
+  nn::GptConfig config = kSmallGpt;
+  config.dropout = 0.1;
+  const zt::Device emulated = zt::Device::emulated();
+  const ExecutionContext context(emulated);
+  const nn::RunContext on_device{.execution = &context};
+  for (DType dtype : {DType::fp32, DType::bf16}) {
+    SCOPED_TRACE(zt::dtype_name(dtype));
+    nn::Gpt host(config, dtype, 50);
+    nn::Gpt device(config, dtype, 50, emulated);
+    const auto host_parameters = host.parameters(), device_parameters = device.parameters();
+    for (std::size_t i = 0; i < host_parameters.size(); ++i) {
+      ASSERT_EQ(device_parameters[i]->value.device(), emulated);
+      EXPECT_TRUE(same_bits(device_parameters[i]->value, host_parameters[i]->value))
+          << "initialized on the device: " << host_parameters[i]->name;
+    }
+    const Tensor tokens = random_tokens({2, 8}, 13, 51), targets = random_tokens({2, 8}, 13, 52);
+    const Tensor host_logits = host.run_forward(tokens);
+    const zt::Loss host_loss = zt::cross_entropy_loss(host_logits, targets);
+    host.run_backward(host_loss.gradient(0.5));
+
+    const Tensor device_logits = device.run_forward(context.on_device(tokens), on_device);
+    EXPECT_EQ(device_logits.device(), emulated);
+    const zt::Loss device_loss = zt::cross_entropy_loss(device_logits, context.on_device(targets), context);
+    device.run_backward(device_loss.gradient(0.5), on_device);
+    EXPECT_TRUE(same_bits(device_logits, host_logits));
+    EXPECT_TRUE(same_bits(device_loss.value, host_loss.value));
+    for (std::size_t i = 0; i < host_parameters.size(); ++i) {
+      EXPECT_TRUE(same_bits(device_parameters[i]->grad, host_parameters[i]->grad))
+          << host_parameters[i]->name;
+    }
+    if (dtype != DType::fp32) continue;
+
+    // One AdamW step over every parameter (fp32: the parameters are their own master weights).
+    const auto buffers_of = [](const std::vector<nn::Parameter*>& parameters) {
+      std::vector<zt::ParamBuffer> params;
+      std::vector<zt::GradBuffer> grads;
+      for (nn::Parameter* p : parameters) {
+        params.push_back({p->value.data<float>(), static_cast<std::size_t>(p->value.numel())});
+        grads.push_back({p->grad.raw_data(), DType::fp32});
+      }
+      return std::pair{params, grads};
+    };
+    zt::OptimizerParams hp;
+    hp.weight_decay = 0.1f;
+    auto [host_params, host_grads] = buffers_of(host_parameters);
+    auto [device_params, device_grads] = buffers_of(device_parameters);
+    auto host_adam = zt::make_optimizer("adamw", host_params, hp);
+    auto device_adam = zt::make_optimizer("adamw", device_params, hp, emulated);
+    host_adam->step(host_grads, 0.5f, 1e-2f);
+    device_adam->step(device_grads, 0.5f, 1e-2f, {}, &context.compute());
+    for (std::size_t i = 0; i < host_parameters.size(); ++i) {
+      EXPECT_TRUE(same_bits(device_parameters[i]->value, host_parameters[i]->value))
+          << "after the step: " << host_parameters[i]->name;
+      const std::span<const float> host_state = host_adam->state("exp_avg_sq", i);
+      std::vector<float> device_state(host_state.size());
+      context.to_host(device_state.data(), device_adam->state("exp_avg_sq", i).data(),
+                      device_state.size() * sizeof(float));
+      EXPECT_EQ(std::memcmp(device_state.data(), host_state.data(), device_state.size() * sizeof(float)), 0)
+          << "exp_avg_sq of " << host_parameters[i]->name;
+    }
+  }
+}
+
+TEST(EmulatedDevice, ModulesRefuseMemoryOfAnotherDevice) {
+  const ExecutionContext context(zt::Device::emulated());
+  nn::Gpt device(kSmallGpt, DType::fp32, 53, zt::Device::emulated());
+  const Tensor tokens = random_tokens({1, 4}, 13, 54);
+  std::string message = error_of([&] { device.run_forward(tokens, {.execution = &context}); });
+  EXPECT_NE(message.find("Embedding 'wte': tokens is int32[1, 4] on host, expected memory of the run "
+                         "context's device emulated:0"),
+            std::string::npos)
+      << message;
+  nn::Gpt host(kSmallGpt);  // host parameters under an emulated context
+  message = error_of([&] { host.run_forward(context.on_device(tokens), {.execution = &context}); });
+  EXPECT_NE(message.find("parameter 'wte.weight' is fp32[13, 16] on host"), std::string::npos) << message;
+}
+
+// The protection is real: reading a tensor's memory on the emulated device directly crashes.
+TEST(EmulatedDeviceDeathTest, ReadingATensorOutsideTheDeviceApiCrashes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  nn::Linear linear(4, 3, true, DType::fp32, zt::Device::emulated());
+  const Tensor& weight = linear.weight().value;
+  EXPECT_DEATH(std::printf("%f\n", static_cast<double>(weight.data<float>()[0])),
+               "host access to emulated device memory");
+  EXPECT_DEATH(std::memset(linear.weight().grad.raw_data(), 0, 4), "host access to emulated device memory");
 }
 
 }  // namespace

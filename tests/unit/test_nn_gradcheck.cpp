@@ -28,6 +28,9 @@ using zt::DType;
 using zt::Tensor;
 namespace nn = zt::nn;
 
+/// The finite-difference forwards: no backward follows them, so they save nothing.
+const nn::RunContext kNoBackward{.save_for_backward = false};
+
 constexpr double kStep = 1e-5;
 constexpr double kTolerance = 1e-8;
 constexpr std::int64_t kMaxCheckedElements = 48;
@@ -105,14 +108,15 @@ void gradcheck_module(
     nn::Module& module, Tensor input, std::uint64_t seed,
     const std::function<void()>& before_forward = [] {}) {
   before_forward();
-  const Tensor first_output = module.run_forward(input);
+  const Tensor first_output = module.run_forward(input, kNoBackward);
   const Tensor projection = random_tensor(first_output.shape(), seed + 99);
   const auto loss = [&] {
     before_forward();
-    return dot(module.run_forward(input), projection);
+    return dot(module.run_forward(input, kNoBackward), projection);
   };
   module.zero_grad();
-  loss();
+  before_forward();
+  module.run_forward(input);  // the forward whose activations the backward takes
   const Tensor grad_input = module.run_backward(projection);
   std::vector<Tensor> parameter_grads;
   for (nn::Parameter* parameter : module.parameters()) parameter_grads.push_back(parameter->grad.clone());
@@ -232,12 +236,13 @@ void gradcheck_gpt(bool tie_embeddings, double dropout) {
       if (auto* layer = dynamic_cast<nn::Dropout*>(module)) layer->set_next_stream(0);
     }
   };
-  const auto loss = [&] {
+  const auto forward = [&](const nn::RunContext& context) {
     pin_masks();
-    return criterion.forward(gpt.run_forward(tokens), targets);
+    return criterion.forward(gpt.run_forward(tokens, context), targets);
   };
+  const auto loss = [&] { return forward(kNoBackward); };
   gpt.zero_grad();
-  loss();
+  forward({});
   EXPECT_EQ(criterion.counted_rows(), 9);
   const Tensor grad_tokens = gpt.run_backward(criterion.backward());
   EXPECT_FALSE(grad_tokens.defined());  // integer input: no gradient
