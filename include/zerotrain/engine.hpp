@@ -2,7 +2,12 @@
 // gradient accumulation, mixed precision, loss scaling, clipping, LR schedules.
 //
 //   auto engine = zt::initialize(runtime, model, config);
-//   for (micro-batch) { engine->forward(batch); engine->backward(); engine->step(); }
+//   for (micro-batch) {
+//     const zt::Tensor logits = engine->forward(batch.inputs);
+//     engine->backward(zt::cross_entropy_loss(logits, batch.targets, engine->execution()));
+//     engine->step();
+//   }
+// or engine->train_batch(next_micro_batch) for a whole optimizer step.
 //
 // step() is called after every micro-batch; it updates the parameters only at the gradient
 // accumulation boundary (every gradient_accumulation_steps calls), as DeepSpeed's engine.step().
@@ -15,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,6 +30,8 @@
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/execution.hpp"
+#include "zerotrain/loss.hpp"
 #include "zerotrain/loss_scaler.hpp"
 #include "zerotrain/lr_scheduler.hpp"
 #include "zerotrain/nn.hpp"
@@ -134,13 +142,33 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // ---- micro-batches (DeepSpeed's engine(batch), engine.backward(loss), engine.step()) ---------
+  /// Forward of one micro-batch: the model's output, on the engine's device (inputs may be host
+  /// tensors; they are copied there). Several forwards may wait for their backward, each keeping
+  /// its activations in its own micro-batch slot (ZeRO stage 3: one at a time, its gathering follows
+  /// one forward and backward), as many as the optimizer step has micro-batches left.
+  Tensor forward(const Tensor& inputs);
+  /// Backward of the oldest forward still waiting, from its loss: a built-in one
+  /// (zt::cross_entropy_loss, zt::mse_loss on execution()) or the caller's own zt::Loss. The
+  /// gradient is taken at scale loss_scale / gradient_accumulation_steps; the value (a device
+  /// scalar) counts in the step's reported loss, read once per step. Gradients accumulate and are
+  /// reduced across data-parallel ranks as ZeRO's stage says.
+  void backward(const Loss& loss);
+  /// The same from the gradient of the caller's loss with respect to the oldest forward's output
+  /// (unscaled: the engine multiplies a copy by loss_scale / gradient_accumulation_steps); `loss`,
+  /// when given, counts in the step's reported loss.
+  void backward(const Tensor& grad_output, std::optional<double> loss = std::nullopt);
+  /// One optimizer step: gradient_accumulation_steps micro-batches from `micro_batch(i)` (i = 0, 1,
+  /// ...), each through forward, the built-in loss, backward and step(); returns the step's report.
+  /// The loop is the engine's, so a pipeline schedule can replace it without the caller knowing.
+  const StepReport& train_batch(const std::function<Batch(std::int64_t micro_batch)>& micro_batch);
+
   /// Forward of one micro-batch with the built-in loss (softmax cross-entropy for int32 targets,
-  /// mean squared error otherwise); returns its loss on this rank (unscaled). backward() then runs
-  /// its backward: one such pair at a time (for several micro-batches in flight use
-  /// forward(inputs) and backward(loss)).
+  /// mean squared error otherwise); returns its loss on this rank (unscaled, read from the device at
+  /// once). backward() then runs its backward: one such pair at a time (for several micro-batches
+  /// in flight use forward(inputs) and backward(loss)).
   double forward(const Batch& batch);
-  /// Backward of the last forward(batch)'s loss, scaled by the loss scale and 1/accumulation steps;
-  /// gradients accumulate (and are reduced across data-parallel ranks as ZeRO's stage says).
+  /// Backward of the last forward(batch)'s built-in loss (see backward(const Loss&)).
   void backward();
   /// Counts a micro-batch; at the accumulation boundary reduces gradients across data-parallel
   /// ranks, checks for overflow, clips, updates, steps the LR schedule. Returns true at a boundary.
@@ -172,6 +200,8 @@ class Engine {
   const BatchSizes& batch() const;
   DType compute_dtype() const;
   Device device() const;
+  /// The engine's device and streams: losses and any other work on its outputs go there.
+  const ExecutionContext& execution() const;
   nn::Module& model();
   Optimizer& optimizer();
   LRScheduler* lr_scheduler();

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <thread>
 #include <unordered_map>
@@ -130,6 +131,10 @@ class Engine::Impl {
   Impl(Runtime& runtime, nn::Module& model, Config config, EngineOptions options);
   ~Impl();
 
+  Tensor forward(const Tensor& inputs);
+  void backward(const Loss& loss);
+  void backward(const Tensor& grad_output, std::optional<double> loss);
+  const StepReport& train_batch(const std::function<Batch(std::int64_t)>& micro_batch);
   double forward(const Batch& batch);
   void backward();
   bool step();
@@ -161,12 +166,17 @@ class Engine::Impl {
   std::unique_ptr<engine_detail::OptimizerStates> states_;
   std::unique_ptr<engine_detail::Checkpointer> checkpointer_;
   std::unique_ptr<LRScheduler> scheduler_;
-  nn::SoftmaxCrossEntropy cross_entropy_;
-  nn::MseLoss mse_;
+  /// A forward whose backward has not run yet: its slot of saved activations and its output.
+  struct MicroBatchInFlight {
+    std::uint32_t slot = 0;
+    Tensor output;
+  };
+  std::deque<MicroBatchInFlight> in_flight_;  // oldest first: backward() takes them in order
+  std::uint32_t next_slot_ = 0;
+  std::optional<Loss> pending_loss_;  // forward(Batch)'s built-in loss, for backward()
+  Buffer loss_sum_;                   // fp64 on the device: the step's built-in losses, summed
   Buffer grad_check_;  // kernels::GradCheckScalars on the device: the step's norm and overflow partials
   engine_detail::TrainingProgress progress_;
-  bool last_forward_was_cross_entropy_ = true;
-  bool forward_pending_ = false;          // a forward whose backward has not run yet
   std::int64_t backwards_this_step_ = 0;  // backward passes since the last update
   double accumulated_loss_ = 0.0;
   std::int64_t accumulated_micro_batches_ = 0;
@@ -188,6 +198,11 @@ class Engine::Impl {
   void update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
                    std::span<float* const> state, float grad_scale, float lr);
   engine_detail::TrainingState training_state();
+  /// The backward of the oldest forward in flight from the gradient of its output (scaled).
+  void backward_pass(const Tensor& grad_output);
+  double backward_scale() const;
+  /// Softmax cross-entropy for int32 targets, mean squared error otherwise, on the engine's device.
+  Loss builtin_loss(const Tensor& output, const Tensor& targets) const;
 };
 
 Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOptions options)
@@ -245,8 +260,11 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
   // initialized from the shard in memory above.
   if (auto* sharded = dynamic_cast<engine_detail::ShardedParameters*>(strategy_.get()))
     sharded->drop_initial_shard();
-  checkpointer_ = std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_, model_);
+  checkpointer_ =
+      std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_, model_);
   grad_check_ = execution_.allocate(sizeof(kernels::GradCheckScalars), MemoryCategory::other);
+  loss_sum_ = execution_.allocate(sizeof(double), MemoryCategory::other);
+  execution_.zero(loss_sum_.data(), loss_sum_.size());
   if (config_.scheduler) {
     scheduler_ = make_lr_scheduler(config_.scheduler->params, config_.optimizer->lr);
     if (config_.scheduler->last_batch_iteration >= 0)
@@ -308,40 +326,123 @@ void Engine::Impl::mark_step_start() {
   parameter_swap_at_step_start_ = strategy_->parameter_swap_counters();
 }
 
-double Engine::Impl::forward(const Batch& batch) {
-  ZT_CHECK(batch.inputs.defined() && batch.targets.defined(),
-           "Engine::forward: the batch needs inputs and targets");
-  ZT_CHECK(!forward_pending_,
-           "Engine::forward called twice without backward(); call backward() (or eval() for a "
-           "forward without gradients)");
+Tensor Engine::Impl::forward(const Tensor& inputs) {
+  ZT_CHECK(inputs.defined(), "Engine::forward: the micro-batch's inputs are undefined");
+  const std::size_t limit = strategy_->forwards_in_flight_limit();
+  ZT_CHECK(limit == 0 || in_flight_.size() < limit, "Engine::forward: ", in_flight_.size(),
+           " forward(s) wait for their backward and ZeRO stage ", plan_.settings().stage, " takes ", limit,
+           " at a time (its parameter gathering follows one micro-batch's forward and backward); call "
+           "backward() first");
+  const std::int64_t accumulation = batch().gradient_accumulation_steps;
+  ZT_CHECK(backwards_this_step_ + static_cast<std::int64_t>(in_flight_.size()) < accumulation,
+           "Engine::forward: the optimizer step has gradient_accumulation_steps = ", accumulation,
+           " micro-batches and all of them are in flight or done (", in_flight_.size(),
+           " waiting for backward, ", backwards_this_step_, " done); call backward() and step() first");
   mark_step_start();
   model_.train();
   strategy_->begin_forward(true);
-  const Tensor output = model_.run_forward(execution_.on_device(batch.inputs));
-  last_forward_was_cross_entropy_ = batch.targets.dtype() == DType::int32;
-  const Tensor targets = execution_.on_device(batch.targets);
-  const double loss = last_forward_was_cross_entropy_ ? cross_entropy_.forward(output, targets)
-                                                      : mse_.forward(output, targets);
-  forward_pending_ = true;
-  accumulated_loss_ += loss;
+  const std::uint32_t slot = next_slot_++;
+  Tensor output =
+      model_.run_forward(execution_.on_device(inputs), {.execution = &execution_, .micro_batch = slot});
+  in_flight_.push_back({slot, output});
+  return output;
+}
+
+void Engine::Impl::backward_pass(const Tensor& grad_output) {
+  const std::int64_t accumulation = batch().gradient_accumulation_steps;
+  const MicroBatchInFlight oldest = in_flight_.front();
+  strategy_->begin_backward(
+      {.first_of_step = backwards_this_step_ == 0, .boundary = backwards_this_step_ + 1 == accumulation});
+  model_.run_backward(grad_output, {.execution = &execution_, .micro_batch = oldest.slot});
+  strategy_->end_backward();
+  in_flight_.pop_front();
+  ++backwards_this_step_;
+}
+
+double Engine::Impl::backward_scale() const {
+  // d(scale * loss / gas): the loss scale guards 16-bit gradients against underflow, and 1/gas
+  // makes accumulated gradients the mean over the global batch's micro-batches.
+  return loss_scaler_.loss_scale() / static_cast<double>(batch().gradient_accumulation_steps);
+}
+
+void Engine::Impl::backward(const Loss& loss) {
+  ZT_CHECK(!in_flight_.empty(), "Engine::backward called without a forward() before it");
+  ZT_CHECK(loss.value.defined() && loss.value.numel() == 1 && loss.value.dtype() == DType::fp64 &&
+               loss.value.device() == execution_.device() && loss.gradient,
+           "Engine::backward: the loss needs a value (an fp64 scalar on ", execution_.device().str(),
+           ") and a gradient function; got value ", loss.value.description());
+  const Tensor& output = in_flight_.front().output;
+  ZT_CHECK(loss.output.defined() && loss.output.raw_data() == output.raw_data(),
+           "Engine::backward: the loss was not computed from the output of the oldest forward still waiting "
+           "for its backward (",
+           output.description(), "); backward() takes forwards in the order they ran");
+  const Tensor grad_output = loss.gradient(backward_scale());
+  // The value stays on the device: added to the step's sum there, read once at the step.
+  kernels::accumulate(execution_.compute(), DType::fp64, loss_sum_.data(), loss.value.raw_data(), 1);
   ++accumulated_micro_batches_;
-  return loss;
+  backward_pass(grad_output);
+}
+
+void Engine::Impl::backward(const Tensor& grad_output, std::optional<double> loss) {
+  ZT_CHECK(!in_flight_.empty(), "Engine::backward called without a forward() before it");
+  const Tensor& output = in_flight_.front().output;
+  ZT_CHECK(
+      grad_output.defined() && grad_output.dtype() == output.dtype() && grad_output.shape() == output.shape(),
+      "Engine::backward: grad_output ", grad_output.description(),
+      " must have the dtype and shape of the oldest "
+      "forward's output, ",
+      output.description());
+  // A scaled copy: the caller's tensor stays as it was.
+  Tensor scaled = execution_.empty(output.shape(), output.dtype(), MemoryCategory::activations);
+  scaled.copy_from(grad_output, &execution_.compute());
+  kernels::scale(execution_.compute(), scaled.dtype(), scaled.raw_data(), scaled.numel(), backward_scale());
+  if (loss) {
+    accumulated_loss_ += *loss;
+    ++accumulated_micro_batches_;
+  }
+  backward_pass(scaled);
+}
+
+double Engine::Impl::forward(const Batch& batch) {
+  ZT_CHECK(batch.inputs.defined() && batch.targets.defined(),
+           "Engine::forward: the batch needs inputs and targets");
+  ZT_CHECK(!pending_loss_ && in_flight_.empty(),
+           "Engine::forward called twice without backward(); call backward() (or eval() for a "
+           "forward without gradients)");
+  const Tensor output = forward(batch.inputs);
+  pending_loss_ = builtin_loss(output, batch.targets);
+  double value = 0;
+  execution_.to_host(&value, pending_loss_->value.raw_data(), sizeof value);
+  return value;
 }
 
 void Engine::Impl::backward() {
-  ZT_CHECK(forward_pending_, "Engine::backward called without a forward() before it");
-  // d(scale * loss / gas): the loss scale guards 16-bit gradients against underflow, and 1/gas
-  // makes accumulated gradients the mean over the global batch's micro-batches.
+  ZT_CHECK(pending_loss_.has_value(), "Engine::backward called without a forward() before it");
+  const Loss loss = std::move(*pending_loss_);
+  pending_loss_.reset();
+  backward(loss);
+}
+
+Loss Engine::Impl::builtin_loss(const Tensor& output, const Tensor& targets) const {
+  const Tensor on_device = execution_.on_device(targets);
+  return targets.dtype() == DType::int32 ? cross_entropy_loss(output, on_device, execution_)
+                                         : mse_loss(output, on_device, execution_);
+}
+
+const StepReport& Engine::Impl::train_batch(const std::function<Batch(std::int64_t)>& micro_batch) {
+  ZT_CHECK(
+      in_flight_.empty() && !pending_loss_ && backwards_this_step_ == 0 &&
+          is_gradient_accumulation_boundary(),
+      "Engine::train_batch in the middle of an optimizer step; finish it with backward() and step() first");
   const std::int64_t accumulation = batch().gradient_accumulation_steps;
-  const double scale = loss_scaler_.loss_scale() / static_cast<double>(accumulation);
-  const Tensor grad_output =
-      last_forward_was_cross_entropy_ ? cross_entropy_.backward(scale) : mse_.backward(scale);
-  strategy_->begin_backward(
-      {.first_of_step = backwards_this_step_ == 0, .boundary = backwards_this_step_ + 1 == accumulation});
-  model_.run_backward(grad_output);
-  strategy_->end_backward();
-  ++backwards_this_step_;
-  forward_pending_ = false;
+  for (std::int64_t micro = 0; micro < accumulation; ++micro) {
+    const Batch next = micro_batch(micro);
+    ZT_CHECK(next.inputs.defined() && next.targets.defined(), "Engine::train_batch: micro-batch ", micro,
+             " needs inputs and targets");
+    backward(builtin_loss(forward(next.inputs), next.targets));
+    step();
+  }
+  return last_step_;
 }
 
 void Engine::Impl::update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
@@ -365,10 +466,15 @@ void Engine::Impl::update_part(std::size_t index, std::int64_t begin, std::int64
 }
 
 bool Engine::Impl::step() {
-  ZT_CHECK(!forward_pending_, "Engine::step called after forward() without backward()");
+  ZT_CHECK(!pending_loss_, "Engine::step called after forward() without backward()");
   mark_step_start();
   ++progress_.micro_steps;
   if (!is_gradient_accumulation_boundary()) return false;
+  const std::int64_t accumulation = batch().gradient_accumulation_steps;
+  ZT_CHECK(external_ != nullptr || (backwards_this_step_ == accumulation && in_flight_.empty()),
+           "Engine::step at the accumulation boundary after ", backwards_this_step_, " backward pass(es) of ",
+           accumulation, " (", in_flight_.size(),
+           " forward(s) still waiting): every micro-batch of the step needs its forward and backward first");
   backwards_this_step_ = 0;
 
   if (external_ != nullptr) strategy_->take_external_gradients();
@@ -449,8 +555,12 @@ bool Engine::Impl::step() {
       swap_now.parameter_wait_seconds - parameter_swap_at_step_start_.parameter_wait_seconds;
   step_started_ = false;
 
-  // The reported loss is the mean over micro-batches and data-parallel ranks (identical on every rank).
-  double loss_sum[2] = {accumulated_loss_, static_cast<double>(accumulated_micro_batches_)};
+  // The reported loss is the mean over micro-batches and data-parallel ranks (identical on every
+  // rank); the built-in losses' sum comes from the device, in one read.
+  double device_loss_sum = 0;
+  execution_.to_host(&device_loss_sum, loss_sum_.data(), sizeof device_loss_sum);
+  execution_.zero(loss_sum_.data(), loss_sum_.size());
+  double loss_sum[2] = {accumulated_loss_ + device_loss_sum, static_cast<double>(accumulated_micro_batches_)};
   parallel_.data().host->all_reduce(loss_sum, loss_sum, 2, DType::fp64, ReduceOp::sum);
   report.loss = loss_sum[1] > 0 ? loss_sum[0] / loss_sum[1] : 0.0;
   accumulated_loss_ = 0.0;
@@ -466,15 +576,17 @@ bool Engine::Impl::step() {
 double Engine::Impl::eval(const Batch& batch) {
   ZT_CHECK(batch.inputs.defined() && batch.targets.defined(),
            "Engine::eval: the batch needs inputs and targets");
-  ZT_CHECK(!forward_pending_, "Engine::eval during a forward/backward pair; call backward() first");
+  ZT_CHECK(in_flight_.empty() && !pending_loss_,
+           "Engine::eval while a forward waits for its backward; call backward() first");
   model_.eval();
   strategy_->begin_forward(false);
-  const Tensor output = model_.run_forward(batch.inputs);
-  const double loss = batch.targets.dtype() == DType::int32
-                          ? nn::SoftmaxCrossEntropy().forward(output, batch.targets)
-                          : nn::MseLoss().forward(output, batch.targets);
+  const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),
+                                           {.execution = &execution_, .save_for_backward = false});
+  const Loss loss = builtin_loss(output, batch.targets);
   model_.train();
-  return loss;
+  double value = 0;
+  execution_.to_host(&value, loss.value.raw_data(), sizeof value);
+  return value;
 }
 
 engine_detail::TrainingState Engine::Impl::training_state() {
@@ -489,8 +601,8 @@ engine_detail::TrainingState Engine::Impl::training_state() {
 std::string Engine::Impl::save_checkpoint(const std::string& dir, const SaveOptions& options) {
   const std::int64_t accumulation = batch().gradient_accumulation_steps;
   ZT_CHECK(
-      !forward_pending_ && progress_.micro_steps % accumulation == 0, "save_checkpoint at micro-step ",
-      progress_.micro_steps % accumulation, " of ", accumulation,
+      in_flight_.empty() && !pending_loss_ && progress_.micro_steps % accumulation == 0,
+      "save_checkpoint at micro-step ", progress_.micro_steps % accumulation, " of ", accumulation,
       ": save at an accumulation boundary (after the step() that updates), where no gradient is pending");
   return checkpointer_->save(dir, options, training_state());
 }
@@ -499,6 +611,7 @@ LoadResult Engine::Impl::load_checkpoint(const std::string& dir, const LoadOptio
   LoadResult result = checkpointer_->load(dir, options, training_state());
   accumulated_loss_ = 0.0;
   accumulated_micro_batches_ = 0;
+  execution_.zero(loss_sum_.data(), loss_sum_.size());
   backwards_this_step_ = 0;
   step_started_ = false;
   return result;
@@ -538,6 +651,18 @@ Engine::Engine(Runtime& runtime, nn::Module& model, Config config, EngineOptions
     : impl_(std::make_unique<Impl>(runtime, model, std::move(config), options)) {}
 Engine::~Engine() = default;
 
+Tensor Engine::forward(const Tensor& inputs) {
+  return impl_->forward(inputs);
+}
+void Engine::backward(const Loss& loss) {
+  impl_->backward(loss);
+}
+void Engine::backward(const Tensor& grad_output, std::optional<double> loss) {
+  impl_->backward(grad_output, loss);
+}
+const StepReport& Engine::train_batch(const std::function<Batch(std::int64_t)>& micro_batch) {
+  return impl_->train_batch(micro_batch);
+}
 double Engine::forward(const Batch& batch) {
   return impl_->forward(batch);
 }
@@ -591,6 +716,9 @@ DType Engine::compute_dtype() const {
 }
 Device Engine::device() const {
   return impl_->execution_.device();
+}
+const ExecutionContext& Engine::execution() const {
+  return impl_->execution_;
 }
 nn::Module& Engine::model() {
   return impl_->model_;

@@ -265,12 +265,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   while (engine.global_steps() < options.steps) {
     reset_memory_peaks();
     const auto began = Clock::now();
-    for (std::int64_t micro = 0; micro < batch.gradient_accumulation_steps; ++micro) {
-      const Batch micro_batch = data->load(static_cast<std::uint64_t>(micro));
-      engine.forward(micro_batch);
-      engine.backward();
-      engine.step();
-    }
+        engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
     data->advance();
     const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
     total_seconds += seconds;
