@@ -467,14 +467,15 @@ void Engine::Impl::update_part(std::size_t index, std::int64_t begin, std::int64
 
 bool Engine::Impl::step() {
   ZT_CHECK(!pending_loss_, "Engine::step called after forward() without backward()");
-  mark_step_start();
-  ++progress_.micro_steps;
-  if (!is_gradient_accumulation_boundary()) return false;
   const std::int64_t accumulation = batch().gradient_accumulation_steps;
-  ZT_CHECK(external_ != nullptr || (backwards_this_step_ == accumulation && in_flight_.empty()),
+  const bool boundary = (progress_.micro_steps + 1) % accumulation == 0;
+  ZT_CHECK(!boundary || external_ != nullptr || (backwards_this_step_ == accumulation && in_flight_.empty()),
            "Engine::step at the accumulation boundary after ", backwards_this_step_, " backward pass(es) of ",
            accumulation, " (", in_flight_.size(),
            " forward(s) still waiting): every micro-batch of the step needs its forward and backward first");
+  mark_step_start();
+  ++progress_.micro_steps;
+  if (!boundary) return false;
   backwards_this_step_ = 0;
 
   if (external_ != nullptr) strategy_->take_external_gradients();
