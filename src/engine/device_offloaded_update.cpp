@@ -2,10 +2,10 @@
 #include "src/engine/device_offloaded_update.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "base/seconds_since.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/execution.hpp"
 
 namespace zt::engine_detail {
 
@@ -27,12 +27,14 @@ DeviceOffloadedUpdate::DeviceOffloadedUpdate(const DeviceOffloadedUpdateOptions&
            "; expected fp32, bf16 or fp16");
   to_host_ = Stream(options_.device);
   to_device_ = Stream(options_.device);
+  // The optimizer runs in the host's memory: the chunks' staging buffers are the host context's.
   const HostMemoryKind kind = options_.pin_memory ? HostMemoryKind::pinned : HostMemoryKind::pageable;
+  const Device host = ExecutionContext::host().device();
   slots_.resize(options_.buffer_count);
   for (Slot& slot : slots_) {
-    slot.gradients = Buffer(Device::host(), options_.chunk_elements * dtype_size(options_.gradient_dtype),
+    slot.gradients = Buffer(host, options_.chunk_elements * dtype_size(options_.gradient_dtype),
                             MemoryCategory::gradients, kHostAlignment, kind);
-    slot.parameters = Buffer(Device::host(), options_.chunk_elements * dtype_size(options_.parameter_dtype),
+    slot.parameters = Buffer(host, options_.chunk_elements * dtype_size(options_.parameter_dtype),
                              MemoryCategory::parameters, kHostAlignment, kind);
     slot.copied_in = Event(options_.device);
     slot.copied_out = Event(options_.device);
@@ -70,8 +72,9 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, cons
       stats.wait_out_seconds += seconds_since(waited);
       slot.out_pending = false;
     }
-    copy_bytes(slot.gradients.data(), Device::host(), gradients + k * chunk * gradient_size, options_.device,
-               elements_of(k) * gradient_size, &to_host_);
+    copy_bytes(slot.gradients.data(), ExecutionContext::host().device(),
+               gradients + k * chunk * gradient_size, options_.device, elements_of(k) * gradient_size,
+               &to_host_);
     slot.copied_in.record(to_host_);
   };
   const std::size_t ahead = slots_.size() - 1;  // chunks copied in beyond the one being updated
@@ -94,11 +97,11 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, cons
     optimizer.update_range(
         {master + first, n}, chunk_state, {slot.gradients.data(), options_.gradient_dtype}, grad_scale, lr,
         half ? HalfParamBuffer{slot.parameters.data(), options_.parameter_dtype} : HalfParamBuffer{});
-    if (!half) std::memcpy(slot.parameters.data(), master + first, n * sizeof(float));
+    if (!half) ExecutionContext::host().copy(slot.parameters.data(), master + first, n * sizeof(float));
     stats.update_seconds += seconds_since(updating);
 
-    copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(), Device::host(),
-               n * parameter_size, &to_device_);
+    copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(),
+               ExecutionContext::host().device(), n * parameter_size, &to_device_);
     slot.copied_out.record(to_device_);
     slot.out_pending = true;
     while (issued < std::min(chunks, k + 1 + ahead)) copy_in(issued++);

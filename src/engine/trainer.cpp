@@ -45,8 +45,15 @@ nlohmann::json model_description(const Config& config, std::int64_t parameters) 
 /// under "resident" the model states held between steps: what the run allocated since `baseline`
 /// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts.
 nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& baseline) {
+  // Every kind of memory the engine may keep its state in: the host, a GPU, the emulated test device.
   const MemorySnapshot host = memory_snapshot(DeviceType::host);
-  const MemorySnapshot cuda = memory_snapshot(DeviceType::cuda);
+  MemorySnapshot devices = memory_snapshot(DeviceType::cuda);
+  const MemorySnapshot emulated = memory_snapshot(DeviceType::emulated);
+  for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
+    devices.by_category[i].current += emulated.by_category[i].current;
+    devices.by_category[i].peak += emulated.by_category[i].peak;
+  }
+  devices.total.peak += emulated.total.peak;
   constexpr MemoryCategory kReported[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                           MemoryCategory::optimizer_states, MemoryCategory::activations,
                                           MemoryCategory::comm_buffers};
@@ -55,12 +62,12 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   constexpr std::size_t kPeak = std::size(kReported);
   std::int64_t values[std::size(kReported) + 1 + std::size(kModelStates)];
   for (std::size_t i = 0; i < std::size(kReported); ++i) {
-    values[i] = static_cast<std::int64_t>(host[kReported[i]].peak + cuda[kReported[i]].peak);
+    values[i] = static_cast<std::int64_t>(host[kReported[i]].peak + devices[kReported[i]].peak);
   }
-  values[kPeak] = static_cast<std::int64_t>(host.total.peak + cuda.total.peak);
+  values[kPeak] = static_cast<std::int64_t>(host.total.peak + devices.total.peak);
   for (std::size_t i = 0; i < std::size(kModelStates); ++i) {
     values[kPeak + 1 + i] =
-        static_cast<std::int64_t>(host[kModelStates[i]].current + cuda[kModelStates[i]].current) -
+        static_cast<std::int64_t>(host[kModelStates[i]].current + devices[kModelStates[i]].current) -
         static_cast<std::int64_t>(baseline[kModelStates[i]].current);
   }
   world.all_reduce(values, values, std::size(values), DType::int64, ReduceOp::max);
@@ -139,10 +146,12 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   check_engine_supports(config);
   // Device memory counts too, from whatever this process held before the model.
   MemorySnapshot before_model = memory_snapshot(DeviceType::host);
-  for (std::size_t i = 0; i < kMemoryCategoryCount; ++i)
-    before_model.by_category[i].current += memory_snapshot(DeviceType::cuda).by_category[i].current;
+  for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
+    before_model.by_category[i].current += memory_snapshot(DeviceType::cuda).by_category[i].current +
+                                           memory_snapshot(DeviceType::emulated).by_category[i].current;
+  }
   std::unique_ptr<nn::Module> model = build_model(config);
-  Engine engine(runtime, *model, std::move(config));
+  Engine engine(runtime, *model, std::move(config), EngineOptions{.device = options.device});
   const Config& cfg = engine.config();
   std::unique_ptr<TrainingData> data = make_training_data(cfg, engine, options.data_path);
   const BatchSizes& batch = engine.batch();
@@ -265,7 +274,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   while (engine.global_steps() < options.steps) {
     reset_memory_peaks();
     const auto began = Clock::now();
-        engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
+    engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
     data->advance();
     const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
     total_seconds += seconds;

@@ -5,6 +5,7 @@
 
 #include "base/text.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/trainer.hpp"
 
 namespace zt {
@@ -77,8 +78,8 @@ class TokenTrainingData final : public TrainingData {
   Batch load(std::uint64_t micro_step) override {
     const auto seq_len = static_cast<std::int64_t>(windows_.seq_len);
     Batch batch{
-        Tensor::empty({micro_batch_, seq_len}, DType::int32, Device::host(), MemoryCategory::activations),
-        Tensor::empty({micro_batch_, seq_len}, DType::int32, Device::host(), MemoryCategory::activations)};
+        ExecutionContext::host().empty({micro_batch_, seq_len}, DType::int32, MemoryCategory::activations),
+        ExecutionContext::host().empty({micro_batch_, seq_len}, DType::int32, MemoryCategory::activations)};
     const auto count = static_cast<std::size_t>(micro_batch_ * seq_len);
     loader_->load(micro_step, {batch.inputs.data<std::int32_t>(), count},
                   {batch.targets.data<std::int32_t>(), count});
@@ -135,9 +136,9 @@ class SyntheticTrainingData final : public TrainingData {
     const auto ids = sampler_.sample_ids_at(batch_start_, shape_, rank_, micro_step);
     const auto rows = static_cast<std::int64_t>(ids.size());
     Tensor inputs =
-        Tensor::empty({rows, sizes_.front()}, DType::fp32, Device::host(), MemoryCategory::activations);
+        ExecutionContext::host().empty({rows, sizes_.front()}, DType::fp32, MemoryCategory::activations);
     Tensor targets =
-        Tensor::empty({rows, sizes_.back()}, DType::fp32, Device::host(), MemoryCategory::activations);
+        ExecutionContext::host().empty({rows, sizes_.back()}, DType::fp32, MemoryCategory::activations);
     data_.fill(ids, {inputs.data<float>(), static_cast<std::size_t>(inputs.numel())},
                {targets.data<float>(), static_cast<std::size_t>(targets.numel())});
     if (dtype_ == DType::fp32) return {inputs, targets};
