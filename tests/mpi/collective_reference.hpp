@@ -210,4 +210,18 @@ inline ::testing::AssertionResult blocks_match(const Values& recv, const std::ve
   return ::testing::AssertionSuccess();
 }
 
+/// Rank `rank`'s input of `count` elements (input_value), in host memory.
+inline Values input_values(DType type, std::size_t count, int rank) {
+  Values values(type, count);
+  values.fill([&](std::size_t i) { return input_value(type, rank, i); });
+  return values;
+}
+
+/// `count` elements of `value`, in host memory.
+inline Values filled_values(DType type, std::size_t count, double value) {
+  Values values(type, count);
+  values.fill([&](std::size_t) { return value; });
+  return values;
+}
+
 }  // namespace zt::testing

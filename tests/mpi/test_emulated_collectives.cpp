@@ -102,18 +102,6 @@ void finish(zt::Communicator& comm, zt::Work work, const std::string& label) {
   work.wait();
 }
 
-Values input(DType type, std::size_t count, int rank) {
-  Values values(type, count);
-  values.fill([&](std::size_t i) { return input_value(type, rank, i); });
-  return values;
-}
-
-Values filled(DType type, std::size_t count, double value) {
-  Values values(type, count);
-  values.fill([&](std::size_t) { return value; });
-  return values;
-}
-
 std::byte* at(void* pointer, std::size_t elements, DType type) {
   return pointer == nullptr ? nullptr : static_cast<std::byte*>(pointer) + elements * zt::dtype_size(type);
 }
@@ -127,8 +115,8 @@ void check_all_reduce(Communicators& comms, const std::vector<std::size_t>& size
           for (bool nonblocking : {false, true}) {
             const std::string label = describe(*comms.emulated, "all_reduce", type, count, nonblocking,
                                                in_place, zt::reduce_op_name(op));
-            std::vector<Values> buffers{input(type, count, rank)};
-            if (!in_place) buffers.push_back(filled(type, count, 99));
+            std::vector<Values> buffers{input_values(type, count, rank)};
+            if (!in_place) buffers.push_back(filled_values(type, count, 99));
             expect_same_bytes(comms, label, buffers,
                               [&](zt::Communicator& comm, const std::vector<void*>& b) {
                                 void* recv = b.back();
@@ -155,8 +143,8 @@ void check_reduce_scatter(Communicators& comms, const std::vector<std::size_t>& 
           for (bool nonblocking : {false, true}) {
             const std::string label = describe(*comms.emulated, "reduce_scatter", type, count, nonblocking,
                                                in_place, zt::reduce_op_name(op));
-            std::vector<Values> buffers{input(type, count * n, rank)};
-            if (!in_place) buffers.push_back(filled(type, count, 99));
+            std::vector<Values> buffers{input_values(type, count * n, rank)};
+            if (!in_place) buffers.push_back(filled_values(type, count, 99));
             expect_same_bytes(comms, label, buffers,
                               [&](zt::Communicator& comm, const std::vector<void*>& b) {
                                 if (nonblocking) {
@@ -182,8 +170,8 @@ void check_all_gather(Communicators& comms, const std::vector<std::size_t>& size
           const std::string label =
               describe(*comms.emulated, "all_gather", type, count, nonblocking, in_place);
           // In place: this rank's block already sits at its place in the output.
-          Values output = filled(type, count * n, 99);
-          const Values mine = input(type, count, rank);
+          Values output = filled_values(type, count * n, 99);
+          const Values mine = input_values(type, count, rank);
           if (count > 0) std::memcpy(output.bytes() + rank * bytes_of(mine), mine.bytes(), bytes_of(mine));
           std::vector<Values> buffers{output};
           if (!in_place) buffers.push_back(mine);
@@ -211,7 +199,7 @@ void check_all_gather_v(Communicators& comms, const std::vector<std::size_t>& si
       const std::size_t mine = counts[static_cast<std::size_t>(rank)];
       for (bool nonblocking : {false, true}) {
         const std::string label = describe(*comms.emulated, "all_gather_v", type, base, nonblocking, false);
-        std::vector<Values> buffers{filled(type, total, 99), input(type, mine, rank)};
+        std::vector<Values> buffers{filled_values(type, total, 99), input_values(type, mine, rank)};
         expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
           if (nonblocking) {
             finish(comm, comm.iall_gather_v(b[1], mine, b[0], counts, type), label);
@@ -232,7 +220,8 @@ void check_broadcast(Communicators& comms, const std::vector<std::size_t>& sizes
         for (bool nonblocking : {false, true}) {
           const std::string label = describe(*comms.emulated, "broadcast", type, count, nonblocking, false,
                                              "root " + std::to_string(root));
-          std::vector<Values> buffers{rank == root ? input(type, count, rank) : filled(type, count, 99)};
+          std::vector<Values> buffers{rank == root ? input_values(type, count, rank)
+                                                   : filled_values(type, count, 99)};
           expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
             if (nonblocking) {
               finish(comm, comm.ibroadcast(b[0], count, type, root), label);
@@ -290,7 +279,7 @@ TEST(EmulatedCollectives, SendRecvInAnOrderedRing) {
   const int rank = comms.host->rank();
   if (n == 1) {
     // A device communicator has no peer in its own rank.
-    EmulatedCopy buffer(filled(DType::fp32, 4, 1));
+    EmulatedCopy buffer(filled_values(DType::fp32, 4, 1));
     const std::string message =
         zt::testing::error_of([&] { comms.emulated->send(buffer.data(), 4, DType::fp32, 0, 0); });
     EXPECT_NE(message.find("peer 0 is this rank"), std::string::npos) << message;
@@ -306,7 +295,7 @@ TEST(EmulatedCollectives, SendRecvInAnOrderedRing) {
       for (bool nonblocking : {false, true}) {
         const std::string label =
             describe(*comms.emulated, "send/recv ring", type, count, nonblocking, false);
-        std::vector<Values> buffers{input(type, count, rank), filled(type, count, 99)};
+        std::vector<Values> buffers{input_values(type, count, rank), filled_values(type, count, 99)};
         expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
           // Even ranks send first, odd ranks receive first: a receive waits for its message.
           const auto send = [&] {
@@ -345,8 +334,8 @@ TEST(EmulatedCollectives, TrafficAndSequenceNumbersCountAsOnTheHost) {
   EXPECT_EQ(comms.emulated->name(), "emulated");
   EXPECT_NE(zt::native_mpi_comm(*comms.emulated), MPI_COMM_WORLD);  // a duplicate
   for (zt::Communicator* comm : {comms.host.get(), comms.emulated.get()}) {
-    Values floats = filled(DType::fp32, 1000, 1.0);
-    Values doubles = filled(DType::fp64, 10 * n, 1.0);
+    Values floats = filled_values(DType::fp32, 1000, 1.0);
+    Values doubles = filled_values(DType::fp64, 10 * n, 1.0);
     EmulatedCopy emulated_floats(floats), emulated_doubles(doubles);
     void* a = comm->device().is_emulated() ? emulated_floats.data() : floats.data();
     void* b = comm->device().is_emulated() ? emulated_doubles.data() : doubles.data();

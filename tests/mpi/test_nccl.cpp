@@ -87,18 +87,6 @@ class DeviceValues {
   zt::Buffer buffer_;
 };
 
-Values host_input(DType type, std::size_t count, int rank) {
-  Values values(type, count);
-  values.fill([&](std::size_t i) { return input_value(type, rank, i); });
-  return values;
-}
-
-Values host_filled(DType type, std::size_t count, double value) {
-  Values values(type, count);
-  values.fill([&](std::size_t) { return value; });
-  return values;
-}
-
 bool power_of_two(int n) {
   return n > 0 && (n & (n - 1)) == 0;
 }
@@ -187,8 +175,8 @@ TEST_F(Nccl, AllReduce) {
           for (bool in_place : {false, true}) {
             SCOPED_TRACE(
                 describe(*nccl_, "all_reduce", type, count, nonblocking, in_place, zt::reduce_op_name(op)));
-            DeviceValues send(host_input(type, count, nccl_->rank()));
-            DeviceValues recv(host_filled(type, count, 99));
+            DeviceValues send(input_values(type, count, nccl_->rank()));
+            DeviceValues recv(filled_values(type, count, 99));
             void* out = in_place ? send.data() : recv.data();
             run(
                 nonblocking, [&] { nccl_->all_reduce(send.data(), out, count, type, op); },
@@ -212,8 +200,8 @@ TEST_F(Nccl, ReduceScatter) {
           for (bool in_place : {false, true}) {
             SCOPED_TRACE(describe(*nccl_, "reduce_scatter", type, recv_count, nonblocking, in_place,
                                   zt::reduce_op_name(op)));
-            DeviceValues send(host_input(type, recv_count * static_cast<std::size_t>(n), rank));
-            DeviceValues recv(host_filled(type, recv_count, 99));
+            DeviceValues send(input_values(type, recv_count * static_cast<std::size_t>(n), rank));
+            DeviceValues recv(filled_values(type, recv_count, 99));
             void* out = in_place ? send.data() : recv.data();
             run(
                 nonblocking, [&] { nccl_->reduce_scatter(send.data(), out, recv_count, type, op); },
@@ -246,10 +234,10 @@ TEST_F(Nccl, AllGatherAndAllGatherV) {
           for (bool in_place : {false, true}) {
             SCOPED_TRACE(describe(*nccl_, variable ? "all_gather_v" : "all_gather", type, base, nonblocking,
                                   in_place));
-            Values initial = host_filled(type, total, 99);
+            Values initial = filled_values(type, total, 99);
             for (std::size_t i = 0; i < counts[rank]; ++i)
               initial.set(my_offset + i, input_value(type, nccl_->rank(), i));
-            DeviceValues send(host_input(type, counts[rank], nccl_->rank()));
+            DeviceValues send(input_values(type, counts[rank], nccl_->rank()));
             DeviceValues recv(initial);
             const void* source = in_place ? static_cast<const void*>(recv.at(my_offset)) : send.data();
             run(
@@ -280,8 +268,8 @@ TEST_F(Nccl, BroadcastFromEveryRoot) {
         for (bool nonblocking : {false, true}) {
           SCOPED_TRACE(
               describe(*nccl_, "broadcast", type, count, nonblocking, false, "root " + std::to_string(root)));
-          DeviceValues buffer(nccl_->rank() == root ? host_input(type, count, root)
-                                                    : host_filled(type, count, 99));
+          DeviceValues buffer(nccl_->rank() == root ? input_values(type, count, root)
+                                                    : filled_values(type, count, 99));
           run(
               nonblocking, [&] { nccl_->broadcast(buffer.data(), count, type, root); },
               [&] { return nccl_->ibroadcast(buffer.data(), count, type, root); });
@@ -296,7 +284,7 @@ TEST_F(Nccl, BroadcastFromEveryRoot) {
 TEST_F(Nccl, SendRecvRing) {
   const int n = nccl_->size();
   const int rank = nccl_->rank();
-  DeviceValues dummy(host_filled(DType::fp32, 1, 0));
+  DeviceValues dummy(filled_values(DType::fp32, 1, 0));
   try {  // with oneself: refused on every rank, before any communication
     nccl_->send(dummy.data(), 1, DType::fp32, rank);
     ADD_FAILURE() << "expected zt::CommError for a send to oneself";
@@ -310,8 +298,8 @@ TEST_F(Nccl, SendRecvRing) {
     for (std::size_t count : kSizes) {
       for (bool nonblocking : {false, true}) {
         SCOPED_TRACE(describe(*nccl_, "send/recv ring", type, count, nonblocking, false));
-        DeviceValues out(host_input(type, count, rank));
-        DeviceValues in(host_filled(type, count, 99));
+        DeviceValues out(input_values(type, count, rank));
+        DeviceValues in(filled_values(type, count, 99));
         // Operations run in posting order on the stream: even ranks send first, odd ranks receive
         // first, so every receive has its send coming.
         auto send = [&] {
@@ -348,7 +336,7 @@ TEST_F(Nccl, BarrierAndTraffic) {
   EXPECT_EQ(nccl_->backend(), zt::CommBackend::nccl);
   EXPECT_EQ(nccl_->device(), my_device());
   EXPECT_NE(zt::nccl_stream(*nccl_), nullptr);
-  DeviceValues data(host_input(DType::fp32, 1000, nccl_->rank()));
+  DeviceValues data(input_values(DType::fp32, 1000, nccl_->rank()));
   nccl_->all_reduce(data.data(), data.data(), 1000, DType::fp32, ReduceOp::sum);
   const auto n = static_cast<std::uint64_t>(nccl_->size());
   EXPECT_EQ(nccl_->traffic()[zt::CommOp::all_reduce].bytes, 4000u);
