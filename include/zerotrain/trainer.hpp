@@ -58,7 +58,7 @@ struct TrainOptions {
   std::optional<std::int64_t> keep_last;
   /// "auto": the newest checkpoint in save_dir that verifies (none: start afresh); otherwise a
   /// checkpoint directory to load (its latest tag) or DIR/TAG.h5.
-    std::optional<std::string> resume;
+  std::optional<std::string> resume;
   /// Where the engine keeps the model's state and runs its kernels (EngineOptions::device).
   Device device = Device::host();
   /// Called on every rank after each optimizer step (progress hooks, tests).

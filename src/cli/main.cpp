@@ -35,12 +35,14 @@ constexpr const char* kUsage =
     "                             for data parallelism); --steps: train until global step N (default 100)\n"
     "        [--save-dir DIR] [--save-interval K] [--keep-last K] [--resume auto|DIR|DIR/TAG.h5]\n"
     "                             checkpoints every K steps, at the end, and on SIGTERM/SIGUSR1 (then\n"
-    "                                                          exit 75); --resume auto: the newest valid checkpoint in --save-dir\n"
+    "                                                          exit 75); --resume auto: the newest valid "
+    "checkpoint in --save-dir\n"
     "        [--device host|emulated]\n"
     "                             where the model's state lives (emulated: the test device, see\n"
     "                             docs/architecture.md)\n"
     "  estimate --config FILE --world-size N [--params P]\n"
-    "                             model-state memory per rank predicted by the ZeRO formulas\n"
+    "                             model-state memory per rank: the engine's partition plan, by the ZeRO "
+    "formulas\n"
     "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
     "  checkpoint inspect DIR [--tag T]\n"
     "                             what a checkpoint holds: counters, world size and ZeRO stage it was\n"
@@ -127,7 +129,7 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   options.save_dir = flags.take("save-dir");
   options.save_interval = flags.take_integer("save-interval");
   options.keep_last = flags.take_integer("keep-last");
-    options.resume = flags.take("resume");
+  options.resume = flags.take("resume");
   if (const auto device = flags.take("device")) {
     ZT_CHECK_AS(zt::ConfigError, *device == "host" || *device == "emulated", "--device ", *device,
                 ": expected host or emulated (a stand-in device whose memory only the device API may touch, "

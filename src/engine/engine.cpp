@@ -203,6 +203,8 @@ class Engine::Impl {
   double backward_scale() const;
   /// Softmax cross-entropy for int32 targets, mean squared error otherwise, on the engine's device.
   Loss builtin_loss(const Tensor& output, const Tensor& targets) const;
+  /// The newest forward will get no backward: its slot's activations are released.
+  void abandon_newest_forward();
 };
 
 Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOptions options)
@@ -410,7 +412,12 @@ double Engine::Impl::forward(const Batch& batch) {
            "Engine::forward called twice without backward(); call backward() (or eval() for a "
            "forward without gradients)");
   const Tensor output = forward(batch.inputs);
-  pending_loss_ = builtin_loss(output, batch.targets);
+  try {
+    pending_loss_ = builtin_loss(output, batch.targets);
+  } catch (...) {
+    abandon_newest_forward();  // bad targets: the forward is not left waiting for a backward
+    throw;
+  }
   double value = 0;
   execution_.to_host(&value, pending_loss_->value.raw_data(), sizeof value);
   return value;
@@ -421,6 +428,11 @@ void Engine::Impl::backward() {
   const Loss loss = std::move(*pending_loss_);
   pending_loss_.reset();
   backward(loss);
+}
+
+void Engine::Impl::abandon_newest_forward() {
+  model_.release_activations(in_flight_.back().slot);
+  in_flight_.pop_back();
 }
 
 Loss Engine::Impl::builtin_loss(const Tensor& output, const Tensor& targets) const {
@@ -439,7 +451,15 @@ const StepReport& Engine::Impl::train_batch(const std::function<Batch(std::int64
     const Batch next = micro_batch(micro);
     ZT_CHECK(next.inputs.defined() && next.targets.defined(), "Engine::train_batch: micro-batch ", micro,
              " needs inputs and targets");
-    backward(builtin_loss(forward(next.inputs), next.targets));
+    const Tensor output = forward(next.inputs);
+    std::optional<Loss> loss;
+    try {
+      loss = builtin_loss(output, next.targets);
+    } catch (...) {
+      abandon_newest_forward();
+      throw;
+    }
+    backward(*loss);
     step();
   }
   return last_step_;

@@ -28,8 +28,11 @@ ParameterGatherer::ParameterGatherer(Communicator& communicator, const Execution
       slots_(layout.size()) {
   ZT_CHECK(parameters_.size() == layout_.size(), "ParameterGatherer: ", parameters_.size(),
            " parameters for a layout of ", layout_.size());
+  ZT_CHECK(options_.persistent.empty() || options_.persistent.size() == layout_.size(),
+           "ParameterGatherer: persistence flags for ", options_.persistent.size(),
+           " parameters, the layout has ", layout_.size());
   for (std::size_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].persistent = layout_[i].numel <= options_.persistence_threshold;
+    slots_[i].persistent = !options_.persistent.empty() && options_.persistent[i] != 0;
     if (slots_[i].persistent) {
       slots_[i].state = State::available;
     } else {

@@ -32,9 +32,12 @@ namespace zt::engine_detail {
 class ParameterStore;
 
 struct ParameterGathererOptions {
-  DType dtype = DType::fp32;                             // of the parameters and of the shard
-  std::int64_t prefetch_elements = 50'000'000;           // stage3_prefetch_bucket_size
-  std::int64_t persistence_threshold = 100'000;          // stage3_param_persistence_threshold
+  DType dtype = DType::fp32;                    // of the parameters and of the shard
+  std::int64_t prefetch_elements = 50'000'000;  // stage3_prefetch_bucket_size
+                                                /// Per parameter: stays gathered for good (the partition
+                                                /// plan's persistent(); stage3_param_
+  /// persistence_threshold). Empty: none.
+  std::vector<char> persistent;
   std::int64_t max_live = 1'000'000'000;                 // stage3_max_live_parameters
   std::int64_t max_reuse_distance = 1'000'000'000;       // stage3_max_reuse_distance
   std::int64_t allgather_bucket_elements = 500'000'000;  // for refreshing persistent parameters

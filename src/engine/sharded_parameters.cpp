@@ -60,7 +60,7 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
   ParameterGathererOptions gathering;
   gathering.dtype = dtype_;
   gathering.prefetch_elements = zero.stage3_prefetch_bucket_size;
-  gathering.persistence_threshold = zero.stage3_param_persistence_threshold;
+  for (std::size_t i = 0; i < plan_.size(); ++i) gathering.persistent.push_back(plan_.persistent(i) ? 1 : 0);
   gathering.max_live = zero.stage3_max_live_parameters;
   gathering.max_reuse_distance = zero.stage3_max_reuse_distance;
   gathering.allgather_bucket_elements = zero.allgather_bucket_size;

@@ -149,7 +149,9 @@ TEST(EmulatedEngine, CheckpointsMoveBetweenTheDeviceAndTheHost) {
     on_host.load_checkpoint(directory.path(), {.tag = tag});
     EXPECT_EQ(real_master_parameters(on_host), real_master_parameters(on_device));
     // And back: a host checkpoint into a fresh device engine.
-    const std::string host_tag = on_host.save_checkpoint(directory.path(), {.tag = "from_host" + tag});
+    zt::SaveOptions save;
+    save.tag = "from_host" + tag;
+    const std::string host_tag = on_host.save_checkpoint(directory.path(), save);
     auto again_model = zt::build_model(config);
     zt::Engine again(zt::testing::runtime(), *again_model, config, {.device = zt::Device::emulated()});
     again.load_checkpoint(directory.path(), {.tag = host_tag});

@@ -89,8 +89,9 @@ TEST(ParallelContext, GridCheckpointLoadsOnADataParallelJob) {
     zt::Engine on_grid(runtime, *model, config, {.grid = &grid});
     auto data = zt::make_training_data(on_grid.config(), on_grid, std::nullopt);
     train_steps(on_grid, *data, 2);
-    const std::string tag =
-        on_grid.save_checkpoint(directory.path(), {.tag = "stage" + std::to_string(stage)});
+    zt::SaveOptions save;
+    save.tag = "stage" + std::to_string(stage);
+    const std::string tag = on_grid.save_checkpoint(directory.path(), save);
 
     // The whole world as one data-parallel group (another world size and partition).
     const zt::Config flat = parse(gpt_config(8 / world / 2, 2, R"(, "zero_optimization": {"stage": 2})"));
