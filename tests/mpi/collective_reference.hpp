@@ -210,6 +210,19 @@ inline ::testing::AssertionResult blocks_match(const Values& recv, const std::ve
   return ::testing::AssertionSuccess();
 }
 
+/// One step of a ring exchange with a device backend, whose blocking receive waits for its send:
+/// even ranks send first, odd ranks receive first, so no rank waits for a peer that waits too.
+template <typename Send, typename Receive>
+void exchange_in_ring_order(int rank, Send&& send, Receive&& receive) {
+  if (rank % 2 == 0) {
+    send();
+    receive();
+  } else {
+    receive();
+    send();
+  }
+}
+
 /// Rank `rank`'s input of `count` elements (input_value), in host memory.
 inline Values input_values(DType type, std::size_t count, int rank) {
   Values values(type, count);

@@ -312,13 +312,7 @@ TEST(EmulatedCollectives, SendRecvInAnOrderedRing) {
               comm.recv(b[1], count, type, previous, tag);
             }
           };
-          if (rank % 2 == 0) {
-            send();
-            receive();
-          } else {
-            receive();
-            send();
-          }
+          exchange_in_ring_order(rank, send, receive);
         });
         ++tag;
       }

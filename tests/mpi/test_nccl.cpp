@@ -316,13 +316,7 @@ TEST_F(Nccl, SendRecvRing) {
             nccl_->recv(in.data(), count, type, previous);
           }
         };
-        if (rank % 2 == 0) {
-          send();
-          receive();
-        } else {
-          receive();
-          send();
-        }
+        exchange_in_ring_order(rank, send, receive);
         EXPECT_TRUE(
             matches(in.to_host(), 0, count, [&](std::size_t i) { return input_value(type, previous, i); }));
       }
