@@ -161,16 +161,30 @@ class Module {
   /// Take ownership of a child; its modules' and parameters' names get the prefix `local_name.`.
   template <typename ModuleType>
   ModuleType& register_module(const std::string& local_name, std::unique_ptr<ModuleType> child) {
+        ZT_CHECK(local_name.find('.') == std::string::npos, "child name '", local_name, "' in module ", type_name_,
+             ": expected a name without dots");
     ModuleType& reference = *child;
-    adopt_child(local_name, std::unique_ptr<Module>(std::move(child)));
+    adopt_child(local_name, local_name, std::unique_ptr<Module>(std::move(child)));
     return reference;
   }
+  /// Take ownership of a child whose modules and parameters are named as if it sat at `path` below
+  /// this module ("h.3"; "" for no level at all), under the unique key `key`: layer containers (a
+  /// pipeline stage, an activation checkpoint) hold layers without adding a level to their names,
+  /// so a parameter has the same name however the model is split.
+  template <typename ModuleType>
+  ModuleType& register_module_at(const std::string& key, const std::string& path,
+                                 std::unique_ptr<ModuleType> child) {
+    ModuleType& reference = *child;
+    adopt_child(key, path, std::unique_ptr<Module>(std::move(child)));
+    return reference;
+  }
+
 
  private:
   template <typename T>
   friend class SavedActivations;
 
-  void adopt_child(const std::string& local_name, std::unique_ptr<Module> child);
+    void adopt_child(const std::string& key, const std::string& path, std::unique_ptr<Module> child);
   void add_name_prefix(const std::string& prefix);
 
   template <typename Hook>

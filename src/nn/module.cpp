@@ -180,16 +180,17 @@ Parameter& Module::register_parameter(const std::string& local_name, Tensor valu
   return *parameters_.back();
 }
 
-void Module::adopt_child(const std::string& local_name, std::unique_ptr<Module> child) {
-  ZT_CHECK(child != nullptr, "null child '", local_name, "' registered in ", type_name_);
-  ZT_CHECK(!local_name.empty() && local_name.find('.') == std::string::npos, "child name '", local_name,
-           "' in module ", type_name_, ": expected a non-empty name without dots");
+void Module::adopt_child(const std::string& key, const std::string& path, std::unique_ptr<Module> child) {
+  ZT_CHECK(child != nullptr, "null child '", key, "' registered in ", type_name_);
+  ZT_CHECK(!key.empty(), "child of module ", type_name_, ": expected a non-empty name");
+  
   for (auto& [existing, module] : children_) {
-    ZT_CHECK(existing != local_name, "module ", type_name_, " registers child '", local_name, "' twice");
+    ZT_CHECK(existing != key, "module ", type_name_, " registers child '", key, "' twice");
   }
-  child->add_name_prefix(name_.empty() ? local_name : name_ + "." + local_name);
+  const std::string prefix = name_.empty() ? path : path.empty() ? name_ : name_ + "." + path;
+  if (!prefix.empty()) child->add_name_prefix(prefix);
   child->train(training_);
-  children_.emplace_back(local_name, std::move(child));
+  children_.emplace_back(key, std::move(child));
 }
 
 void Module::add_name_prefix(const std::string& prefix) {
