@@ -50,7 +50,12 @@ struct LayerSpec {
 ///   "uniform":      layer counts differ by at most one, the first stages taking the extra layers;
 ///   "parameters":   the largest stage parameter count is as small as it can be ("best" is the same);
 ///   "type:<regex>": the same over the number of layers whose type matches the regex
-///                   (ECMAScript, case-insensitive, anywhere in the type: "type:transformer").
+///                   (ECMAScript, case-insensitive, anywhere in the type: "type:transformer");
+///                   the layers that do not match weigh nothing but are placed all the same.
+/// Among the balanced partitions that reach the smallest largest weight, each stage in turn takes
+/// as many layers as it can (the earlier stages are as full as allowed: the boundaries are the
+/// lexicographically largest): 10 equal layers in 4 stages are 3, 3, 3, 1, and a weightless layer
+/// between two stages' layers joins the earlier stage where the later stages can spare it.
 /// Fewer layers than stages, an unknown method or a regex that matches no layer is a zt::ConfigError.
 std::vector<std::int64_t> partition_layers(const std::vector<LayerSpec>& layers, int stages,
                                            std::string_view method);
