@@ -155,10 +155,18 @@ struct CheckpointConfig {
   std::uint32_t dir_mode = 0750;        // permission bits of directories created
 };
 
-/// "pipeline": the engine refuses more than one stage for now (its other keys are accepted and
-/// ignored, docs/config.md).
+/// "pipeline" (docs/pipeline.md): how many stages the built-in model is split into, how, and the
+/// schedule that runs them.
+enum class PipelineSchedule : std::uint8_t { one_f_one_b, gpipe };
+
 struct PipelineConfig {
-  std::optional<std::int64_t> stages;  // nullopt: "auto"
+  std::optional<std::int64_t> stages;  // nullopt: "auto" (one stage)
+  /// How the built-in model's layers are split: "parameters" (DeepSpeed's "best" is the same),
+  /// "uniform" or "type:<regex>" (zt::nn::partition_layers).
+  std::string partition = "parameters";
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // "1f1b" or "gpipe"
+  /// pipeline.stages, or 1 for "auto".
+  std::int64_t stage_count() const { return stages.value_or(1); }
 };
 
 // ---- zerotrain sections ------------------------------------------------------------------------

@@ -71,6 +71,19 @@ struct OffloadTiming {
   double parameter_wait_seconds = 0.0;  // blocked for parameter reads and writes not hidden
 };
 
+/// One pipeline stage's time in the step's schedule (seconds, this rank; zero without pipelining).
+struct PipelineTiming {
+  int stage = 0;
+  int stages = 1;
+  double busy_seconds = 0.0;  // the stage's forwards and backwards
+  double idle_seconds = 0.0;  // blocked on activations and gradients of the neighbouring stages
+  /// idle / (busy + idle): for equal stages, (stages - 1) / (micro-batches + stages - 1) in 1F1B.
+  double bubble_fraction() const {
+    const double total = busy_seconds + idle_seconds;
+    return total > 0 ? idle_seconds / total : 0.0;
+  }
+};
+
 /// What the last optimizer step did. Values are the same on every rank.
 struct StepReport {
   std::int64_t step = 0;    // global optimizer steps after this one
@@ -82,6 +95,7 @@ struct StepReport {
   std::uint64_t comm_bytes = 0;  // bytes this rank sent for the step (estimated on the wire)
   CommTiming comm;               // gradient reduction and parameter gathering of the step
   OffloadTiming offload;         // this rank's, not agreed across ranks
+  PipelineTiming pipeline;       // this rank's, not agreed across ranks
 };
 
 /// Where this rank's fp32 master weights (bf16/fp16 training) and optimizer states live
@@ -227,8 +241,16 @@ std::unique_ptr<Engine> initialize(Runtime& runtime, nn::Module& model, Config c
                                    EngineOptions options = {});
 
 /// Build the model that a config's "model" section describes, in the config's compute dtype
-/// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed.
+/// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed. With
+/// pipeline.stages > 1 a rank builds its stage with the second form.
 std::unique_ptr<nn::Module> build_model(const Config& config);
+/// Pipeline stage `stage` of the config's model: a zt::nn::PipelineStage of its layers
+/// (zt::nn::gpt_layers, mlp_layers) split by pipeline.partition into pipeline.stages stages. The
+/// stages together compute what build_model(config) does, with the same parameter names and values.
+std::unique_ptr<nn::Module> build_model(const Config& config, int stage);
+/// This rank's pipeline stage in the grid the engine makes from the config (no EngineOptions.grid):
+/// world rank / (world size / pipeline.stages).
+int pipeline_stage_of(const Runtime& runtime, const Config& config);
 /// Refuse (zt::ConfigError saying what to change) settings that are valid DeepSpeed keys but that
 /// this engine cannot honour yet, rather than train differently from what was asked. The Engine
 /// calls it; call it first to fail before building a large model.

@@ -42,6 +42,9 @@ struct LayerSpec {
   /// Builds the layer on the host. `stage` holds the layers of the stage built before this one: a
   /// tied layer looks there for the parameter it shares and makes its own copy when it is absent.
   std::function<std::unique_ptr<Module>(PipelineStage& stage)> build;
+  /// Optional: initializes the layer's parameters once it carries its names (initializers keyed by
+  /// the parameter's name, as zt::nn::init_normal, need them).
+  std::function<void(Module& layer)> initialize;
 };
 
 /// Boundaries of `stages` consecutive parts of `layers`: stage s holds layers

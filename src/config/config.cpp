@@ -761,14 +761,18 @@ class ConfigParser {
         p.stages = s.integer("stages", 1, kPositive);
       }
     }
-    // How DeepSpeed splits and seeds a PipelineModule: they mean nothing while the engine runs one
-    // stage (it refuses more).
     const std::string partition = s.string("partition", "best");
     if (partition != "best" && partition != "parameters" && partition != "uniform" &&
         !partition.starts_with("type:")) {
       s.type_error("partition", json(partition),
                    "one of \"best\", \"parameters\", \"uniform\", \"type:<regex>\"");
     }
+    p.partition = partition == "best" ? "parameters" : partition;
+    p.schedule = s.choice<PipelineSchedule>(
+        "schedule", PipelineSchedule::one_f_one_b,
+        {{"1f1b", PipelineSchedule::one_f_one_b}, {"gpipe", PipelineSchedule::gpipe}});
+    // How DeepSpeed seeds and runs a PipelineModule's layers: zerotrain initializes every layer from
+    // the config's seed and the parameter's name, and moves whole activations between stages.
     (void)s.boolean("seed_layers", false);
     for (std::string_view key : {"pipe_partitioned", "grad_partitioned", "use_reentrant"})
       (void)s.boolean(key, true);

@@ -264,7 +264,9 @@ std::string Config::to_json_string(int indent) const {
                      {"keep_last", checkpoint.keep_last},
                      {"file_mode", octal(checkpoint.file_mode)},
                      {"dir_mode", octal(checkpoint.dir_mode)}};
-  j["pipeline"] = {{"stages", pipeline.stages ? ojson(*pipeline.stages) : ojson("auto")}};
+  j["pipeline"] = {{"stages", pipeline.stages ? ojson(*pipeline.stages) : ojson("auto")},
+                   {"partition", pipeline.partition},
+                   {"schedule", pipeline.schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b"}};
   j["model"] = model ? std::visit(ModelJson{}, *model) : ojson(nullptr);
   if (data) {
     j["data"] = {{"path", optional_value(data->path)},

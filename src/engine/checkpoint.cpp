@@ -124,9 +124,6 @@ Checkpointer::Checkpointer(const PartitionPlan& plan, const ParallelContext& par
              "checkpoints of tensor-parallel slices ('", slot.name,
              "' is sharded across the tensor group) are not available yet");
   }
-  ZT_CHECK(parallel_.pipeline().size() == 1,
-           "checkpoints of a pipeline-parallel grid are not available yet (pipeline size ",
-           parallel_.pipeline().size(), ")");
 }
 
 bool Checkpointer::writes(std::size_t index) const {
@@ -150,6 +147,9 @@ std::pair<std::int64_t, std::int64_t> Checkpointer::owned_range(std::size_t inde
 
 std::string Checkpointer::save(const std::string& dir, const SaveOptions& options,
                                const TrainingState& state) {
+  ZT_CHECK(parallel_.pipeline().size() == 1,
+           "checkpoints of a pipeline-parallel grid are not available yet (pipeline size ",
+           parallel_.pipeline().size(), ")");
   Communicator& everyone = parallel_.everyone();
   const MPI_Comm comm = parallel_.everyone_comm();
   wait_for_all_ranks(comm, "save_checkpoint");

@@ -11,10 +11,13 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <map>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include "base/seconds_since.hpp"
+#include "base/text.hpp"
 #include "kernels/nn_kernels.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "src/engine/checkpointer.hpp"
@@ -22,10 +25,15 @@
 #include "src/engine/optimizer_states.hpp"
 #include "src/engine/parallel_context.hpp"
 #include "src/engine/partition_plan.hpp"
+#include "src/engine/pipeline_executor.hpp"
 #include "src/engine/sharded_parameters.hpp"
+#include "src/engine/string_broadcast.hpp"
+
 #include "src/engine/zero_strategy.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
+#include "zerotrain/pipeline.hpp"
+
 #include "zerotrain/runtime.hpp"
 #include "zerotrain/swap.hpp"
 
@@ -99,9 +107,13 @@ void check_engine_supports(const Config& config) {
         "bf16.bf16_optimizer_states: 16-bit master weights are not supported; zerotrain keeps fp32 master "
         "weights. Remove these keys.");
   }
-  if (config.pipeline.stages.value_or(1) > 1) {
-    ZT_THROW_AS(ConfigError, "pipeline.stages is ", *config.pipeline.stages,
-                ": pipeline parallelism is not available yet in this build");
+  if (config.pipeline.stage_count() > 1) {
+    ZT_CHECK_AS(
+        ConfigError, !partitioning.parameters,
+        "zero_optimization.stage 3 with pipeline.stages = ", config.pipeline.stage_count(),
+        ": stage 3 gathers a module's parameters around one micro-batch's forward and backward, while "
+        "a pipeline keeps several micro-batches in flight on each stage; use stage 1 or 2 (they "
+        "partition within each stage's data-parallel group)");
   }
   if (!config.managed_gradient_accumulation) {
     ZT_THROW_AS(
@@ -162,6 +174,18 @@ class Engine::Impl {
   engine_detail::PartitionPlan plan_;
   std::vector<engine_detail::ModuleUse> uses_;
   std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
+  nn::PipelineStage* stage_model_;  // the model is one stage of a pipeline (or null)
+  /// A parameter held by several pipeline stages (a tied layer): its gradient is summed over the
+  /// group of their ranks before the update; the lowest stage counts it in the norm and saves it.
+  struct TiedParameter {
+    std::size_t index = 0;  // in the plan
+    engine_detail::ParallelContext::Group group;
+    bool owner = false;  // this stage is the lowest that holds it
+  };
+  std::vector<TiedParameter> tied_;
+  std::vector<char> counts_in_norm_;  // per plan index: not a tied copy of a lower stage's parameter
+  std::unique_ptr<engine_detail::PipelineExecutor> pipeline_executor_;
+  std::deque<std::pair<std::int64_t, Loss>> pipeline_losses_;  // last stage: by micro-batch, for backward
   std::unique_ptr<engine_detail::ZeroStrategy> strategy_;
   std::unique_ptr<engine_detail::OptimizerStates> states_;
   std::unique_ptr<engine_detail::Checkpointer> checkpointer_;
@@ -193,6 +217,9 @@ class Engine::Impl {
   void install_hooks();
   void mark_step_start();
   double total_wait_seconds() const { return strategy_->wait_seconds() + step_wait_seconds_; }
+  /// What the model's communication sent so far: gradients and parameters over the data group,
+  /// activations and gradients between pipeline stages, tied gradients.
+  TrafficCounter model_traffic() const;
   /// Update shard elements [begin, end) of owned range `index` and write the new parameters where
   /// they live in the compute dtype.
   void update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
@@ -205,6 +232,13 @@ class Engine::Impl {
   Loss builtin_loss(const Tensor& output, const Tensor& targets) const;
   /// The newest forward will get no backward: its slot's activations are released.
   void abandon_newest_forward();
+  /// Find the parameters this stage shares with other stages, make their groups, and give every
+  /// copy the lowest stage's values (collective over all ranks).
+  void find_tied_parameters();
+  void reduce_tied_gradients();
+  const StepReport& train_pipelined(const std::function<Batch(std::int64_t)>& micro_batch);
+  double eval_pipelined(const Batch& batch);
+  void check_not_pipelined(const char* call) const;
 };
 
 Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOptions options)
@@ -212,7 +246,10 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       model_(model),
       config_(std::move(config)),
       execution_(options.device),
-      parallel_(runtime, options.grid, options.data_parallel, options.device),
+      parallel_(runtime, options.grid, options.data_parallel, options.device,
+                options.grid == nullptr && options.data_parallel == nullptr
+                    ? static_cast<int>(config_.pipeline.stage_count())
+                    : 1),
       external_(dynamic_cast<ExternalModel*>(&model)),
       compute_dtype_(compute_dtype_of(config_)),
       loss_scaler_(compute_dtype_, loss_scaler_params_of(config_)),
@@ -224,9 +261,25 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       ConfigError, !execution_.device().is_cuda(), "EngineOptions.device is ", execution_.device().str(),
       ": this build trains on the host (or the emulated test device); the CUDA training path is not built "
       "yet");
-  ZT_CHECK_AS(ConfigError, parallel_.pipeline().size() == 1, "the process grid has ",
-              parallel_.pipeline().size(),
-              " pipeline stages: pipeline parallelism is not available yet in this build");
+  stage_model_ = dynamic_cast<nn::PipelineStage*>(&model);
+  const int stages = parallel_.pipeline().size();
+  ZT_CHECK_AS(ConfigError, stages == 1 || stage_model_ != nullptr, "the process grid has ", stages,
+              " pipeline stages but the model is a ", model.type_name(),
+              ", not a zt::nn::PipelineStage: build this rank's stage (zt::build_model(config, stage) or "
+              "zt::nn::PipelineStage over layer specs)");
+  if (stage_model_ != nullptr) {
+    ZT_CHECK_AS(ConfigError,
+                stage_model_->stages() == stages && stage_model_->stage() == parallel_.pipeline().rank(),
+                "the model is stage ", stage_model_->stage(), " of ", stage_model_->stages(),
+                " but this rank is stage ", parallel_.pipeline().rank(), " of ", stages,
+                " in the process grid (world rank ", runtime.world_rank(), ")");
+    ZT_CHECK_AS(ConfigError, external_ == nullptr, "a zt::ExternalModel cannot be a pipeline stage");
+  }
+  ZT_CHECK_AS(ConfigError, config_.pipeline.stage_count() == 1 || config_.pipeline.stage_count() == stages,
+              "pipeline.stages is ", config_.pipeline.stage_count(), " but the process grid has ", stages,
+              " pipeline stages");
+  if (stages > 1 && config_.pipeline.stage_count() == 1) config_.pipeline.stages = stages;
+
   config_.resolve_batch(parallel_.data().size());
   use_cores_of_this_node(runtime_);
   check_engine_supports(config_);
@@ -257,6 +310,12 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
                                                  .uses = uses_,
                                                  .external = external_});
   if (external_ == nullptr) install_hooks();
+  counts_in_norm_.assign(plan_.size(), 1);
+  if (stage_model_ != nullptr) {
+    find_tied_parameters();
+    pipeline_executor_ = std::make_unique<engine_detail::PipelineExecutor>(
+        *parallel_.pipeline().device, execution_, stage_model_->stage(), stage_model_->stages());
+  }
   states_ = engine_detail::make_optimizer_states(plan_, *strategy_, config_, execution_);
   // With offload_param "nvme" the parameter store holds the pieces now; the optimizer's master was
   // initialized from the shard in memory above.
@@ -321,14 +380,23 @@ void Engine::Impl::install_hooks() {
 void Engine::Impl::mark_step_start() {
   if (step_started_) return;
   step_started_ = true;
-  const TrafficCounter total = parallel_.data().host->traffic().total();
+  const TrafficCounter total = model_traffic();
   wire_bytes_at_step_start_ = total.wire_bytes;
   comm_seconds_at_step_start_ = total.seconds;
   wait_seconds_at_step_start_ = total_wait_seconds();
   parameter_swap_at_step_start_ = strategy_->parameter_swap_counters();
 }
 
+void Engine::Impl::check_not_pipelined(const char* call) const {
+  ZT_CHECK_AS(ConfigError, stage_model_ == nullptr, "Engine::", call, " on a pipeline stage (stage ",
+              stage_model_ != nullptr ? stage_model_->stage() : 0, " of ",
+              stage_model_ != nullptr ? stage_model_->stages() : 1,
+              "): the pipeline schedule decides when each stage runs its micro-batches; call train_batch() "
+              "for a training step and eval() for a loss");
+}
+
 Tensor Engine::Impl::forward(const Tensor& inputs) {
+  check_not_pipelined("forward");
   ZT_CHECK(inputs.defined(), "Engine::forward: the micro-batch's inputs are undefined");
   const std::size_t limit = strategy_->forwards_in_flight_limit();
   ZT_CHECK(limit == 0 || in_flight_.size() < limit, "Engine::forward: ", in_flight_.size(),
@@ -368,6 +436,7 @@ double Engine::Impl::backward_scale() const {
 }
 
 void Engine::Impl::backward(const Loss& loss) {
+  check_not_pipelined("backward");
   ZT_CHECK(!in_flight_.empty(), "Engine::backward called without a forward() before it");
   ZT_CHECK(loss.value.defined() && loss.value.numel() == 1 && loss.value.dtype() == DType::fp64 &&
                loss.value.device() == execution_.device() && loss.gradient,
@@ -386,6 +455,7 @@ void Engine::Impl::backward(const Loss& loss) {
 }
 
 void Engine::Impl::backward(const Tensor& grad_output, std::optional<double> loss) {
+  check_not_pipelined("backward");
   ZT_CHECK(!in_flight_.empty(), "Engine::backward called without a forward() before it");
   const Tensor& output = in_flight_.front().output;
   ZT_CHECK(
@@ -406,6 +476,7 @@ void Engine::Impl::backward(const Tensor& grad_output, std::optional<double> los
 }
 
 double Engine::Impl::forward(const Batch& batch) {
+  check_not_pipelined("forward");
   ZT_CHECK(batch.inputs.defined() && batch.targets.defined(),
            "Engine::forward: the batch needs inputs and targets");
   ZT_CHECK(!pending_loss_ && in_flight_.empty(),
@@ -446,6 +517,7 @@ const StepReport& Engine::Impl::train_batch(const std::function<Batch(std::int64
       in_flight_.empty() && !pending_loss_ && backwards_this_step_ == 0 &&
           is_gradient_accumulation_boundary(),
       "Engine::train_batch in the middle of an optimizer step; finish it with backward() and step() first");
+  if (stage_model_ != nullptr) return train_pipelined(micro_batch);
   const std::int64_t accumulation = batch().gradient_accumulation_steps;
   for (std::int64_t micro = 0; micro < accumulation; ++micro) {
     const Batch next = micro_batch(micro);
@@ -463,6 +535,196 @@ const StepReport& Engine::Impl::train_batch(const std::function<Batch(std::int64
     step();
   }
   return last_step_;
+}
+
+TrafficCounter Engine::Impl::model_traffic() const {
+  TrafficCounter total = parallel_.data().host->traffic().total();
+  auto add = [&total](const TrafficCounter& more) {
+    total.calls += more.calls;
+    total.bytes += more.bytes;
+    total.wire_bytes += more.wire_bytes;
+    total.seconds += more.seconds;
+  };
+  // What this stage sent to its neighbours (a receive counts at the sender).
+  if (parallel_.pipeline().size() > 1) add(parallel_.pipeline().device->traffic()[CommOp::send]);
+  for (const TiedParameter& tied : tied_) add(tied.group.device->traffic().total());
+  return total;
+}
+
+void Engine::Impl::find_tied_parameters() {
+  // Every stage's parameter names and shapes, on every rank.
+  std::string mine;
+  for (const FlatParameter& slot : plan_.layout())
+    mine += slot.name + '\t' + base::shape_text(slot.shape) + '\n';
+  const std::vector<std::string> per_stage =
+      engine_detail::all_gather_strings(*parallel_.pipeline().host, mine);
+  std::map<std::string, std::pair<std::string, std::vector<int>>> holders;  // name: shape, stages
+  for (int stage = 0; stage < static_cast<int>(per_stage.size()); ++stage) {
+    std::istringstream lines(per_stage[static_cast<std::size_t>(stage)]);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::size_t tab = line.find('\t');
+      const std::string name = line.substr(0, tab), shape = line.substr(tab + 1);
+      auto [entry, added] = holders.try_emplace(name, shape, std::vector<int>{});
+      ZT_CHECK_AS(ConfigError, entry->second.first == shape, "parameter '", name, "' is ", shape,
+                  " on stage ", entry->second.second.front(), " but ", shape, " on stage ", stage,
+                  ": stages that share a parameter (a tied layer) must hold it in the same shape");
+      entry->second.second.push_back(stage);
+    }
+  }
+  // One group per set of stages that share parameters, in the same order on every rank: the ranks
+  // of those stages with this rank's tensor index (every data index: each contributes its part).
+  std::map<std::vector<int>, engine_detail::ParallelContext::Group> groups;
+  for (const auto& [name, held] : holders) {
+    if (held.second.size() > 1) groups.try_emplace(held.second);
+  }
+  std::int64_t sets[2] = {static_cast<std::int64_t>(groups.size()),
+                          -static_cast<std::int64_t>(groups.size())};
+  parallel_.everyone().all_reduce(sets, sets, 2, DType::int64, ReduceOp::max);
+  ZT_CHECK_AS(
+      ConfigError, sets[0] == -sets[1], "ranks see ", -sets[1], " to ", sets[0],
+      " sets of pipeline stages sharing parameters: every data-parallel rank of a stage must build the "
+      "same layers");
+  const int stage = stage_model_->stage();
+  for (auto& [stages, group] : groups) {
+    std::string name = "tied";
+    for (int s : stages) name.append(".").append(std::to_string(s));
+    const bool member = std::find(stages.begin(), stages.end(), stage) != stages.end();
+    group = parallel_.split(member ? parallel_.tensor().rank() : -1, name);
+  }
+  for (std::size_t i = 0; i < plan_.size(); ++i) {
+    const std::vector<int>& stages = holders.at(plan_.layout()[i].name).second;
+    if (stages.size() < 2) continue;
+    TiedParameter tied{.index = i, .group = groups.at(stages), .owner = stages.front() == stage};
+    counts_in_norm_[i] = tied.owner ? 1 : 0;
+    // The lowest stage's values (its first data rank is the group's rank 0) for every copy.
+    nn::Parameter& parameter = *parameters_[i];
+    tied.group.device->broadcast(parameter.value.raw_data(),
+                                 static_cast<std::size_t>(parameter.value.numel()), parameter.value.dtype(),
+                                 0);
+    tied_.push_back(std::move(tied));
+  }
+}
+
+void Engine::Impl::reduce_tied_gradients() {
+  // After the data-parallel reduction each rank holds its owned range of the reduced gradient.
+  // Each data rank puts its disjoint part (the checkpoint range) into a zeroed full-size buffer;
+  // the sum over the tied group is then the sum over the stages' copies, of which each rank takes
+  // its owned range back.
+  const std::size_t element = dtype_size(compute_dtype_);
+  for (const TiedParameter& tied : tied_) {
+    const FlatParameter& slot = plan_.layout()[tied.index];
+    const engine_detail::OwnedRange& owned = plan_.owned()[tied.index];
+    const std::int64_t owned_first = owned.flat_begin - slot.offset;
+    const std::int64_t owned_count = std::clamp<std::int64_t>(slot.numel - owned_first, 0, owned.count);
+    const auto [first, count] = plan_.checkpoint_range(tied.index);
+    Buffer full =
+        execution_.allocate(static_cast<std::size_t>(slot.numel) * element, MemoryCategory::gradients);
+    execution_.zero(full.data(), full.size());
+    std::byte* gradient = strategy_->gradient(tied.index);
+    execution_.copy(full.as<std::byte>() + static_cast<std::size_t>(first) * element,
+                    gradient + static_cast<std::size_t>(first - owned_first) * element,
+                    static_cast<std::size_t>(count) * element);
+    const auto started = base::Clock::now();
+    tied.group.device->all_reduce(full.data(), full.data(), static_cast<std::size_t>(slot.numel),
+                                  compute_dtype_, ReduceOp::sum);
+    step_wait_seconds_ += base::seconds_since(started);
+    execution_.copy(gradient, full.as<std::byte>() + static_cast<std::size_t>(owned_first) * element,
+                    static_cast<std::size_t>(owned_count) * element);
+  }
+}
+
+const StepReport& Engine::Impl::train_pipelined(const std::function<Batch(std::int64_t)>& micro_batch) {
+  const std::int64_t accumulation = batch().gradient_accumulation_steps;
+  const bool first = stage_model_->is_first();
+  const bool last = stage_model_->is_last();
+  const engine_detail::PipeSchedule schedule = engine_detail::make_pipe_schedule(
+      config_.pipeline.schedule == PipelineSchedule::gpipe ? engine_detail::PipeScheduleKind::gpipe
+                                                           : engine_detail::PipeScheduleKind::one_f_one_b,
+      stage_model_->stages(), stage_model_->stage(), static_cast<int>(accumulation));
+  mark_step_start();
+  model_.train();
+  engine_detail::PipelineStageWork work;
+  work.load = [&](std::int64_t micro) {
+    Batch next = micro_batch(micro);
+    ZT_CHECK(!first || next.inputs.defined(), "Engine::train_batch: micro-batch ", micro,
+             " has no inputs (the first pipeline stage feeds them to the model)");
+    ZT_CHECK(!last || next.targets.defined(), "Engine::train_batch: micro-batch ", micro,
+             " has no targets (the last pipeline stage computes the loss)");
+    return next;
+  };
+  work.forward = [&](const Tensor& input, std::int64_t micro, const Batch& loaded) {
+    strategy_->begin_forward(true);
+    Tensor output =
+        model_.run_forward(execution_.on_device(input),
+                           {.execution = &execution_, .micro_batch = static_cast<std::uint32_t>(micro)});
+    if (last) pipeline_losses_.emplace_back(micro, builtin_loss(output, loaded.targets));
+    return output;
+  };
+  work.backward = [&](const Tensor& grad_output, std::int64_t micro) {
+    Tensor gradient = grad_output;
+    if (last) {
+      ZT_CHECK(!pipeline_losses_.empty() && pipeline_losses_.front().first == micro,
+               "pipeline: the backward of micro-batch ", micro, " on the last stage without its loss");
+      const Loss loss = std::move(pipeline_losses_.front().second);
+      pipeline_losses_.pop_front();
+      gradient = loss.gradient(backward_scale());
+      kernels::accumulate(execution_.compute(), DType::fp64, loss_sum_.data(), loss.value.raw_data(), 1);
+      ++accumulated_micro_batches_;
+    }
+    strategy_->begin_backward(
+        {.first_of_step = backwards_this_step_ == 0, .boundary = backwards_this_step_ + 1 == accumulation});
+    Tensor grad_input = model_.run_backward(
+        gradient, {.execution = &execution_, .micro_batch = static_cast<std::uint32_t>(micro)});
+    strategy_->end_backward();
+    ++backwards_this_step_;
+    return grad_input;
+  };
+  work.reduce_tied_gradients = [&] { reduce_tied_gradients(); };
+  work.reduce_gradients = [] {};  // the ZeRO strategy reduced them in the backward passes
+  work.optimizer_step = [&] {
+    progress_.micro_steps += accumulation - 1;  // step() counts the last micro-batch
+    step();
+  };
+  try {
+    const PipelineTiming timing = pipeline_executor_->run(schedule, work);
+    last_step_.pipeline = timing;
+  } catch (...) {
+    model_.release_activations();
+    pipeline_losses_.clear();
+    throw;
+  }
+  return last_step_;
+}
+
+double Engine::Impl::eval_pipelined(const Batch& batch) {
+  const engine_detail::PipeSchedule schedule = engine_detail::make_pipe_schedule(
+      engine_detail::PipeScheduleKind::inference, stage_model_->stages(), stage_model_->stage(), 1);
+  const bool last = stage_model_->is_last();
+  double value = 0;
+  engine_detail::PipelineStageWork work;
+  work.load = [&](std::int64_t) { return batch; };
+  work.forward = [&](const Tensor& input, std::int64_t, const Batch& loaded) {
+    strategy_->begin_forward(false);
+    Tensor output = model_.run_forward(execution_.on_device(input),
+                                       {.execution = &execution_, .save_for_backward = false});
+    if (last) {
+      const Loss loss = builtin_loss(output, loaded.targets);
+      execution_.to_host(&value, loss.value.raw_data(), sizeof value);
+    }
+    return output;
+  };
+  model_.eval();
+  try {
+    pipeline_executor_->run(schedule, work);
+  } catch (...) {
+    model_.train();
+    throw;
+  }
+  model_.train();
+  parallel_.pipeline().host->all_reduce(&value, &value, 1, DType::fp64,
+                                        ReduceOp::sum);  // from the last stage
+  return value;
 }
 
 void Engine::Impl::update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
@@ -507,6 +769,7 @@ bool Engine::Impl::step() {
   execution_.zero(grad_check_.data(), grad_check_.size());
   for (std::size_t i = 0; i < plan_.size(); ++i) {
     if (plan_.layout()[i].role == nn::ParallelRole::replicated && parallel_.tensor().rank() != 0) continue;
+    if (!counts_in_norm_[i]) continue;  // a tied copy: the lowest stage that holds it counts it
     kernels::grad_sum_squares(execution_.compute(), strategy_->gradient(i), compute_dtype_,
                               static_cast<std::size_t>(plan_.owned()[i].count), 1.0 / scale_used, partial);
   }
@@ -563,7 +826,7 @@ bool Engine::Impl::step() {
     accumulated_loss_ += loss_sum;
     accumulated_micro_batches_ += loss_count;
   }
-  const TrafficCounter traffic = parallel_.data().host->traffic().total();
+  const TrafficCounter traffic = model_traffic();
   report.comm_bytes = traffic.wire_bytes - wire_bytes_at_step_start_;  // this step's model traffic
   report.comm.busy_seconds = traffic.seconds - comm_seconds_at_step_start_;
   report.comm.wait_seconds = total_wait_seconds() - wait_seconds_at_step_start_;
@@ -583,6 +846,9 @@ bool Engine::Impl::step() {
   execution_.zero(loss_sum_.data(), loss_sum_.size());
   double loss_sum[2] = {accumulated_loss_ + device_loss_sum, static_cast<double>(accumulated_micro_batches_)};
   parallel_.data().host->all_reduce(loss_sum, loss_sum, 2, DType::fp64, ReduceOp::sum);
+  // Only the last pipeline stage computes losses.
+  if (parallel_.pipeline().size() > 1)
+    parallel_.pipeline().host->all_reduce(loss_sum, loss_sum, 2, DType::fp64, ReduceOp::sum);
   report.loss = loss_sum[1] > 0 ? loss_sum[0] / loss_sum[1] : 0.0;
   accumulated_loss_ = 0.0;
   accumulated_micro_batches_ = 0;
@@ -599,6 +865,7 @@ double Engine::Impl::eval(const Batch& batch) {
            "Engine::eval: the batch needs inputs and targets");
   ZT_CHECK(in_flight_.empty() && !pending_loss_,
            "Engine::eval while a forward waits for its backward; call backward() first");
+  if (stage_model_ != nullptr) return eval_pipelined(batch);
   model_.eval();
   strategy_->begin_forward(false);
   const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),

@@ -3,27 +3,34 @@
 
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/pipeline.hpp"
+#include "zerotrain/process_grid.hpp"
+#include "zerotrain/runtime.hpp"
 
 namespace zt {
 
-std::unique_ptr<nn::Module> build_model(const Config& config) {
+namespace {
+
+void check_has_model(const Config& config) {
   ZT_CHECK_AS(ConfigError, config.model.has_value(),
               "the config has no \"model\" section; e.g. {\"type\": \"gpt\", \"n_layer\": 4, \"n_head\": 4, "
               "\"d_model\": 128, \"seq_len\": 64, \"vocab_size\": 256} or {\"type\": \"mlp\", \"sizes\": "
               "[32, 64, 8]}");
-  const DType dtype = compute_dtype_of(config);
-  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
-    nn::GptConfig model;
-    model.n_layer = gpt->n_layer;
-    model.n_head = gpt->n_head;
-    model.d_model = gpt->d_model;
-    model.seq_len = gpt->seq_len;
-    model.vocab_size = gpt->vocab_size;
-    model.tie_embeddings = gpt->tie_embeddings;
-    model.dropout = gpt->dropout;
-    return std::make_unique<nn::Gpt>(model, dtype, config.seed);
-  }
-  const auto& mlp = std::get<MlpModelConfig>(*config.model);
+}
+
+nn::GptConfig gpt_config_of(const GptModelConfig& gpt) {
+  nn::GptConfig model;
+  model.n_layer = gpt.n_layer;
+  model.n_head = gpt.n_head;
+  model.d_model = gpt.d_model;
+  model.seq_len = gpt.seq_len;
+  model.vocab_size = gpt.vocab_size;
+  model.tie_embeddings = gpt.tie_embeddings;
+  model.dropout = gpt.dropout;
+  return model;
+}
+
+nn::MlpConfig mlp_config_of(const MlpModelConfig& mlp) {
   nn::MlpConfig model;
   model.sizes = mlp.sizes;
   switch (mlp.activation) {
@@ -37,7 +44,44 @@ std::unique_ptr<nn::Module> build_model(const Config& config) {
       model.activation = nn::ActivationKind::tanh;
       break;
   }
-  return std::make_unique<nn::Mlp>(model, dtype, config.seed);
+  return model;
+}
+
+}  // namespace
+
+std::unique_ptr<nn::Module> build_model(const Config& config) {
+  check_has_model(config);
+  ZT_CHECK_AS(ConfigError, config.pipeline.stage_count() == 1, "pipeline.stages is ",
+              config.pipeline.stage_count(),
+              ": build this rank's stage with zt::build_model(config, stage) (stage: "
+              "zt::pipeline_stage_of(runtime, config), or the grid's coordinates().pipeline)");
+  const DType dtype = compute_dtype_of(config);
+  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model))
+    return std::make_unique<nn::Gpt>(gpt_config_of(*gpt), dtype, config.seed);
+  return std::make_unique<nn::Mlp>(mlp_config_of(std::get<MlpModelConfig>(*config.model)), dtype,
+                                   config.seed);
+}
+
+std::unique_ptr<nn::Module> build_model(const Config& config, int stage) {
+  check_has_model(config);
+  const DType dtype = compute_dtype_of(config);
+  const std::vector<nn::LayerSpec> layers =
+      std::holds_alternative<GptModelConfig>(*config.model)
+          ? nn::gpt_layers(gpt_config_of(std::get<GptModelConfig>(*config.model)), dtype, config.seed)
+          : nn::mlp_layers(mlp_config_of(std::get<MlpModelConfig>(*config.model)), dtype, config.seed);
+  const int stages = static_cast<int>(config.pipeline.stage_count());
+  return std::make_unique<nn::PipelineStage>(
+      layers, nn::partition_layers(layers, stages, config.pipeline.partition), stage);
+}
+
+int pipeline_stage_of(const Runtime& runtime, const Config& config) {
+  const int stages = static_cast<int>(config.pipeline.stage_count());
+  ZT_CHECK_AS(ConfigError, stages >= 1 && runtime.world_size() % stages == 0, "pipeline.stages is ", stages,
+              " but the job has ", runtime.world_size(),
+              " ranks: the ranks must split into stages of equal data-parallel size (ranks = stages x data)");
+  return ProcessGrid::coordinates_of(runtime.world_rank(),
+                                     GridShape{runtime.world_size() / stages, stages, 1})
+      .pipeline;
 }
 
 }  // namespace zt

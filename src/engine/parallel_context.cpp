@@ -8,12 +8,20 @@
 namespace zt::engine_detail {
 
 ParallelContext::ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel,
-                                 Device device)
+                                 Device device, int pipeline_stages)
     : device_(device) {
   ZT_CHECK(grid == nullptr || data_parallel == nullptr,
            "EngineOptions: pass a process grid or a data-parallel communicator, not both");
+  ZT_CHECK_AS(ConfigError, data_parallel == nullptr || pipeline_stages == 1,
+              "EngineOptions.data_parallel with pipeline.stages = ", pipeline_stages,
+              ": a data-parallel communicator alone has no pipeline dimension; pass a zt::ProcessGrid "
+              "(EngineOptions.grid) or neither");
   if (grid == nullptr && data_parallel == nullptr) {
-    own_grid_ = std::make_unique<ProcessGrid>(runtime, GridShape{0, 1, 1});
+    ZT_CHECK_AS(
+        ConfigError, pipeline_stages >= 1 && runtime.world_size() % pipeline_stages == 0,
+        "pipeline.stages is ", pipeline_stages, " but the job has ", runtime.world_size(),
+        " ranks: the ranks must split into stages of equal data-parallel size (ranks = stages x data)");
+    own_grid_ = std::make_unique<ProcessGrid>(runtime, GridShape{0, pipeline_stages, 1});
     grid = own_grid_.get();
   }
   if (grid != nullptr) {
@@ -53,6 +61,18 @@ ParallelContext::Group ParallelContext::group_of(Communicator& host, const char*
                 " are not available in this build; train on the host");
   }
   return group;
+}
+
+ParallelContext::Group ParallelContext::split(int color, const std::string& name) {
+  MPI_Comm split = MPI_COMM_NULL;
+  const MPI_Comm everyone = everyone_comm();
+  ZT_CHECK(
+      MPI_Comm_split(everyone, color >= 0 ? color : MPI_UNDEFINED, everyone_->rank(), &split) == MPI_SUCCESS,
+      "MPI_Comm_split of the '", name, "' group failed");
+  if (split == MPI_COMM_NULL) return {};
+  own_comms_.push_back(make_mpi_communicator(split, name));
+  MPI_Comm_free(&split);
+  return group_of(*own_comms_.back(), name.c_str());
 }
 
 MPI_Comm ParallelContext::everyone_comm() const {

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zerotrain/communicator.hpp"
@@ -44,9 +45,11 @@ class ParallelContext {
     int rank() const { return host->rank(); }
   };
 
-  /// The groups of `grid`; without one, a data-parallel-only grid over `data_parallel` (or, when
-  /// that is null too, over the runtime's world). Device communicators are made for `device`.
-  ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel, Device device);
+  /// The groups of `grid`; without one, a data-parallel-only grid over `data_parallel`, or, when
+  /// that is null too, a grid of `pipeline_stages` stages over the runtime's world (data: the rest).
+  /// Device communicators are made for `device`.
+  ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel, Device device,
+                  int pipeline_stages = 1);
   ~ParallelContext();
   ParallelContext(const ParallelContext&) = delete;
   ParallelContext& operator=(const ParallelContext&) = delete;
@@ -61,6 +64,10 @@ class ParallelContext {
   /// values[i] = sum over the ranks of the groups in `span` (one after another, data first), in
   /// place, on buffers in the engine's device memory. Groups of one rank are skipped.
   void sum(void* values, std::size_t count, DType type, GroupSpan span) const;
+
+  /// A new group of the ranks that pass the same `color` (>= 0; a negative color: not a member,
+  /// the result's communicators are null), owned by the context. Collective over everyone().
+  Group split(int color, const std::string& name);
 
  private:
   Group group_of(Communicator& host, const char* name);

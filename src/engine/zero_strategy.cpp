@@ -76,6 +76,11 @@ const std::byte* ZeroStrategy::gradient(std::size_t index) const {
          static_cast<std::size_t>(plan_.owned()[index].gradient_offset) * element_size();
 }
 
+std::byte* ZeroStrategy::gradient(std::size_t index) {
+  return gradients_.as<std::byte>() +
+         static_cast<std::size_t>(plan_.owned()[index].gradient_offset) * element_size();
+}
+
 double ZeroStrategy::wait_seconds() const {
   return reducer_->wait_seconds() + parameter_wait_seconds();
 }

@@ -79,6 +79,7 @@ class ZeroStrategy {
   // ---- the update ----------------------------------------------------------------------------
   /// Owned range `index`'s reduced gradient (compute dtype).
   const std::byte* gradient(std::size_t index) const;
+  std::byte* gradient(std::size_t index);
   /// Owned range `index`'s parameters in the compute dtype, where they are in memory (the flat
   /// buffer or the shard); nullptr when they live on NVMe.
   virtual std::byte* parameters(std::size_t index) = 0;

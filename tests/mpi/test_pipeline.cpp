@@ -1,0 +1,284 @@
+// Pipeline parallelism end to end: every pipeline x data layout of the world trains the built-in GPT
+// as one rank does (the same losses and weights, bitwise where the arithmetic is the same), with
+// ZeRO 0-2 within each stage's data group, both schedules, tied embeddings, dropout, a model of the
+// caller's own layers, and clear errors for what does not combine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine_runs.hpp"
+#include "mpi_test_main.hpp"
+#include "test_helpers.hpp"
+#include "zerotrain/engine.hpp"
+#include "zerotrain/pipeline.hpp"
+#include "zerotrain/process_grid.hpp"
+#include "zerotrain/trainer.hpp"
+
+namespace {
+
+using namespace zt::testing::engine_runs;
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE((text).find(part), std::string::npos) << "in: " << (text)
+
+constexpr int kSteps = 20;
+constexpr int kGlobalBatch = 16;
+constexpr int kMicroBatches =
+    4;  // per step and data rank: more than two stages, so 1F1B reaches its steady state
+
+// Four layers (embeddings, h.0, h.1, head): up to four stages.
+constexpr const char* kTiedGpt =
+    R"({"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256})";
+constexpr const char* kUntiedGpt =
+    R"({"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256,
+        "tie_embeddings": false})";
+constexpr const char* kUntiedGptWithDropout =
+    R"({"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256,
+        "tie_embeddings": false, "dropout": 0.1})";
+
+struct PipelineRun {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> masters;  // this rank's stage's parameters, by name
+  std::vector<zt::PipelineTiming> timings;
+};
+
+/// The fp32 masters of the engine's parameters by name (collective over its data group).
+std::map<std::string, std::vector<float>> masters_by_name(zt::Engine& engine) {
+  const std::vector<float> flat = zt::engine_detail::inspect(engine).gather_master_parameters();
+  std::map<std::string, std::vector<float>> masters;
+  for (const zt::FlatParameter& slot : zt::engine_detail::inspect(engine).flat_layout())
+    masters[slot.name].assign(flat.begin() + slot.offset, flat.begin() + slot.offset + slot.numel);
+  return masters;
+}
+
+/// A config for `data` data-parallel ranks and `stages` stages with the global batch fixed.
+std::string config_text(int data, int stages, const std::string& extra, const char* model,
+                        const char* optimizer = kAdamW) {
+  return gpt_config(kGlobalBatch / data / kMicroBatches, kMicroBatches,
+                    R"(, "pipeline": {"stages": )" + std::to_string(stages) + "}" + extra, optimizer, model);
+}
+
+/// Train kSteps steps through train_batch on a grid of `stages` x (world / stages).
+PipelineRun run_on_grid(const std::string& extra, const char* model, int stages,
+                        const char* optimizer = kAdamW) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int data = runtime.world_size() / stages;
+  const zt::Config config = parse(config_text(data, stages, extra, model, optimizer));
+  zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = stages, .tensor = 1});
+  auto stage_model = zt::build_model(config, grid.coordinates().pipeline);
+  zt::Engine engine(runtime, *stage_model, config, zt::EngineOptions{.grid = &grid});
+  auto training = zt::make_training_data(engine.config(), engine, std::nullopt);
+  PipelineRun result;
+  for (int step = 0; step < kSteps; ++step) {
+    engine.train_batch([&](std::int64_t micro) { return training->load(static_cast<std::uint64_t>(micro)); });
+    training->advance();
+    result.losses.push_back(engine.last_step().loss);
+    result.timings.push_back(engine.last_step().pipeline);
+  }
+  result.masters = masters_by_name(engine);
+  return result;
+}
+
+/// The same training unpipelined on `data_parallel` (the reference; nullptr: this process alone).
+PipelineRun run_unpipelined(const std::string& extra, const char* model, const char* optimizer = kAdamW,
+                            zt::Communicator* data_parallel = nullptr) {
+  auto self = self_communicator();
+  if (data_parallel == nullptr) data_parallel = self.get();
+  const zt::Config config = parse(config_text(data_parallel->size(), 1, extra, model, optimizer));
+  auto whole = zt::build_model(config);
+  zt::Engine engine(zt::testing::runtime(), *whole, config,
+                    zt::EngineOptions{.data_parallel = data_parallel});
+  auto training = zt::make_training_data(engine.config(), engine, std::nullopt);
+  PipelineRun result;
+  for (int step = 0; step < kSteps; ++step) {
+    engine.train_batch([&](std::int64_t micro) { return training->load(static_cast<std::uint64_t>(micro)); });
+    training->advance();
+    result.losses.push_back(engine.last_step().loss);
+  }
+  result.masters = masters_by_name(engine);
+  return result;
+}
+
+/// Stage counts that divide the world and fit the four layers.
+std::vector<int> pipeline_sizes() {
+  std::vector<int> sizes;
+  for (int stages : {2, 4}) {
+    if (zt::testing::runtime().world_size() % stages == 0) sizes.push_back(stages);
+  }
+  return sizes;
+}
+
+double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return worst;
+}
+
+/// Every parameter of `stage_run`'s stage against the reference's parameter of the same name.
+void expect_masters_match(const PipelineRun& stage_run, const PipelineRun& reference, double tolerance) {
+  ASSERT_FALSE(stage_run.masters.empty());
+  for (const auto& [name, values] : stage_run.masters) {
+    SCOPED_TRACE("parameter " + name);
+    const auto found = reference.masters.find(name);
+    ASSERT_NE(found, reference.masters.end());
+    if (tolerance == 0) {
+      EXPECT_EQ(values, found->second);
+    } else {
+      EXPECT_LT(max_abs_difference(values, found->second), tolerance);
+    }
+  }
+}
+
+std::string with_zero_stage(int stage) {
+  return R"(, "zero_optimization": {"stage": )" + std::to_string(stage) + "}";
+}
+
+TEST(Pipeline, EveryLayoutTrainsAsOneRank) {
+  const int world = zt::testing::runtime().world_size();
+  for (int zero_stage : {0, 1, 2}) {
+    const std::string extra = with_zero_stage(zero_stage);
+    const PipelineRun reference = run_unpipelined(extra, kTiedGpt);
+    for (int stages : pipeline_sizes()) {
+      SCOPED_TRACE("ZeRO stage " + std::to_string(zero_stage) + ", pipeline " + std::to_string(stages) +
+                   " x data " + std::to_string(world / stages));
+      const PipelineRun pipelined = run_on_grid(extra, kTiedGpt, stages);
+      // The same samples and arithmetic up to the order of gradient sums (data-parallel ranks, and the
+      // tied embedding's two contributions, summed between the first and the last stage).
+      const double worst = max_relative_difference(pipelined.losses, reference.losses);
+      EXPECT_LT(worst, 1e-6);
+      std::printf(
+          "ZeRO %d, pp %d x dp %d: losses %.6f -> %.6f, largest relative difference to one rank %.2e\n",
+          zero_stage, stages, world / stages, pipelined.losses.front(), pipelined.losses.back(), worst);
+      expect_masters_match(pipelined, reference, 2e-5);
+      EXPECT_LT(pipelined.losses.back(), pipelined.losses.front());
+    }
+  }
+}
+
+// AdamW without clipping: the gradient norm's fp64 partial sums are grouped by stage, so its last
+// bits (and a clip coefficient computed from them) may differ from the unpipelined run's.
+constexpr const char* kAdamWUnclipped = R"("gradient_clipping": 0.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.01}},)";
+
+TEST(Pipeline, UntiedStagesAreBitwiseTheUnpipelinedRun) {
+  // Without tied layers a stage does exactly the unpipelined arithmetic on its layers; with at most
+  // two data-parallel ranks the gradient sum is exact in any order, so the runs agree bit for bit.
+  const int world = zt::testing::runtime().world_size();
+  for (int stages : pipeline_sizes()) {
+    const int data = world / stages;
+    if (data > 2) continue;
+    SCOPED_TRACE("pipeline " + std::to_string(stages) + " x data " + std::to_string(data));
+    for (const char* model : {kUntiedGpt, kUntiedGptWithDropout}) {
+      SCOPED_TRACE(model);
+      const std::string extra = with_zero_stage(1);
+      // The same data-parallel size without stages: the world in groups of `data` ranks, each rank
+      // with the data-parallel index it has in the pipeline grid (world rank mod data).
+      zt::Runtime& runtime = zt::testing::runtime();
+      MPI_Comm group_comm = MPI_COMM_NULL;
+      MPI_Comm_split(MPI_COMM_WORLD, runtime.world_rank() / data, runtime.world_rank(), &group_comm);
+      auto group = zt::make_mpi_communicator(group_comm, "data");
+      MPI_Comm_free(&group_comm);
+      const PipelineRun unpipelined = run_unpipelined(extra, model, kAdamWUnclipped, group.get());
+      const PipelineRun pipelined = run_on_grid(extra, model, stages, kAdamWUnclipped);
+      EXPECT_EQ(pipelined.losses, unpipelined.losses);
+      expect_masters_match(pipelined, unpipelined, 0);
+    }
+  }
+}
+
+TEST(Pipeline, GpipeAndOneFOneBTrainAlike) {
+  // Both schedules run the forwards and the backwards of each stage in micro-batch order; only
+  // when differs. The results are bitwise the same; 1F1B holds at most `stages` micro-batches.
+  for (int stages : pipeline_sizes()) {
+    SCOPED_TRACE("pipeline " + std::to_string(stages));
+    const PipelineRun one_f_one_b = run_on_grid(R"(, "zero_optimization": {"stage": 2})", kTiedGpt, stages);
+    const PipelineRun gpipe = run_on_grid(R"(, "zero_optimization": {"stage": 2}, "pipeline": {"stages": )" +
+                                              std::to_string(stages) + R"(, "schedule": "gpipe"})",
+                                          kTiedGpt, stages);
+    EXPECT_EQ(gpipe.losses, one_f_one_b.losses);
+    expect_masters_match(gpipe, one_f_one_b, 0);
+    EXPECT_EQ(one_f_one_b.timings.back().stages, stages);
+    EXPECT_GT(one_f_one_b.timings.back().busy_seconds, 0);
+  }
+}
+
+/// One Linear(1, 1) without bias and with weight 1, as a layer of a caller's own pipelined model.
+zt::nn::LayerSpec unit_linear(const std::string& name) {
+  return {.key = name,
+          .path = name,
+          .type = "Linear",
+          .parameter_count = 1,
+          .build = [](zt::nn::PipelineStage&) -> std::unique_ptr<zt::nn::Module> {
+            return std::make_unique<zt::nn::Linear>(1, 1, false);
+          },
+          .initialize =
+              [](zt::nn::Module& layer) { static_cast<zt::nn::Linear&>(layer).weight().value.fill_(1.0); }};
+}
+
+TEST(Pipeline, GradientScaleOfTwoOneLayerStages) {
+  // DeepSpeed's gradient-scaling scenario: y = w2 w1 x with x = 1, w = 1, loss mean((y - 0)^2): every
+  // sample's gradient is 2 for both weights, so one SGD step leaves each weight at exactly 1 - 2 lr
+  // whatever the micro-batches, accumulation steps and data-parallel ranks, if the gradients are
+  // averaged, not summed (1 - 2 k lr), and the stages' scaling agrees.
+  zt::Runtime& runtime = zt::testing::runtime();
+  if (runtime.world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks for two stages";
+  const int data = runtime.world_size() / 2;
+  const std::vector<zt::nn::LayerSpec> layers = {unit_linear("first"), unit_linear("second")};
+  zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = 2, .tensor = 1});
+  zt::nn::PipelineStage stage(layers, zt::nn::partition_layers(layers, 2, "uniform"),
+                              grid.coordinates().pipeline);
+  const zt::Config config = parse(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+      "gradient_clipping": 0.0, "optimizer": {"type": "SGD", "params": {"lr": 0.125}},
+      "pipeline": {"stages": 2}})");
+  zt::Engine engine(runtime, stage, config, zt::EngineOptions{.grid = &grid});
+  engine.train_batch([](std::int64_t) {
+    zt::Batch batch{zt::Tensor::empty({2, 1}, zt::DType::fp32), zt::Tensor::zeros({2, 1}, zt::DType::fp32)};
+    batch.inputs.fill_(1.0);
+    return batch;
+  });
+  EXPECT_EQ(engine.last_step().loss, 1.0);
+  const std::map<std::string, std::vector<float>> masters = masters_by_name(engine);
+  ASSERT_EQ(masters.size(), 1u);
+  EXPECT_EQ(masters.begin()->second, std::vector<float>{0.75f}) << masters.begin()->first;
+  EXPECT_EQ(stage.layers().size(), 1u);
+}
+
+TEST(Pipeline, MisuseIsAClearError) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  if (runtime.world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks for two stages";
+  const int data = runtime.world_size() / 2;
+  const zt::Config config = parse(config_text(data, 2, "", kTiedGpt));
+  zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = 2, .tensor = 1});
+  // The whole model on a pipeline grid.
+  auto whole = zt::build_model(parse(config_text(data, 1, "", kTiedGpt)));
+  EXPECT_CONTAINS(zt::testing::error_of([&] { zt::Engine engine(runtime, *whole, config, {.grid = &grid}); }),
+                  "not a zt::nn::PipelineStage");
+  // Another rank's stage.
+  auto wrong_stage = zt::build_model(config, 1 - grid.coordinates().pipeline);
+  EXPECT_CONTAINS(
+      zt::testing::error_of([&] { zt::Engine engine(runtime, *wrong_stage, config, {.grid = &grid}); }),
+      "but this rank is stage");
+  // build_model without a stage.
+  EXPECT_CONTAINS(zt::testing::error_of([&] { (void)zt::build_model(config); }),
+                  "build_model(config, stage)");
+  // ZeRO-3 does not combine with stages.
+  EXPECT_CONTAINS(zt::testing::error_of([&] {
+                    zt::check_engine_supports(
+                        parse(config_text(data, 2, R"(, "zero_optimization": {"stage": 3})", kTiedGpt)));
+                  }),
+                  "zero_optimization.stage 3 with pipeline.stages = 2");
+  // The micro-batch API belongs to the schedule.
+  auto stage_model = zt::build_model(config, grid.coordinates().pipeline);
+  zt::Engine engine(runtime, *stage_model, config, {.grid = &grid});
+  EXPECT_CONTAINS(zt::testing::error_of([&] {
+                    (void)engine.forward(zt::Tensor::zeros({1, 4}, zt::DType::int32));
+                  }),
+                  "call train_batch()");
+}
+
+}  // namespace
