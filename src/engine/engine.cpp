@@ -321,8 +321,8 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
   // initialized from the shard in memory above.
   if (auto* sharded = dynamic_cast<engine_detail::ShardedParameters*>(strategy_.get()))
     sharded->drop_initial_shard();
-  checkpointer_ =
-      std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_, model_);
+  checkpointer_ = std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_,
+                                                                model_, counts_in_norm_);
   grad_check_ = execution_.allocate(sizeof(kernels::GradCheckScalars), MemoryCategory::other);
   loss_sum_ = execution_.allocate(sizeof(double), MemoryCategory::other);
   execution_.zero(loss_sum_.data(), loss_sum_.size());
