@@ -227,7 +227,8 @@ std::unique_ptr<Engine> initialize(Runtime& runtime, nn::Module& model, Config c
                                    EngineOptions options = {});
 
 /// Build the model that a config's "model" section describes, in the config's compute dtype
-/// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed.
+/// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed, with activation
+/// checkpoints as the config asks (Config::activation_checkpoint_interval_for).
 std::unique_ptr<nn::Module> build_model(const Config& config);
 /// Refuse (zt::ConfigError saying what to change) settings that are valid DeepSpeed keys but that
 /// this engine cannot honour yet, rather than train differently from what was asked. The Engine

@@ -21,11 +21,16 @@ std::unique_ptr<nn::Module> build_model(const Config& config) {
     model.vocab_size = gpt->vocab_size;
     model.tie_embeddings = gpt->tie_embeddings;
     model.dropout = gpt->dropout;
+    model.activation_checkpoint_interval = config.activation_checkpoint_interval_for(gpt->n_layer);
+    model.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing;
     return std::make_unique<nn::Gpt>(model, dtype, config.seed);
   }
   const auto& mlp = std::get<MlpModelConfig>(*config.model);
   nn::MlpConfig model;
   model.sizes = mlp.sizes;
+  model.activation_checkpoint_interval =
+      config.activation_checkpoint_interval_for(static_cast<std::int64_t>(mlp.sizes.size()) - 1);
+  model.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing;
   switch (mlp.activation) {
     case MlpActivation::relu:
       model.activation = nn::ActivationKind::relu;
