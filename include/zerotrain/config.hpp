@@ -167,6 +167,30 @@ struct PipelineConfig {
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;  // "1f1b" or "gpipe"
   /// pipeline.stages, or 1 for "auto".
   std::int64_t stage_count() const { return stages.value_or(1); }
+  /// Activation checkpointing of the built-in models: every N consecutive layers (GPT blocks; a
+  /// pipeline stage's layers) in one nn::ActivationCheckpoint; 0: see
+  /// ActivationCheckpointingConfig::number_checkpoints.
+  std::int64_t activation_checkpoint_interval = 0;
+};
+
+/// "activation_checkpointing" (docs/config.md): how the built-in models' checkpoints keep their
+/// inputs; whether there are checkpoints says pipeline.activation_checkpoint_interval or, without
+/// it, number_checkpoints.
+struct ActivationCheckpointingConfig {
+  /// Splits the kept inputs across the tensor-parallel group; no effect without one (this build
+  /// has no tensor-parallel layers).
+  bool partition_activations = false;
+  /// The kept inputs in host memory when the engine's device is not the host.
+  bool cpu_checkpointing = false;
+  /// Without an interval: about this many checkpoints, ceil(layers / number_checkpoints) layers each.
+  std::optional<std::int64_t> number_checkpoints;
+  /// No effect (accepted for DeepSpeed configs): the inputs are not partitioned (see above), so
+  /// there is nothing to make contiguous.
+  bool contiguous_memory_optimization = false;
+  /// No effect: the engine's devices (the host, the emulated device) run work as it is queued.
+  bool synchronize_checkpoint_boundary = false;
+  /// No effect: DeepSpeed's per-checkpoint timers; the step metrics time the whole step.
+  bool profile = false;
 };
 
 // ---- zerotrain sections ------------------------------------------------------------------------
@@ -256,6 +280,10 @@ class Config {
   std::string summary() const;
   /// The dtype of parameters, gradients and activations: bf16 or fp16 when enabled, else fp32.
   DType compute_dtype() const;
+  /// Layers per activation checkpoint of a built-in model of `layers` layers (GPT blocks, MLP
+  /// Linear+activation pairs): pipeline.activation_checkpoint_interval when > 0, else
+  /// ceil(layers / activation_checkpointing.number_checkpoints) when that is set, else 0 (none).
+  std::int64_t activation_checkpoint_interval_for(std::int64_t layers) const;
 
   // The values, named after their JSON keys. Validated when parsed; code that changes them
   // bypasses validation.
@@ -277,6 +305,7 @@ class Config {
   AioConfig aio;
   CheckpointConfig checkpoint;
   PipelineConfig pipeline;
+  ActivationCheckpointingConfig activation_checkpointing;
 
   std::optional<ModelConfig> model;  // zerotrain
   std::optional<DataConfig> data;    // zerotrain

@@ -241,7 +241,8 @@ std::unique_ptr<Engine> initialize(Runtime& runtime, nn::Module& model, Config c
                                    EngineOptions options = {});
 
 /// Build the model that a config's "model" section describes, in the config's compute dtype
-/// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed. With
+/// (bf16 / fp16 when enabled, else fp32), initialized from the config's seed, with activation
+/// checkpoints as the config asks (Config::activation_checkpoint_interval_for). With
 /// pipeline.stages > 1 a rank builds its stage with the second form.
 std::unique_ptr<nn::Module> build_model(const Config& config);
 /// Pipeline stage `stage` of the config's model: a zt::nn::PipelineStage of its layers

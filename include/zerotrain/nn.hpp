@@ -161,8 +161,8 @@ class Module {
   /// Take ownership of a child; its modules' and parameters' names get the prefix `local_name.`.
   template <typename ModuleType>
   ModuleType& register_module(const std::string& local_name, std::unique_ptr<ModuleType> child) {
-        ZT_CHECK(local_name.find('.') == std::string::npos, "child name '", local_name, "' in module ", type_name_,
-             ": expected a name without dots");
+    ZT_CHECK(local_name.find('.') == std::string::npos, "child name '", local_name, "' in module ",
+             type_name_, ": expected a name without dots");
     ModuleType& reference = *child;
     adopt_child(local_name, local_name, std::unique_ptr<Module>(std::move(child)));
     return reference;
@@ -179,12 +179,11 @@ class Module {
     return reference;
   }
 
-
  private:
   template <typename T>
   friend class SavedActivations;
 
-    void adopt_child(const std::string& key, const std::string& path, std::unique_ptr<Module> child);
+  void adopt_child(const std::string& key, const std::string& path, std::unique_ptr<Module> child);
   void add_name_prefix(const std::string& prefix);
 
   template <typename Hook>
@@ -270,6 +269,12 @@ class Sequential : public Module {
   template <typename ModuleType>
   ModuleType& append(std::unique_ptr<ModuleType> child) {
     return register_module(std::to_string(size_++), std::move(child));
+  }
+  /// Append a child under the key of its index whose names sit at `path` below this module ("" for
+  /// no level: a container of layers such as ActivationCheckpoint, whose layers keep their names).
+  template <typename ModuleType>
+  ModuleType& append_at(const std::string& path, std::unique_ptr<ModuleType> child) {
+    return register_module_at(std::to_string(size_++), path, std::move(child));
   }
   std::size_t size() const { return size_; }
 
@@ -408,6 +413,53 @@ class Dropout : public Module {
   SavedActivations<Mask> saved_mask_{*this};
 };
 
+/// Activation checkpointing (recomputation): a run of consecutive layers, run in order, that keeps
+/// only its input for the backward. A training forward that saves (RunContext::save_for_backward)
+/// keeps, in the micro-batch's slot, the input and the mask streams of the Dropouts among the
+/// layers' modules, and runs the layers saving nothing. The backward runs the layers' forward again
+/// from that input with those mask streams, saving into the same slot (the Dropouts' streams are put
+/// back afterwards), then the layers' backward in reverse. Outputs, gradients and dropout masks are
+/// bitwise those of the layers without the wrapper, with several micro-batches in flight too; the
+/// activations inside the run exist only while one layer computes in the forward and during the
+/// run's own backward, at the price of a second forward. The layers' module hooks fire again for the
+/// recompute (ZeRO-3 gathers their parameters again). Other forwards (evaluation, save_for_backward
+/// = false) just run the layers. The backward must run in training mode, as its forward did.
+///
+/// The layers keep the names they would have without the wrapper: append(layer, "h.3") names the
+/// layer's modules and parameters as if it sat at "h.3" below the checkpoint, and the checkpoint is
+/// registered without a level of its own (register_module_at(key, "", ...), Sequential::append_at).
+///
+/// `keep_input_on_host` (DeepSpeed's cpu_checkpointing): when the run context's device is not the
+/// host, the kept input is copied to host memory (counted as activations there) and back to the
+/// device for the backward; on the host nothing changes.
+class ActivationCheckpoint : public Module {
+ public:
+  explicit ActivationCheckpoint(bool keep_input_on_host = false);
+  /// Append the next layer of the run, its names at `path` ("" for none: its children's names).
+  template <typename ModuleType>
+  ModuleType& append(std::unique_ptr<ModuleType> layer, const std::string& path) {
+    return register_module_at(std::to_string(size_++), path, std::move(layer));
+  }
+  /// The number of layers.
+  std::size_t size() const { return size_; }
+  bool keeps_input_on_host() const { return keep_input_on_host_; }
+
+ protected:
+  Tensor forward(const Tensor& input, const RunContext& context) override;
+  Tensor backward(const Tensor& grad_output, const RunContext& context) override;
+
+ private:
+  Tensor run_layers(const Tensor& input, const RunContext& context);
+
+  bool keep_input_on_host_;
+  std::size_t size_ = 0;
+  struct Saved {
+    Tensor input;                                // on the host with keep_input_on_host off the host
+    std::vector<std::uint64_t> dropout_streams;  // Dropout::next_stream of the layers' dropouts, pre-order
+  };
+  SavedActivations<Saved> saved_{*this};
+};
+
 /// Causal multi-head self-attention: qkv = Linear(C, 3C); softmax(q k^T / sqrt(C/n_head)) v per
 /// head with a causal mask; proj = Linear(C, C); then dropout. Input and output [B, T, C].
 class CausalSelfAttention : public Module {
@@ -496,15 +548,23 @@ struct GptConfig {
   std::int64_t vocab_size = 50257;
   bool tie_embeddings = true;
   double dropout = 0;
+  /// Activation checkpointing: every `activation_checkpoint_interval` consecutive blocks run in one
+  /// nn::ActivationCheckpoint (the last group may be shorter); 0: off. Parameter names, values and
+  /// order are the same either way.
+  std::int64_t activation_checkpoint_interval = 0;
+  /// With checkpointing: keep the checkpoints' inputs in host memory off the host (cpu_checkpointing).
+  bool cpu_checkpointing = false;
 };
 
 /// Parameters of a Gpt with this config, counted without building it (GPT-2 124M: 124,439,808).
 std::int64_t gpt_parameter_count(const GptConfig& config);
 
 /// GPT-2: tokens int32 [B, T] -> logits [B, T, vocab]. Children wte, wpe, drop, h (blocks h.0 ...),
-/// ln_f, lm_head. Initialized like GPT-2 from `seed` (deterministic): weights normal(0, 0.02), the
-/// residual projections (attn.proj, mlp.proj) normal(0, 0.02 / sqrt(2 n_layer)), biases 0,
-/// LayerNorm weight 1 and bias 0. backward(grad_logits) returns an undefined tensor.
+/// ln_f, lm_head; with activation checkpointing, h holds ActivationCheckpoints (named "h", no level
+/// of their own) that hold the blocks, still named h.0 .... Initialized like GPT-2 from `seed`
+/// (deterministic): weights normal(0, 0.02), the residual projections (attn.proj, mlp.proj) normal(0, 0.02 /
+/// sqrt(2 n_layer)), biases 0, LayerNorm weight 1 and bias 0. backward(grad_logits) returns an undefined
+/// tensor.
 class Gpt : public Module {
  public:
   explicit Gpt(const GptConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0,
@@ -530,11 +590,16 @@ class Gpt : public Module {
 struct MlpConfig {
   std::vector<std::int64_t> sizes;  // input, hidden..., output (at least two)
   ActivationKind activation = ActivationKind::gelu;
+  /// Activation checkpointing: every `activation_checkpoint_interval` consecutive layers (a Linear
+  /// with the activation after it) run in one nn::ActivationCheckpoint; 0: off. Names are the same.
+  std::int64_t activation_checkpoint_interval = 0;
+  bool cpu_checkpointing = false;  // as in GptConfig
 };
 
 /// Linear layers with an activation between consecutive ones (none after the last):
-/// children "0" (Linear), "1" (activation), "2" (Linear), ... Weights normal(0, 1/sqrt(fan_in))
-/// from `seed`, biases 0.
+/// modules "0" (Linear), "1" (activation), "2" (Linear), ... Weights normal(0, 1/sqrt(fan_in))
+/// from `seed`, biases 0. With activation checkpointing, the children are ActivationCheckpoints
+/// (no level of their own) that hold those modules.
 class Mlp : public Sequential {
  public:
   explicit Mlp(const MlpConfig& config, DType dtype = DType::fp32, std::uint64_t seed = 0,

@@ -63,12 +63,22 @@ struct LayerSpec {
 std::vector<std::int64_t> partition_layers(const std::vector<LayerSpec>& layers, int stages,
                                            std::string_view method);
 
+/// Activation checkpointing of a stage's layers (DeepSpeed's activation_checkpoint_interval).
+struct StageCheckpointing {
+  /// Every `interval` consecutive layers of the stage in one nn::ActivationCheckpoint (the last
+  /// group may be shorter); 0: none.
+  std::int64_t interval = 0;
+  bool keep_input_on_host = false;  // cpu_checkpointing
+};
+
 /// The layers [boundaries[stage], boundaries[stage + 1]) of a pipelinable model, built on the host
 /// in order. forward runs them in order, backward in reverse. Stage 0 takes the model's inputs; the
-/// last stage's output is the model's.
+/// last stage's output is the model's. With checkpointing, groups of layers run inside
+/// nn::ActivationCheckpoints that keep the layers' names.
 class PipelineStage : public Module {
  public:
-  PipelineStage(const std::vector<LayerSpec>& layers, const std::vector<std::int64_t>& boundaries, int stage);
+  PipelineStage(const std::vector<LayerSpec>& layers, const std::vector<std::int64_t>& boundaries, int stage,
+                StageCheckpointing checkpointing = {});
 
   int stage() const { return stage_; }
   int stages() const { return stages_; }
@@ -90,6 +100,7 @@ class PipelineStage : public Module {
   std::int64_t first_layer_;
   std::int64_t end_layer_;
   std::vector<Module*> layers_;
+  std::vector<Module*> runs_;  // what forward runs in order: the layers, or their checkpoints
 };
 
 /// GPT-2 as layers: "embeddings" (wte, wpe, drop), "h.0" ... "h.<n_layer-1>" (TransformerBlock),

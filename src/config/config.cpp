@@ -135,12 +135,6 @@ void refuse_unless_default(Section& section, std::string_view key, bool fallback
                         std::string(why) + "; remove the key or set it to " + (fallback ? "true" : "false"));
 }
 
-/// The message of the keys of activation checkpointing, in "activation_checkpointing" and
-/// "pipeline.activation_checkpoint_interval".
-constexpr std::string_view kNoActivationCheckpointing =
-    "activation checkpointing is not implemented yet (the engine keeps every activation for the backward "
-    "pass)";
-
 constexpr std::string_view kSupportedOptimizers = "Adam, AdamW, SGD";
 constexpr std::string_view kSupportedSchedulers =
     "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest";
@@ -162,7 +156,7 @@ class ConfigParser {
     parse_fp16(config, top.child("fp16"));
     parse_bf16(config, top);
     parse_aio(config, top.child("aio"));
-    parse_activation_checkpointing(top.child("activation_checkpointing"));
+    parse_activation_checkpointing(config, top.child("activation_checkpointing"));
     parse_checkpoint(config, top.child("checkpoint"));
     parse_pipeline(config, top.child("pipeline"));
     parse_model(config, top.child("model"));
@@ -697,18 +691,17 @@ class ConfigParser {
     s.finish();
   }
 
-  /// The section is accepted absent, empty or with its defaults; `zerotrain estimate` and the
-  /// engine both see the error, since both parse the config.
-  static void parse_activation_checkpointing(Section s) {
-    for (std::string_view key : {"partition_activations", "contiguous_memory_optimization",
-                                 "cpu_checkpointing", "synchronize_checkpoint_boundary", "profile"}) {
-      refuse_unless_default(s, key, false, kNoActivationCheckpointing);
-    }
-    if (const auto count = s.optional_integer("number_checkpoints", kPositive)) {
-      s.fail("number_checkpoints", std::to_string(*count) + " is not supported by zerotrain: " +
-                                       std::string(kNoActivationCheckpointing) +
-                                       "; remove the key or set it to null");
-    }
+  /// Whether there are checkpoints says pipeline.activation_checkpoint_interval (or, without it,
+  /// number_checkpoints); this section says how they keep their inputs. The keys without an effect
+  /// in this build are accepted (docs/config.md, "activation_checkpointing").
+  static void parse_activation_checkpointing(Config& c, Section s) {
+    ActivationCheckpointingConfig& a = c.activation_checkpointing;
+    a.partition_activations = s.boolean("partition_activations", false);
+    a.cpu_checkpointing = s.boolean("cpu_checkpointing", false);
+    a.number_checkpoints = s.optional_integer("number_checkpoints", kPositive);
+    a.contiguous_memory_optimization = s.boolean("contiguous_memory_optimization", false);
+    a.synchronize_checkpoint_boundary = s.boolean("synchronize_checkpoint_boundary", false);
+    a.profile = s.boolean("profile", false);
     s.finish();
   }
 
@@ -776,11 +769,8 @@ class ConfigParser {
     (void)s.boolean("seed_layers", false);
     for (std::string_view key : {"pipe_partitioned", "grad_partitioned", "use_reentrant"})
       (void)s.boolean(key, true);
-    if (const auto interval = s.integer("activation_checkpoint_interval", 0, kNonNegative); interval != 0) {
-      s.fail("activation_checkpoint_interval", std::to_string(interval) + " is not supported by zerotrain: " +
-                                                   std::string(kNoActivationCheckpointing) +
-                                                   "; remove the key or set it to 0");
-    }
+    // Honoured without pipelining too: the built-in models' blocks per activation checkpoint.
+    p.activation_checkpoint_interval = s.integer("activation_checkpoint_interval", 0, kNonNegative);
     s.finish();
   }
 
@@ -958,6 +948,13 @@ Config Config::from_file(const std::filesystem::path& path, int data_parallel_si
   Config config = from_file(path, options);
   config.resolve_batch(data_parallel_size);
   return config;
+}
+
+std::int64_t Config::activation_checkpoint_interval_for(std::int64_t layers) const {
+  if (pipeline.activation_checkpoint_interval > 0) return pipeline.activation_checkpoint_interval;
+  if (const auto& count = activation_checkpointing.number_checkpoints; count && layers > 0)
+    return (layers + *count - 1) / *count;
+  return 0;
 }
 
 DType Config::compute_dtype() const {

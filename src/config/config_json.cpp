@@ -266,7 +266,16 @@ std::string Config::to_json_string(int indent) const {
                      {"dir_mode", octal(checkpoint.dir_mode)}};
   j["pipeline"] = {{"stages", pipeline.stages ? ojson(*pipeline.stages) : ojson("auto")},
                    {"partition", pipeline.partition},
-                   {"schedule", pipeline.schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b"}};
+                   {"schedule", pipeline.schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b"},
+                   {"activation_checkpoint_interval", pipeline.activation_checkpoint_interval}};
+  const ActivationCheckpointingConfig& checkpointing = activation_checkpointing;
+  j["activation_checkpointing"] = {
+      {"partition_activations", checkpointing.partition_activations},
+      {"cpu_checkpointing", checkpointing.cpu_checkpointing},
+      {"number_checkpoints", optional_value(checkpointing.number_checkpoints)},
+      {"contiguous_memory_optimization", checkpointing.contiguous_memory_optimization},
+      {"synchronize_checkpoint_boundary", checkpointing.synchronize_checkpoint_boundary},
+      {"profile", checkpointing.profile}};
   j["model"] = model ? std::visit(ModelJson{}, *model) : ojson(nullptr);
   if (data) {
     j["data"] = {{"path", optional_value(data->path)},
@@ -358,6 +367,14 @@ std::string Config::summary() const {
       out << "mlp sizes [";
       for (std::size_t i = 0; i < m.sizes.size(); ++i) out << (i ? ", " : "") << m.sizes[i];
       out << "] " << to_string(m.activation);
+    }
+    const std::int64_t layers =
+        std::holds_alternative<GptModelConfig>(*model)
+            ? std::get<GptModelConfig>(*model).n_layer
+            : static_cast<std::int64_t>(std::get<MlpModelConfig>(*model).sizes.size()) - 1;
+    if (const std::int64_t interval = activation_checkpoint_interval_for(layers); interval > 0) {
+      out << "; activation checkpoints of " << interval << " layer" << (interval == 1 ? "" : "s")
+          << (activation_checkpointing.cpu_checkpointing ? ", inputs kept on the host" : "");
     }
   }
   if (checkpoint.save_dir)

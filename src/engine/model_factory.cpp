@@ -18,7 +18,7 @@ void check_has_model(const Config& config) {
               "[32, 64, 8]}");
 }
 
-nn::GptConfig gpt_config_of(const GptModelConfig& gpt) {
+nn::GptConfig gpt_config_of(const Config& config, const GptModelConfig& gpt) {
   nn::GptConfig model;
   model.n_layer = gpt.n_layer;
   model.n_head = gpt.n_head;
@@ -27,12 +27,17 @@ nn::GptConfig gpt_config_of(const GptModelConfig& gpt) {
   model.vocab_size = gpt.vocab_size;
   model.tie_embeddings = gpt.tie_embeddings;
   model.dropout = gpt.dropout;
+  model.activation_checkpoint_interval = config.activation_checkpoint_interval_for(gpt.n_layer);
+  model.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing;
   return model;
 }
 
-nn::MlpConfig mlp_config_of(const MlpModelConfig& mlp) {
+nn::MlpConfig mlp_config_of(const Config& config, const MlpModelConfig& mlp) {
   nn::MlpConfig model;
   model.sizes = mlp.sizes;
+  model.activation_checkpoint_interval =
+      config.activation_checkpoint_interval_for(static_cast<std::int64_t>(mlp.sizes.size()) - 1);
+  model.cpu_checkpointing = config.activation_checkpointing.cpu_checkpointing;
   switch (mlp.activation) {
     case MlpActivation::relu:
       model.activation = nn::ActivationKind::relu;
@@ -57,8 +62,8 @@ std::unique_ptr<nn::Module> build_model(const Config& config) {
               "zt::pipeline_stage_of(runtime, config), or the grid's coordinates().pipeline)");
   const DType dtype = compute_dtype_of(config);
   if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model))
-    return std::make_unique<nn::Gpt>(gpt_config_of(*gpt), dtype, config.seed);
-  return std::make_unique<nn::Mlp>(mlp_config_of(std::get<MlpModelConfig>(*config.model)), dtype,
+    return std::make_unique<nn::Gpt>(gpt_config_of(config, *gpt), dtype, config.seed);
+  return std::make_unique<nn::Mlp>(mlp_config_of(config, std::get<MlpModelConfig>(*config.model)), dtype,
                                    config.seed);
 }
 
@@ -67,11 +72,21 @@ std::unique_ptr<nn::Module> build_model(const Config& config, int stage) {
   const DType dtype = compute_dtype_of(config);
   const std::vector<nn::LayerSpec> layers =
       std::holds_alternative<GptModelConfig>(*config.model)
-          ? nn::gpt_layers(gpt_config_of(std::get<GptModelConfig>(*config.model)), dtype, config.seed)
-          : nn::mlp_layers(mlp_config_of(std::get<MlpModelConfig>(*config.model)), dtype, config.seed);
+          ? nn::gpt_layers(gpt_config_of(config, std::get<GptModelConfig>(*config.model)), dtype, config.seed)
+          : nn::mlp_layers(mlp_config_of(config, std::get<MlpModelConfig>(*config.model)), dtype,
+                           config.seed);
   const int stages = static_cast<int>(config.pipeline.stage_count());
-  return std::make_unique<nn::PipelineStage>(
-      layers, nn::partition_layers(layers, stages, config.pipeline.partition), stage);
+  const std::vector<std::int64_t> boundaries =
+      nn::partition_layers(layers, stages, config.pipeline.partition);
+  ZT_CHECK_AS(ConfigError, stage >= 0 && stage < stages, "build_model: stage ", stage, " of pipeline.stages ",
+              stages);
+  // Activation checkpoints over the stage's layers (DeepSpeed's PipelineModule), by the config's rule.
+  const std::int64_t stage_layers =
+      boundaries[static_cast<std::size_t>(stage) + 1] - boundaries[static_cast<std::size_t>(stage)];
+  const nn::StageCheckpointing checkpointing{
+      .interval = config.activation_checkpoint_interval_for(stage_layers),
+      .keep_input_on_host = config.activation_checkpointing.cpu_checkpointing};
+  return std::make_unique<nn::PipelineStage>(layers, boundaries, stage, checkpointing);
 }
 
 int pipeline_stage_of(const Runtime& runtime, const Config& config) {

@@ -1,4 +1,5 @@
 // Models: GPT-2 and a plain MLP, with deterministic initialization from a seed.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -51,6 +52,8 @@ Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed, Device device
            " must be a multiple of n_head ", config.n_head);
   ZT_CHECK(dtype_is_floating(dtype), "Gpt in dtype ", dtype_name(dtype),
            ": expected fp32, fp64, bf16 or fp16");
+  ZT_CHECK(config.activation_checkpoint_interval >= 0, "GptConfig: activation_checkpoint_interval ",
+           config.activation_checkpoint_interval, ", expected >= 0 (0: no activation checkpointing)");
   wte_ =
       &register_module("wte", std::make_unique<Embedding>(config.vocab_size, config.d_model, dtype, device));
   wpe_ = &register_module(
@@ -58,10 +61,22 @@ Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed, Device device
   // Every dropout gets its own seed so that masks of different layers are independent.
   drop_ = &register_module("drop", std::make_unique<Dropout>(config.dropout, seed * 1000 + 1));
   blocks_ = &register_module("h", std::make_unique<Sequential>());
-  for (std::int64_t layer = 0; layer < config.n_layer; ++layer) {
-    blocks_->append(
-        std::make_unique<TransformerBlock>(config.d_model, config.n_head, dtype, config.dropout,
-                                           seed * 1000 + 2 * static_cast<std::uint64_t>(layer) + 2, device));
+  const auto block = [&](std::int64_t layer) {
+    return std::make_unique<TransformerBlock>(config.d_model, config.n_head, dtype, config.dropout,
+                                              seed * 1000 + 2 * static_cast<std::uint64_t>(layer) + 2,
+                                              device);
+  };
+  const std::int64_t interval = config.activation_checkpoint_interval;
+  if (interval == 0) {
+    for (std::int64_t layer = 0; layer < config.n_layer; ++layer) blocks_->append(block(layer));
+  } else {
+    // The checkpoints add no level: block `layer` is "h.<layer>" as without them.
+    for (std::int64_t first = 0; first < config.n_layer; first += interval) {
+      auto& checkpoint =
+          blocks_->append_at("", std::make_unique<ActivationCheckpoint>(config.cpu_checkpointing));
+      for (std::int64_t layer = first; layer < std::min(first + interval, config.n_layer); ++layer)
+        checkpoint.append(block(layer), std::to_string(layer));
+    }
   }
   ln_f_ = &register_module("ln_f", std::make_unique<LayerNorm>(config.d_model, dtype, 1e-5, device));
   if (config.tie_embeddings) {
@@ -103,11 +118,22 @@ Tensor Gpt::backward(const Tensor& grad_output, const RunContext& context) {
 Mlp::Mlp(const MlpConfig& config, DType dtype, std::uint64_t seed, Device device) : Sequential("Mlp") {
   ZT_CHECK(config.sizes.size() >= 2, "MlpConfig.sizes has ", config.sizes.size(),
            " entries: expected at least input and output sizes");
+  ZT_CHECK(config.activation_checkpoint_interval >= 0, "MlpConfig: activation_checkpoint_interval ",
+           config.activation_checkpoint_interval, ", expected >= 0 (0: no activation checkpointing)");
+  const auto interval = static_cast<std::size_t>(config.activation_checkpoint_interval);
+  std::size_t module_index = 0;  // the name of the next module: "0", "1", ...
+  ActivationCheckpoint* checkpoint = nullptr;
+  const auto add = [&]<typename Layer>(std::unique_ptr<Layer> layer) -> Layer& {
+    const std::string path = std::to_string(module_index++);
+    if (checkpoint == nullptr) return append(std::move(layer));  // named by its index, as `path`
+    return checkpoint->append(std::move(layer), path);
+  };
   for (std::size_t i = 0; i + 1 < config.sizes.size(); ++i) {
-    auto& linear =
-        append(std::make_unique<Linear>(config.sizes[i], config.sizes[i + 1], true, dtype, device));
+    if (interval > 0 && i % interval == 0)
+      checkpoint = &append_at("", std::make_unique<ActivationCheckpoint>(config.cpu_checkpointing));
+    auto& linear = add(std::make_unique<Linear>(config.sizes[i], config.sizes[i + 1], true, dtype, device));
     init_normal(linear.weight(), 1.0 / std::sqrt(static_cast<double>(config.sizes[i])), seed);
-    if (i + 2 < config.sizes.size()) append(std::make_unique<Activation>(config.activation));
+    if (i + 2 < config.sizes.size()) add(std::make_unique<Activation>(config.activation));
   }
 }
 

@@ -96,7 +96,8 @@ class GptHead : public Module {
 }  // namespace
 
 PipelineStage::PipelineStage(const std::vector<LayerSpec>& layers,
-                             const std::vector<std::int64_t>& boundaries, int stage)
+                             const std::vector<std::int64_t>& boundaries, int stage,
+                             StageCheckpointing checkpointing)
     : Module("PipelineStage"), stage_(stage), stages_(static_cast<int>(boundaries.size()) - 1) {
   ZT_CHECK_AS(ConfigError, stages_ >= 1 && stage >= 0 && stage < stages_, "PipelineStage: stage ", stage,
               " of ", stages_, " (from ", boundaries.size(), " boundaries): expected 0 <= stage < stages");
@@ -109,14 +110,26 @@ PipelineStage::PipelineStage(const std::vector<LayerSpec>& layers,
                 boundaries[s], ", ", boundaries[s + 1],
                 "): every stage needs at least one layer (partition_layers makes valid boundaries)");
   }
+  ZT_CHECK_AS(ConfigError, checkpointing.interval >= 0, "PipelineStage: activation checkpoint interval ",
+              checkpointing.interval, "; expected >= 0 (0: no checkpoints)");
   first_layer_ = boundaries[static_cast<std::size_t>(stage)];
   end_layer_ = boundaries[static_cast<std::size_t>(stage) + 1];
+  ActivationCheckpoint* group = nullptr;
   for (std::int64_t i = first_layer_; i < end_layer_; ++i) {
     const LayerSpec& spec = layers[static_cast<std::size_t>(i)];
     ZT_CHECK(spec.build != nullptr, "PipelineStage: layer ", i, " ('", spec.key, "') has no build function");
+    // A group is registered before its layers are built, so a tied layer finds the parameters of
+    // the layers before it in the same group.
+    if (checkpointing.interval > 0 && (i - first_layer_) % checkpointing.interval == 0) {
+      group = &register_module_at("checkpoint." + std::to_string(runs_.size()), "",
+                                  std::make_unique<ActivationCheckpoint>(checkpointing.keep_input_on_host));
+      runs_.push_back(group);
+    }
     std::unique_ptr<Module> built = spec.build(*this);
     ZT_CHECK(built != nullptr, "PipelineStage: layer ", i, " ('", spec.key, "') built nothing");
-    Module& layer = register_module_at(spec.key, spec.path, std::move(built));
+    Module& layer = group != nullptr ? group->append(std::move(built), spec.path)
+                                     : register_module_at(spec.key, spec.path, std::move(built));
+    if (group == nullptr) runs_.push_back(&layer);
     if (spec.initialize) spec.initialize(layer);
     for (Parameter* parameter : layer.parameters()) parameter->pipeline_stage = stage;
     layers_.push_back(&layer);
@@ -125,13 +138,13 @@ PipelineStage::PipelineStage(const std::vector<LayerSpec>& layers,
 
 Tensor PipelineStage::forward(const Tensor& input, const RunContext& context) {
   Tensor x = input;
-  for (Module* layer : layers_) x = layer->run_forward(x, context);
+  for (Module* run : runs_) x = run->run_forward(x, context);
   return x;
 }
 
 Tensor PipelineStage::backward(const Tensor& grad_output, const RunContext& context) {
   Tensor grad = grad_output;
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) grad = (*it)->run_backward(grad, context);
+  for (auto it = runs_.rbegin(); it != runs_.rend(); ++it) grad = (*it)->run_backward(grad, context);
   return grad;
 }
 
@@ -207,7 +220,7 @@ std::vector<LayerSpec> mlp_layers(const MlpConfig& config, DType dtype, std::uin
                         .type = "Activation",
                         .parameter_count = 0,
                         .build = [kind](PipelineStage&) -> std::unique_ptr<Module> {
-                                                    return std::make_unique<Activation>(kind);
+                          return std::make_unique<Activation>(kind);
                         },
                         .initialize = {}});
     }

@@ -3,6 +3,7 @@
 // ZeRO 0-2 within each stage's data group, both schedules, tied embeddings, dropout, a model of the
 // caller's own layers, and clear errors for what does not combine.
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <cmath>
 #include <map>
@@ -14,6 +15,7 @@
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "test_helpers.hpp"
+#include "zerotrain/device.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/pipeline.hpp"
 #include "zerotrain/process_grid.hpp"
@@ -44,6 +46,7 @@ struct PipelineRun {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> masters;  // this rank's stage's parameters, by name
   std::vector<zt::PipelineTiming> timings;
+  std::uint64_t peak_activations = 0;  // this rank's, over the run
 };
 
 /// The fp32 masters of the engine's parameters by name (collective over its data group).
@@ -55,19 +58,22 @@ std::map<std::string, std::vector<float>> masters_by_name(zt::Engine& engine) {
   return masters;
 }
 
-/// A config for `data` data-parallel ranks and `stages` stages with the global batch fixed.
+/// A config for `data` data-parallel ranks and `stages` stages with the global batch fixed;
+/// `pipeline_keys` go into the "pipeline" section (start them with a comma).
 std::string config_text(int data, int stages, const std::string& extra, const char* model,
-                        const char* optimizer = kAdamW) {
+                        const char* optimizer = kAdamW, const std::string& pipeline_keys = "") {
   return gpt_config(kGlobalBatch / data / kMicroBatches, kMicroBatches,
-                    R"(, "pipeline": {"stages": )" + std::to_string(stages) + "}" + extra, optimizer, model);
+                    R"(, "pipeline": {"stages": )" + std::to_string(stages) + pipeline_keys + "}" + extra,
+                    optimizer, model);
 }
 
 /// Train kSteps steps through train_batch on a grid of `stages` x (world / stages).
 PipelineRun run_on_grid(const std::string& extra, const char* model, int stages,
-                        const char* optimizer = kAdamW) {
+                        const char* optimizer = kAdamW, const std::string& pipeline_keys = "") {
   zt::Runtime& runtime = zt::testing::runtime();
   const int data = runtime.world_size() / stages;
-  const zt::Config config = parse(config_text(data, stages, extra, model, optimizer));
+  const zt::Config config = parse(config_text(data, stages, extra, model, optimizer, pipeline_keys));
+  zt::reset_memory_peaks();
   zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = stages, .tensor = 1});
   auto stage_model = zt::build_model(config, grid.coordinates().pipeline);
   zt::Engine engine(runtime, *stage_model, config, zt::EngineOptions{.grid = &grid});
@@ -79,6 +85,7 @@ PipelineRun run_on_grid(const std::string& extra, const char* model, int stages,
     result.losses.push_back(engine.last_step().loss);
     result.timings.push_back(engine.last_step().pipeline);
   }
+  result.peak_activations = zt::memory_snapshot(zt::DeviceType::host)[zt::MemoryCategory::activations].peak;
   result.masters = masters_by_name(engine);
   return result;
 }
@@ -198,13 +205,38 @@ TEST(Pipeline, GpipeAndOneFOneBTrainAlike) {
   for (int stages : pipeline_sizes()) {
     SCOPED_TRACE("pipeline " + std::to_string(stages));
     const PipelineRun one_f_one_b = run_on_grid(R"(, "zero_optimization": {"stage": 2})", kTiedGpt, stages);
-    const PipelineRun gpipe = run_on_grid(R"(, "zero_optimization": {"stage": 2}, "pipeline": {"stages": )" +
-                                              std::to_string(stages) + R"(, "schedule": "gpipe"})",
-                                          kTiedGpt, stages);
+    const PipelineRun gpipe = run_on_grid(R"(, "zero_optimization": {"stage": 2})", kTiedGpt, stages, kAdamW,
+                                          R"(, "schedule": "gpipe")");
     EXPECT_EQ(gpipe.losses, one_f_one_b.losses);
     expect_masters_match(gpipe, one_f_one_b, 0);
     EXPECT_EQ(one_f_one_b.timings.back().stages, stages);
     EXPECT_GT(one_f_one_b.timings.back().busy_seconds, 0);
+  }
+}
+
+TEST(Pipeline, ActivationCheckpointsInStagesKeepTheRunBitwise) {
+  // pipeline.activation_checkpoint_interval wraps each stage's layers in checkpoints that keep only
+  // their input and recompute the forward (dropout masks replayed) in the backward: the same run,
+  // less activation memory held between a micro-batch's forward and its backward.
+  for (int stages : pipeline_sizes()) {
+    SCOPED_TRACE("pipeline " + std::to_string(stages));
+    const std::string extra = with_zero_stage(1);
+    const PipelineRun plain = run_on_grid(extra, kUntiedGptWithDropout, stages, kAdamW);
+    const PipelineRun checkpointed =
+        run_on_grid(extra, kUntiedGptWithDropout, stages, kAdamW, R"(, "activation_checkpoint_interval": 1)");
+    EXPECT_EQ(checkpointed.losses, plain.losses);
+    expect_masters_match(checkpointed, plain, 0);
+    // A stage saves where several micro-batches wait for their backward (1F1B: p - s on stage s);
+    // the last stage holds one, and recomputes what it would have kept. Over the pipeline: less.
+    std::uint64_t peaks[2] = {plain.peak_activations, checkpointed.peak_activations};
+    MPI_Allreduce(MPI_IN_PLACE, peaks, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_LT(peaks[1], peaks[0]);
+    if (zt::testing::runtime().world_rank() == 0) {
+      std::printf(
+          "pipeline %d stages: peak activations summed over the ranks %llu bytes plain, %llu with "
+          "checkpoints\n",
+          stages, static_cast<unsigned long long>(peaks[0]), static_cast<unsigned long long>(peaks[1]));
+    }
   }
 }
 

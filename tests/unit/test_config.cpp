@@ -600,23 +600,7 @@ TEST(ConfigIgnoredKeys, ValuesThatCannotChangeTheTrainingAreIgnored) {
 }
 
 TEST(ConfigIgnoredKeys, ValuesThatWouldChangeTheTrainingAreRefused) {
-  const std::string no_recompute =
-      "is not supported by zerotrain: activation checkpointing is not implemented yet";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"activation_checkpointing": {"partition_activations": true}})",
-       "activation_checkpointing.partition_activations: true " + no_recompute},
-      {R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
-       "activation_checkpointing.cpu_checkpointing: true " + no_recompute},
-      {R"({"activation_checkpointing": {"contiguous_memory_optimization": true}})",
-       "activation_checkpointing.contiguous_memory_optimization: true " + no_recompute},
-      {R"({"activation_checkpointing": {"number_checkpoints": 4}})",
-       "activation_checkpointing.number_checkpoints: 4 " + no_recompute},
-      {R"({"activation_checkpointing": {"synchronize_checkpoint_boundary": true}})",
-       "activation_checkpointing.synchronize_checkpoint_boundary: true " + no_recompute},
-      {R"({"activation_checkpointing": {"profile": true}})",
-       "activation_checkpointing.profile: true " + no_recompute},
-      {R"({"pipeline": {"activation_checkpoint_interval": 1}})",
-       "pipeline.activation_checkpoint_interval: 1 " + no_recompute},
       {R"({"prescale_gradients": true})",
        "prescale_gradients: true is not supported by zerotrain: gradients are averaged after the sum"},
       {R"({"gradient_predivide_factor": 2})", "gradient_predivide_factor: 2 is not supported by zerotrain"},
@@ -650,6 +634,68 @@ TEST(ConfigIgnoredKeys, ValuesThatWouldChangeTheTrainingAreRefused) {
        "comm.backend: \"nccl\" is not supported: the config does not choose the communication backend"},
   };
   for (const auto& [text, message] : cases) EXPECT_CONTAINS(parse_error(text), message);
+}
+
+// ---- activation checkpointing ------------------------------------------------------------------
+
+TEST(ConfigActivationCheckpointing, KeysAreReadAndRoundTrip) {
+  const Config c =
+      parse(R"({"activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
+      "number_checkpoints": 3, "contiguous_memory_optimization": true, "synchronize_checkpoint_boundary": true,
+      "profile": true}, "pipeline": {"activation_checkpoint_interval": 2}})");
+  EXPECT_TRUE(c.warnings().empty()) << c.warnings().at(0);
+  const zt::ActivationCheckpointingConfig& a = c.activation_checkpointing;
+  EXPECT_TRUE(a.partition_activations);
+  EXPECT_TRUE(a.cpu_checkpointing);
+  EXPECT_EQ(a.number_checkpoints, 3);
+  EXPECT_TRUE(a.contiguous_memory_optimization);
+  EXPECT_TRUE(a.synchronize_checkpoint_boundary);
+  EXPECT_TRUE(a.profile);
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 2);
+  const Config again = parse(c.to_json_string());
+  EXPECT_TRUE(again.warnings().empty()) << again.warnings().at(0);
+  EXPECT_EQ(again.to_json_string(), c.to_json_string());
+  EXPECT_EQ(again.activation_checkpointing.number_checkpoints, 3);
+  EXPECT_EQ(again.pipeline.activation_checkpoint_interval, 2);
+  EXPECT_TRUE(again.activation_checkpointing.cpu_checkpointing);
+  EXPECT_NE(c.to_json_string(), parse("{}").to_json_string());
+
+  const Config defaults = parse("{}");
+  EXPECT_FALSE(defaults.activation_checkpointing.number_checkpoints.has_value());
+  EXPECT_EQ(defaults.pipeline.activation_checkpoint_interval, 0);
+  EXPECT_FALSE(defaults.activation_checkpointing.cpu_checkpointing);
+}
+
+TEST(ConfigActivationCheckpointing, TheIntervalComesFromThePipelineOrTheNumberOfCheckpoints) {
+  EXPECT_EQ(parse("{}").activation_checkpoint_interval_for(10), 0);
+  EXPECT_EQ(parse(R"({"activation_checkpointing": {"cpu_checkpointing": true}})")
+                .activation_checkpoint_interval_for(10),
+            0);
+  const Config by_count = parse(R"({"activation_checkpointing": {"number_checkpoints": 3}})");
+  EXPECT_EQ(by_count.activation_checkpoint_interval_for(10), 4);  // ceil(10 / 3): groups of 4, 4, 2
+  EXPECT_EQ(by_count.activation_checkpoint_interval_for(9), 3);
+  EXPECT_EQ(by_count.activation_checkpoint_interval_for(2), 1);  // more checkpoints than layers
+  const Config both = parse(
+      R"({"activation_checkpointing": {"number_checkpoints": 3}, "pipeline": {"activation_checkpoint_interval": 5}})");
+  EXPECT_EQ(both.activation_checkpoint_interval_for(10), 5);  // the interval wins
+  EXPECT_EQ(
+      parse(R"({"pipeline": {"activation_checkpoint_interval": 1}})").activation_checkpoint_interval_for(10),
+      1);
+}
+
+TEST(ConfigActivationCheckpointing, InvalidValuesAreRefused) {
+  EXPECT_CONTAINS(parse_error(R"({"activation_checkpointing": {"number_checkpoints": 0}})"),
+                  "activation_checkpointing.number_checkpoints: expected a positive integer, got 0");
+  EXPECT_CONTAINS(parse_error(R"({"pipeline": {"activation_checkpoint_interval": -1}})"),
+                  "pipeline.activation_checkpoint_interval: expected a non-negative integer, got -1");
+  EXPECT_CONTAINS(
+      parse_error(R"({"activation_checkpointing": {"cpu_checkpointing": "yes"}})"),
+      "activation_checkpointing.cpu_checkpointing: expected a boolean (true or false), got \"yes\"");
+  const Config typo = parse(R"({"activation_checkpointing": {"cpu_checkpoint": true}})");
+  ASSERT_EQ(typo.warnings().size(), 1u);
+  EXPECT_CONTAINS(typo.warnings()[0],
+                  "activation_checkpointing.cpu_checkpoint: unknown key; did you mean "
+                  "'cpu_checkpointing'?");
 }
 
 // ---- warnings --------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -209,6 +210,20 @@ TEST(GradCheck, TransformerBlockWithDropout) {
     }
   };
   gradcheck_module(block, random_tensor({2, 4, 8}, 26), 27, pin_masks);
+}
+
+TEST(GradCheck, ActivationCheckpointWithDropout) {
+  // Its backward recomputes the layers' forward (same masks) before their backward.
+  nn::ActivationCheckpoint checkpoint;
+  checkpoint.append(std::make_unique<nn::TransformerBlock>(8, 2, DType::fp64, 0.3, 5), "0");
+  checkpoint.append(std::make_unique<nn::LayerNorm>(8, DType::fp64), "norm");
+  randomize_parameters(checkpoint, 38, 0.4);
+  const auto pin_masks = [&] {
+    for (nn::Module* module : checkpoint.modules()) {
+      if (auto* dropout = dynamic_cast<nn::Dropout*>(module)) dropout->set_next_stream(2);
+    }
+  };
+  gradcheck_module(checkpoint, random_tensor({2, 4, 8}, 39), 40, pin_masks);
 }
 
 TEST(GradCheck, MlpModel) {
