@@ -1,6 +1,9 @@
 // Models described by a config's "model" section.
+#include <string>
 #include <variant>
+#include <vector>
 
+#include "src/engine/model_layers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/pipeline.hpp"
@@ -63,16 +66,36 @@ std::unique_ptr<nn::Module> build_model(const Config& config) {
 }
 
 std::unique_ptr<nn::Module> build_model(const Config& config, int stage) {
+  return std::make_unique<nn::PipelineStage>(engine_detail::layers_of_config(config),
+                                             engine_detail::stage_boundaries_of_config(config), stage);
+}
+
+namespace engine_detail {
+
+std::vector<nn::LayerSpec> layers_of_config(const Config& config) {
   check_has_model(config);
   const DType dtype = compute_dtype_of(config);
-  const std::vector<nn::LayerSpec> layers =
-      std::holds_alternative<GptModelConfig>(*config.model)
-          ? nn::gpt_layers(gpt_config_of(std::get<GptModelConfig>(*config.model)), dtype, config.seed)
-          : nn::mlp_layers(mlp_config_of(std::get<MlpModelConfig>(*config.model)), dtype, config.seed);
-  const int stages = static_cast<int>(config.pipeline.stage_count());
-  return std::make_unique<nn::PipelineStage>(
-      layers, nn::partition_layers(layers, stages, config.pipeline.partition), stage);
+  return std::holds_alternative<GptModelConfig>(*config.model)
+             ? nn::gpt_layers(gpt_config_of(std::get<GptModelConfig>(*config.model)), dtype, config.seed)
+             : nn::mlp_layers(mlp_config_of(std::get<MlpModelConfig>(*config.model)), dtype, config.seed);
 }
+
+std::vector<std::int64_t> stage_boundaries_of_config(const Config& config) {
+  return nn::partition_layers(layers_of_config(config), static_cast<int>(config.pipeline.stage_count()),
+                              config.pipeline.partition);
+}
+
+std::string describe_stage_layers(const std::vector<nn::LayerSpec>& layers,
+                                  const std::vector<std::int64_t>& boundaries, int stage) {
+  const auto first = static_cast<std::size_t>(boundaries.at(static_cast<std::size_t>(stage)));
+  const auto end = static_cast<std::size_t>(boundaries.at(static_cast<std::size_t>(stage) + 1));
+  const std::size_t count = end - first;
+  std::string text = layers.at(first).key;
+  if (count > 1) text += " .. " + layers.at(end - 1).key;
+  return text + " (" + std::to_string(count) + (count == 1 ? " layer)" : " layers)");
+}
+
+}  // namespace engine_detail
 
 int pipeline_stage_of(const Runtime& runtime, const Config& config) {
   const int stages = static_cast<int>(config.pipeline.stage_count());
