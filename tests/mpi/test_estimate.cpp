@@ -279,6 +279,43 @@ TEST(Estimate, IsEachPipelineStagesModelStateAllocation) {
   }
 }
 
+/// A pipelined `zerotrain train` reports in mem.resident the largest stage's model states (the
+/// maximum over ranks) at every step.
+TEST(Estimate, IsWhatThePipelinedMetricsReport) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  if (world == 1) GTEST_SKIP() << "a pipeline needs two ranks or more";
+  const auto path = std::filesystem::temp_directory_path() / "zt_estimate_test_pipeline_metrics.jsonl";
+  const zt::Config config = pipelined_config_of({2, "", ""}, "", 2);
+  std::uint64_t largest[3] = {0, 0, 0};
+  for (int stage = 0; stage < 2; ++stage) {
+    const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world, 0, stage);
+    largest[0] = std::max(largest[0], estimate.parameters_host);
+    largest[1] = std::max(largest[1], estimate.gradients);
+    largest[2] = std::max(largest[2], estimate.optimizer_states_host);
+  }
+  zt::TrainOptions options;
+  options.steps = 3;
+  options.metrics_path = path.string();
+  options.print_every = 0;
+  zt::train(runtime, config, options);
+  if (runtime.world_rank() != 0) return;
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    if (event["event"] != "step") continue;
+    ++steps;
+    const nlohmann::json& resident = event["mem"]["resident"];
+    EXPECT_EQ(resident["parameters"].get<std::uint64_t>(), largest[0]);
+    EXPECT_EQ(resident["gradients"].get<std::uint64_t>(), largest[1]);
+    EXPECT_EQ(resident["optimizer_states"].get<std::uint64_t>(), largest[2]);
+  }
+  EXPECT_EQ(steps, 3);
+  std::filesystem::remove(path);
+}
+
 /// What the estimate cannot split is refused with the reason.
 TEST(Estimate, PipelineMisuseIsAClearError) {
   const zt::Config config = pipelined_config_of({2, "", ""}, "", 2);
