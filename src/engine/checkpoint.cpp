@@ -13,6 +13,7 @@
 #include <limits>
 #include <thread>
 
+#include <sstream>
 #include "base/text.hpp"
 #include "io/hdf5_file.hpp"
 #include "src/engine/checkpointer.hpp"
@@ -117,13 +118,75 @@ const char* role_name(nn::ParallelRole role) {
 }  // namespace
 
 Checkpointer::Checkpointer(const PartitionPlan& plan, const ParallelContext& parallel, ZeroStrategy& strategy,
-                           OptimizerStates& states, nn::Module& model)
-    : plan_(plan), parallel_(parallel), strategy_(strategy), states_(states), model_(model) {
+                           OptimizerStates& states, nn::Module& model, std::vector<char> saved_here)
+    : plan_(plan),
+      parallel_(parallel),
+      strategy_(strategy),
+      states_(states),
+      model_(model),
+      saved_here_(std::move(saved_here)) {
+  ZT_CHECK(saved_here_.size() == plan_.size(), "checkpointer: ", saved_here_.size(), " flags for ",
+           plan_.size(), " parameters");
   for (const FlatParameter& slot : plan_.layout()) {
     ZT_CHECK(slot.role == nn::ParallelRole::replicated || plan_.settings().tensor_size == 1,
              "checkpoints of tensor-parallel slices ('", slot.name,
              "' is sharded across the tensor group) are not available yet");
   }
+  // The global layout: what each stage saves, one line per parameter, gathered stage by stage.
+  std::ostringstream mine;
+  for (std::size_t i = 0; i < plan_.size(); ++i) {
+    if (!saved_here_[i]) continue;
+    const FlatParameter& slot = plan_.layout()[i];
+    mine << slot.name << '\t' << role_name(slot.role) << '\t' << slot.shard_dim << '\t' << i;
+    for (std::int64_t extent : global_shape(i)) mine << '\t' << extent;
+    mine << '\n';
+  }
+  const std::vector<std::string> stages = all_gather_strings(*parallel_.pipeline().host, mine.str());
+  const int my_stage = parallel_.pipeline().rank();
+  global_of_.assign(plan_.size(), -1);
+  for (std::size_t stage = 0; stage < stages.size(); ++stage) {
+    std::istringstream lines(stages[stage]);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      GlobalParameter parameter;
+      std::int64_t index = 0;
+      std::getline(fields, parameter.name, '\t');
+      std::getline(fields, parameter.role, '\t');
+      fields >> parameter.shard_dim >> index;
+      for (std::int64_t extent = 0; fields >> extent;) parameter.shape.push_back(extent);
+      parameter.stage = static_cast<std::int64_t>(stage);
+      if (static_cast<int>(stage) == my_stage) {
+        parameter.local = index;
+        global_of_[static_cast<std::size_t>(index)] = static_cast<std::int64_t>(global_.size());
+      }
+      std::int64_t elements = 1;
+      for (std::int64_t extent : parameter.shape) elements *= extent;
+      global_parameter_count_ += elements;
+      global_.push_back(std::move(parameter));
+    }
+  }
+}
+
+std::vector<Checkpointer::GlobalDropout> Checkpointer::global_dropouts() const {
+  std::ostringstream mine;
+  const std::vector<nn::Dropout*> dropouts = dropouts_of(model_);
+  for (const nn::Dropout* dropout : dropouts)
+    mine << dropout->name() << '\t' << dropout->next_stream() << '\n';
+  const std::vector<std::string> stages = all_gather_strings(*parallel_.pipeline().host, mine.str());
+  std::vector<GlobalDropout> all;
+  for (std::size_t stage = 0; stage < stages.size(); ++stage) {
+    std::istringstream lines(stages[stage]);
+    std::string line;
+    std::size_t position = 0;
+    while (std::getline(lines, line)) {
+      const std::size_t tab = line.rfind('\t');
+      GlobalDropout dropout{.name = line.substr(0, tab), .stream = std::stoull(line.substr(tab + 1))};
+      if (static_cast<int>(stage) == parallel_.pipeline().rank()) dropout.local = dropouts[position++];
+      all.push_back(std::move(dropout));
+    }
+  }
+  return all;
 }
 
 bool Checkpointer::writes(std::size_t index) const {
@@ -147,9 +210,6 @@ std::pair<std::int64_t, std::int64_t> Checkpointer::owned_range(std::size_t inde
 
 std::string Checkpointer::save(const std::string& dir, const SaveOptions& options,
                                const TrainingState& state) {
-  ZT_CHECK(parallel_.pipeline().size() == 1,
-           "checkpoints of a pipeline-parallel grid are not available yet (pipeline size ",
-           parallel_.pipeline().size(), ")");
   Communicator& everyone = parallel_.everyone();
   const MPI_Comm comm = parallel_.everyone_comm();
   wait_for_all_ranks(comm, "save_checkpoint");
@@ -184,35 +244,42 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
   temporary = broadcast_string(everyone,
                                (directory / ("." + tag + ".h5.tmp-" + std::to_string(::getpid()))).string());
 
-  const std::vector<FlatParameter>& layout = plan_.layout();
   {
     io::H5File file = io::H5File::create_parallel(temporary.string(), comm);
     std::vector<std::string> names;
     std::vector<std::uint64_t> sums;
     // `owned` holds this rank's owned range of the parameter (owned_range); the checkpoint range
-    // lies inside it.
+    // lies inside it. Every rank creates every stage's datasets (HDF5's metadata is collective);
+    // the ranks of the stage that saves a parameter write it.
     std::vector<float> owned;
-    auto write_piece = [&](const std::string& name, std::size_t index) {
-      auto [first, count] = plan_.checkpoint_range(index);
-      if (!writes(index)) count = 0;
-      const float* source = owned.data() + (first - owned_range(index).first);
-      file.create_dataset(name, global_shape(index), DType::fp32);
+    auto write_piece = [&](const std::string& name, const GlobalParameter& parameter) {
+      file.create_dataset(name, parameter.shape, DType::fp32);
+      std::int64_t first = 0, count = 0;
+      const float* source = owned.data();
+      if (parameter.local >= 0) {
+        const auto index = static_cast<std::size_t>(parameter.local);
+        std::tie(first, count) = plan_.checkpoint_range(index);
+        if (!writes(index)) count = 0;
+        source = owned.data() + (first - owned_range(index).first);
+      }
       file.write_range(name, first, count, source, DType::fp32);
       names.push_back(name);
       sums.push_back(io::range_checksum(source, sizeof(float), first, count));
     };
-    auto owned_buffer = [&](std::size_t index) {
+    auto read_owned = [&](const GlobalParameter& parameter, auto&& read) {
+      owned.assign(1, 0.0f);
+      if (parameter.local < 0) return;
+      const auto index = static_cast<std::size_t>(parameter.local);
       owned.assign(static_cast<std::size_t>(plan_.owned()[index].count), 0.0f);
-      return owned.data();
+      read(index, owned.data());
     };
-    for (std::size_t i = 0; i < layout.size(); ++i) {
-      states_.read_master(i, owned_buffer(i));
-      write_piece("model/" + layout[i].name, i);
-      file.set_attribute("model/" + layout[i].name, "role", std::string(role_name(layout[i].role)));
-      file.set_attribute("model/" + layout[i].name, "shard_dim",
-                         static_cast<std::int64_t>(layout[i].shard_dim));
-      file.set_attribute("model/" + layout[i].name, "pipeline_stage",
-                         static_cast<std::int64_t>(layout[i].pipeline_stage));
+    for (const GlobalParameter& parameter : global_) {
+      read_owned(parameter, [&](std::size_t index, float* out) { states_.read_master(index, out); });
+      const std::string name = "model/" + parameter.name;
+      write_piece(name, parameter);
+      file.set_attribute(name, "role", parameter.role);
+      file.set_attribute(name, "shard_dim", parameter.shard_dim);
+      file.set_attribute(name, "pipeline_stage", parameter.stage);
     }
     if (const char* fault = std::getenv("ZT_FAULT_INJECTION");
         fault != nullptr && std::string_view(fault) == "kill_during_checkpoint_save" &&
@@ -223,17 +290,21 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
     const Optimizer& optimizer = states_.optimizer();
     const std::vector<std::string_view> state_names = optimizer.state_names();
     for (std::size_t k = 0; k < state_names.size(); ++k) {
-      for (std::size_t i = 0; i < layout.size(); ++i) {
-        states_.read_state(k, i, owned_buffer(i));
-        write_piece("optimizer/" + std::string(state_names[k]) + "/" + layout[i].name, i);
+      for (const GlobalParameter& parameter : global_) {
+        read_owned(parameter, [&](std::size_t index, float* out) { states_.read_state(k, index, out); });
+        write_piece("optimizer/" + std::string(state_names[k]) + "/" + parameter.name, parameter);
       }
     }
     states_.flush();  // releases the read cache
-    // Every rank's dropout streams, one row per rank.
-    const std::vector<nn::Dropout*> dropouts = dropouts_of(model_);
+    // The dropout streams of the whole model (every stage's), one row per rank, and their names.
+    const std::vector<GlobalDropout> dropouts = global_dropouts();
     const std::int64_t streams = std::max<std::int64_t>(1, static_cast<std::int64_t>(dropouts.size()));
     std::vector<std::uint64_t> row(static_cast<std::size_t>(streams), 0);
-    for (std::size_t d = 0; d < dropouts.size(); ++d) row[d] = dropouts[d]->next_stream();
+    std::string dropout_names;
+    for (std::size_t d = 0; d < dropouts.size(); ++d) {
+      row[d] = dropouts[d].stream;
+      dropout_names += (d == 0 ? "" : "\n") + dropouts[d].name;
+    }
     file.create_dataset("engine/rng_streams", {everyone.size(), streams}, DType::int64);
     file.write_range("engine/rng_streams", everyone.rank() * streams, streams, row.data(), DType::int64);
     names.push_back("engine/rng_streams");
@@ -259,9 +330,10 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
     file.set_attribute(engine_group, "compute_dtype",
                        std::string(dtype_name(plan_.settings().compute_dtype)));
     file.set_attribute(engine_group, "train_batch_size", state.train_batch_size);
-    file.set_attribute(engine_group, "parameters", plan_.parameter_count());
+    file.set_attribute(engine_group, "parameters", global_parameter_count_);
     file.set_attribute(engine_group, "config", state.config.to_json_string(0));
     file.set_attribute(engine_group, "dropout_streams", static_cast<std::int64_t>(dropouts.size()));
+    file.set_attribute(engine_group, "dropout_names", dropout_names);
     const LossScalerState scaler = state.loss_scaler.state();
     file.set_attribute(engine_group, "loss_scale", scaler.cur_scale);
     file.set_attribute(engine_group, "loss_scaler_iter", scaler.cur_iter);
@@ -281,7 +353,7 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
       file.set_attribute("optimizer", "type", std::string(optimizer.name()));
       file.set_attribute("optimizer", "step", optimizer.step_count());
     }
-    file.set_attribute("model", "parameters", plan_.parameter_count());
+    file.set_attribute("model", "parameters", global_parameter_count_);
     file.close();
   }
 
@@ -347,20 +419,30 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
     ZT_CHECK_AS(IoError, stored == expected, "checkpoint '", path, "' dataset '", name, "' has shape ",
                 base::shape_text(stored), " but the model's parameter has ", base::shape_text(expected));
   }
-  ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == plan_.parameter_count(), "checkpoint '",
+  ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == global_parameter_count_, "checkpoint '",
               path, "' holds ", file.int_attribute("model", "parameters"), " parameter elements, the model ",
-              plan_.parameter_count(), ": it was saved from another model");
+              global_parameter_count_, ": it was saved from another model");
 
+  // Checksums are summed over every rank for every dataset of the global layout (model, then each
+  // optimizer state): each rank reads what it holds and counts its checkpoint range once (replicated
+  // copies: the first tensor-parallel rank's; a tied copy: the stage that saves it), whatever it read.
+  const Optimizer& loading_optimizer = states_.optimizer();
   std::vector<std::string> names;
-  std::vector<std::uint64_t> sums;
-  // Each rank reads what it holds; the checksum counts each rank's checkpoint range once (replicated
-  // copies: the first tensor-parallel rank's), whatever was read.
-  auto add_checksum = [&](const std::string& name, std::size_t index, const float* values,
+  for (const GlobalParameter& parameter : global_) names.push_back("model/" + parameter.name);
+  for (std::string_view state_name : loading_optimizer.state_names()) {
+    for (const GlobalParameter& parameter : global_)
+      names.push_back("optimizer/" + std::string(state_name) + "/" + parameter.name);
+  }
+  std::vector<std::uint64_t> sums(names.size(), 0);
+  std::vector<char> verified(names.size(), 0);  // the group of names read (optimizer states may be skipped)
+  auto add_checksum = [&](std::size_t group, std::size_t index, const float* values,
                           std::int64_t values_first) {
+    const std::int64_t position = global_of_[index];
+    if (position < 0) return;  // a tied copy: the stage that saves the parameter counts it
     const auto [first, count] = plan_.checkpoint_range(index);
-    names.push_back(name);
-    sums.push_back(
-        writes(index) ? io::range_checksum(values + (first - values_first), sizeof(float), first, count) : 0);
+    const std::size_t k = group * global_.size() + static_cast<std::size_t>(position);
+    if (writes(index))
+      sums[k] = io::range_checksum(values + (first - values_first), sizeof(float), first, count);
   };
   std::vector<float> values;
   std::vector<float> owned;
@@ -369,7 +451,7 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
     const auto [held_first, held_count] = strategy_.held_range(i);
     values.assign(static_cast<std::size_t>(held_count), 0.0f);
     file.read_range(name, held_first, held_count, values.data(), DType::fp32);
-    add_checksum(name, i, values.data(), held_first);
+    add_checksum(0, i, values.data(), held_first);
     strategy_.load_parameter(i, values.data());
     if (plan_.separate_master()) {
       // The master of the owned range, from what was read (the padding past the end stays zero).
@@ -399,14 +481,17 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
         const auto [first, count] = owned_range(i);
         owned.assign(static_cast<std::size_t>(plan_.owned()[i].count), 0.0f);
         file.read_range(name, first, count, owned.data(), DType::fp32);
-        add_checksum(name, i, owned.data(), first);
+        add_checksum(1 + k, i, owned.data(), first);
         states_.write_state(k, i, owned.data());
       }
     }
   }
   states_.flush();  // the last sub-group's changes reach the swap file
+  // Without the optimizer states only the model's datasets were read.
+  const std::size_t checked = load_optimizer ? names.size() : global_.size();
+  sums.resize(checked);
   sum_checksums(everyone, sums);
-  for (std::size_t k = 0; k < names.size(); ++k) {
+  for (std::size_t k = 0; k < checked; ++k) {
     const std::uint64_t stored = file.uint_attribute(names[k], "checksum");
     ZT_CHECK_AS(IoError, stored == sums[k], "checkpoint '", path, "' dataset '", names[k],
                 "' does not match its checksum (stored ", stored, ", computed ", sums[k],
@@ -424,14 +509,29 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
                     file.uint_attribute("engine/rng_streams", "checksum"),
                 "checkpoint '", path,
                 "' dataset 'engine/rng_streams' does not match its checksum: the file is corrupted");
-    const std::vector<nn::Dropout*> dropouts = dropouts_of(model_);
+    const std::vector<GlobalDropout> dropouts = global_dropouts();
     ZT_CHECK_AS(IoError,
                 file.int_attribute("engine", "dropout_streams") == static_cast<std::int64_t>(dropouts.size()),
                 "checkpoint '", path, "' has ", file.int_attribute("engine", "dropout_streams"),
                 " dropout streams, the model ", dropouts.size());
+    // By name where the file has them (a dropout may sit on another stage than when saved), else in
+    // the model's order (checkpoints of format 1 without pipeline stages).
+    std::vector<std::string> saved_names;
+    if (file.has_attribute("engine", "dropout_names")) {
+      std::istringstream lines(file.string_attribute("engine", "dropout_names"));
+      for (std::string line; std::getline(lines, line);) saved_names.push_back(line);
+    }
     const std::int64_t row = everyone.rank() < table[0] ? everyone.rank() : 0;
     for (std::size_t d = 0; d < dropouts.size(); ++d) {
-      dropouts[d]->set_next_stream(streams[static_cast<std::size_t>(row * table[1]) + d]);
+      if (dropouts[d].local == nullptr) continue;
+      std::size_t column = d;
+      if (!saved_names.empty()) {
+        const auto found = std::find(saved_names.begin(), saved_names.end(), dropouts[d].name);
+        ZT_CHECK_AS(IoError, found != saved_names.end(), "checkpoint '", path,
+                    "' has no dropout stream for '", dropouts[d].name, "': it was saved from another model");
+        column = static_cast<std::size_t>(found - saved_names.begin());
+      }
+      dropouts[d].local->set_next_stream(streams[static_cast<std::size_t>(row * table[1]) + column]);
     }
     TrainingProgress& progress = state.progress;
     progress.global_steps = file.int_attribute("engine", "global_steps");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/engine/optimizer_states.hpp"
 #include "src/engine/parallel_context.hpp"
@@ -39,8 +40,11 @@ struct TrainingState {
 
 class Checkpointer {
  public:
+  /// `saved_here[i]`: this stage saves parameter i of the plan (false for a tied copy of a lower
+  /// stage's parameter, which that stage saves). Collective over the pipeline group (the stages
+  /// exchange what they save: a checkpoint holds every stage's parameters in one global layout).
   Checkpointer(const PartitionPlan& plan, const ParallelContext& parallel, ZeroStrategy& strategy,
-               OptimizerStates& states, nn::Module& model);
+               OptimizerStates& states, nn::Module& model, std::vector<char> saved_here);
 
   /// Save to DIR/TAG.h5 (collective over every rank of the grid); returns the tag.
   std::string save(const std::string& dir, const SaveOptions& options, const TrainingState& state);
@@ -57,11 +61,33 @@ class Checkpointer {
   /// piece, or the whole parameter without partitioning), the padding cut off.
   std::pair<std::int64_t, std::int64_t> owned_range(std::size_t index) const;
 
+  /// A parameter of the whole model as the file holds it, whichever stage holds it.
+  struct GlobalParameter {
+    std::string name;
+    std::vector<std::int64_t> shape;  // global (unsliced)
+    std::string role;                 // "replicated" or "sharded"
+    std::int64_t shard_dim = 0;
+    std::int64_t stage = 0;   // the pipeline stage that saves it
+    std::int64_t local = -1;  // its index in this rank's plan when this stage saves it, else -1
+  };
+  /// A dropout of the whole model, and its mask stream (the same on every data-parallel rank).
+  struct GlobalDropout {
+    std::string name;
+    std::uint64_t stream = 0;
+    nn::Dropout* local = nullptr;  // when this stage holds it
+  };
+  /// Every stage's dropouts in stage order, with their current streams (collective over the pipeline group).
+  std::vector<GlobalDropout> global_dropouts() const;
+
   const PartitionPlan& plan_;
   const ParallelContext& parallel_;
   ZeroStrategy& strategy_;
   OptimizerStates& states_;
   nn::Module& model_;
+  std::vector<char> saved_here_;
+  std::vector<GlobalParameter> global_;  // stage by stage, each in its plan's order
+  std::vector<std::int64_t> global_of_;  // per plan index: its position in global_, or -1 (a tied copy)
+  std::int64_t global_parameter_count_ = 0;
 };
 
 }  // namespace zt::engine_detail

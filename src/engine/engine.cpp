@@ -274,6 +274,12 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
                 " but this rank is stage ", parallel_.pipeline().rank(), " of ", stages,
                 " in the process grid (world rank ", runtime.world_rank(), ")");
     ZT_CHECK_AS(ConfigError, external_ == nullptr, "a zt::ExternalModel cannot be a pipeline stage");
+    // The schedules assume sends that do not wait for their receive (MPI's isend); a device
+    // communicator's send does (NCCL, the emulated device), which needs sends and receives paired.
+    ZT_CHECK_AS(ConfigError, stages == 1 || execution_.device().is_host(), "pipeline stages on ",
+                execution_.device().str(),
+                ": this build runs pipelines on the host (device sends wait for their receive, and the "
+                "executor does not pair them yet)");
   }
   ZT_CHECK_AS(ConfigError, config_.pipeline.stage_count() == 1 || config_.pipeline.stage_count() == stages,
               "pipeline.stages is ", config_.pipeline.stage_count(), " but the process grid has ", stages,
@@ -321,8 +327,8 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
   // initialized from the shard in memory above.
   if (auto* sharded = dynamic_cast<engine_detail::ShardedParameters*>(strategy_.get()))
     sharded->drop_initial_shard();
-  checkpointer_ =
-      std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_, model_);
+  checkpointer_ = std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_,
+                                                                model_, counts_in_norm_);
   grad_check_ = execution_.allocate(sizeof(kernels::GradCheckScalars), MemoryCategory::other);
   loss_sum_ = execution_.allocate(sizeof(double), MemoryCategory::other);
   execution_.zero(loss_sum_.data(), loss_sum_.size());

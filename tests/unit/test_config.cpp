@@ -545,6 +545,24 @@ TEST(ConfigIgnoredKeys, DefaultsAreAcceptedSilently) {
   EXPECT_TRUE(parse(R"({"activation_checkpointing": {}})").warnings().empty());
 }
 
+TEST(ConfigPipeline, StagesPartitionAndSchedule) {
+  const Config defaults = parse("{}");
+  EXPECT_EQ(defaults.pipeline.stage_count(), 1);
+  EXPECT_EQ(defaults.pipeline.partition, "parameters");
+  EXPECT_EQ(defaults.pipeline.schedule, zt::PipelineSchedule::one_f_one_b);
+  // DeepSpeed's "best" balances parameters, as "parameters" does.
+  const Config best = parse(R"({"pipeline": {"stages": 2, "partition": "best", "schedule": "gpipe"}})");
+  EXPECT_EQ(best.pipeline.stage_count(), 2);
+  EXPECT_EQ(best.pipeline.partition, "parameters");
+  EXPECT_EQ(best.pipeline.schedule, zt::PipelineSchedule::gpipe);
+  const Config typed = parse(R"({"pipeline": {"partition": "type:Block", "schedule": "1f1b"}})");
+  EXPECT_EQ(typed.pipeline.partition, "type:Block");
+  const Config round_trip = parse(best.to_json_string());
+  EXPECT_EQ(round_trip.pipeline.stage_count(), 2);
+  EXPECT_EQ(round_trip.pipeline.schedule, zt::PipelineSchedule::gpipe);
+  EXPECT_CONTAINS(parse_error(R"({"pipeline": {"schedule": "interleaved"}})"), "pipeline.schedule");
+}
+
 TEST(ConfigIgnoredKeys, ValuesThatCannotChangeTheTrainingAreIgnored) {
   const std::string base = R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu")";
   const Config c = parse("{" + base + R"(, "pipeline_read": true, "pipeline_write": true, "fast_init": true,
@@ -555,8 +573,8 @@ TEST(ConfigIgnoredKeys, ValuesThatCannotChangeTheTrainingAreIgnored) {
       "stage3_module_granularity_threshold": 5, "stage3_use_all_reduce_for_fetch_params": true,
       "allgather_sequential": true, "memory_efficient_linear": false, "override_module_apply": false},
     "checkpoint": {"tag_validation": "fail", "load_universal": true, "parallel_write": {"pipeline_stage": true}},
-    "pipeline": {"partition": "type:Block", "seed_layers": true, "pipe_partitioned": false,
-                 "grad_partitioned": false, "use_reentrant": false}})");
+    "pipeline": {"seed_layers": true, "pipe_partitioned": false, "grad_partitioned": false,
+                 "use_reentrant": false}})");
   EXPECT_TRUE(c.warnings().empty()) << c.warnings().at(0);
   EXPECT_EQ(c.to_json_string(), parse("{" + base + "}}}").to_json_string());
 
