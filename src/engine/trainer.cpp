@@ -154,20 +154,6 @@ nlohmann::json pipeline_step_metrics(Communicator& world, const PipelineTiming& 
       {"stage_peak_activations", peaks}};
 }
 
-/// What `zerotrain train` cannot do with pipeline stages yet, refused before the model is built:
-/// checkpoints of pipelined runs are not in this build (the engine's checkpointer refuses them).
-void refuse_pipelined_checkpoints(const Config& config, const TrainOptions& options) {
-  const std::int64_t stages = config.pipeline.stage_count();
-  if (stages == 1) return;
-  const char* option = options.save_dir             ? "--save-dir"
-                       : config.checkpoint.save_dir ? "checkpoint.save_dir"
-                       : options.resume             ? "--resume"
-                                                    : nullptr;
-  ZT_CHECK_AS(ConfigError, option == nullptr, option, " with pipeline.stages = ", stages,
-              ": pipelined checkpoints are not available in this build yet; train without ", option,
-              " or with pipeline.stages 1");
-}
-
 volatile std::sig_atomic_t stop_signal_received = 0;
 
 extern "C" void remember_stop_signal(int signal) {
@@ -232,7 +218,6 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   ZT_CHECK_AS(ConfigError, options.steps >= 0, "--steps must be >= 0, got ", options.steps);
   const bool leader = runtime.world_rank() == 0;
   check_engine_supports(config);
-  refuse_pipelined_checkpoints(config, options);
   // Device memory counts too, from whatever this process held before the model.
   MemorySnapshot before_model = memory_snapshot(DeviceType::host);
   for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {

@@ -2,7 +2,7 @@
 # `zerotrain train` with pipeline stages, as a user runs it (ctest cli.train_pipeline): gpt-tiny
 # split into 2 stages on 2 ranks (1F1B) and 2 stages x 2 data-parallel ranks on 4 (GPipe) trains
 # as one rank does (the same losses within 1e-6 relative), prints the stages and the bubble, writes
-# the pipeline metrics for every stage, and refuses checkpoints with the option's name.
+# the pipeline metrics for every stage, and resumes a checkpoint saved at 2 x 2 on 2 x 1.
 # usage: pipeline_train.sh ZEROTRAIN CONFIG MPIEXEC [MPIEXEC_FLAGS...]
 source "$(dirname "$0")/offload_job.sh" pipeline-cli "$@"
 /usr/bin/python3 - "$config" "$work" <<'PY'
@@ -76,13 +76,24 @@ for name, schedule, partition in (("pp2", "1f1b", "parameters"), ("pp2-dp2", "gp
           f"bubble {[round(b, 2) for b in step_lines[-1]['pipeline']['bubble_fraction']]}")
 PY
 
-# Checkpoints of pipelined runs are not in this build: refused at once, naming the option.
-if "${mpiexec[@]}" -n 2 "$zt" train --config "$work/pp2.json" --steps 2 --save-dir "$work/ckpt" \
-  >"$work/save.txt" 2>&1; then
-  fail "--save-dir with pipeline stages succeeded"
-fi
-grep -q -- "--save-dir with pipeline.stages = 2: pipelined checkpoints are not available in this build yet" \
-  "$work/save.txt" || fail "--save-dir with pipeline stages: not the expected error"
-[ ! -e "$work/ckpt" ] || fail "--save-dir with pipeline stages wrote $work/ckpt"
+# A checkpoint saved at 2 stages x 2 data-parallel ranks resumes at 2 stages x 1 and continues the
+# one-rank run.
+"${mpiexec[@]}" -n 4 "$zt" train --config "$work/pp2-dp2.json" --steps 3 --print-every 1 --save-dir "$work/ckpt" \
+  >"$work/save.txt" 2>&1 || fail "the pipelined save failed"
+grep -q "saved checkpoint $work/ckpt/global_step3.h5" "$work/save.txt" || fail "no checkpoint saved"
+"${mpiexec[@]}" -n 2 "$zt" train --config "$work/pp2.json" --steps $steps --print-every 1 --save-dir "$work/ckpt" \
+  --resume auto --metrics "$work/resumed.jsonl" >"$work/resumed.txt" 2>&1 || fail "the pipelined resume failed"
+grep -q "resumed from $work/ckpt/global_step3.h5 at step 3" "$work/resumed.txt" || fail "not resumed at step 3"
+/usr/bin/python3 - "$work" $steps <<'PY' || fail "the resumed run's losses are not the one-rank run's"
+import json, sys
+work, steps = sys.argv[1], int(sys.argv[2])
+def losses(name):
+    return {e["step"]: e["loss"] for e in map(json.loads, open(f"{work}/{name}.jsonl")) if e["event"] == "step"}
+reference, resumed = losses("single"), losses("resumed")
+assert sorted(resumed) == list(range(4, steps + 1)), sorted(resumed)
+worst = max(abs(resumed[s] - reference[s]) / abs(reference[s]) for s in resumed)
+assert worst < 1e-6, (resumed, reference)
+print(f"resumed at 2 x 1 from 2 x 2: steps 4-{steps} as one rank (worst relative difference {worst:.1e})")
+PY
 grep "zerotrain train:" "$work/pp2-dp2.txt"
 echo "PASS: train_pipeline"
