@@ -15,8 +15,8 @@ namespace zt {
 /// memory (all of it without offload). resident() is what the engine holds between steps: the
 /// metrics' mem.resident and the memory counters show exactly these numbers.
 struct MemoryEstimate {
-  std::int64_t parameters_count = 0;  // Ψ
-  int world_size = 1;                 // N, the data-parallel size
+  std::int64_t parameters_count = 0;  // Ψ (of the pipeline stage, its tied copies included)
+  int world_size = 1;                 // N, the data-parallel size (the ranks / pipeline.stages)
   int zero_stage = 0;
   DType compute_dtype = DType::fp32;
   /// The rank's parameters: the flat buffer (stages 0-2, every parameter padded to N pieces and
@@ -62,28 +62,39 @@ struct MemoryEstimate {
   /// DeepSpeed's own estimators (estimate_zero2/zero3_model_states_mem_needs, one node with N GPUs,
   /// additional_buffer_factor 1.5) for the same settings: GPU bytes per GPU, CPU bytes per node.
   /// largest_parameter (DeepSpeed's "largest layer", here the largest parameter tensor of the
-  /// config's model, 0 with --params) enters stage 3's formula.
+  /// config's model, or of the pipeline stage; 0 with --params) enters stage 3's formula. With
+  /// pipeline stages the formulas take the stage's parameters and its N data-parallel ranks.
   std::uint64_t deepspeed_gpu_bytes = 0;
   std::uint64_t deepspeed_cpu_bytes = 0;
   std::int64_t largest_parameter = 0;
+  // ---- pipeline.stages > 1: the numbers are those of one stage's ranks --------------------------
+  int pipeline_stage = 0;
+  int pipeline_stages = 1;
+  std::string stage_layers;  // "h.2 .. head (3 layers)": the stage's layers (empty with one stage)
   /// A text table with the formula of each line.
   std::string table() const;
 };
 
 /// Per-rank model-state bytes for the config's precision and optimizer at ZeRO stage
-/// config.zero_optimization.stage on `world_size` data-parallel ranks, for `parameters_count`
-/// parameters (or, when 0, the count of the config's "model"):
+/// config.zero_optimization.stage on `world_size` ranks, for `parameters_count` parameters (or,
+/// when 0, the config's "model"). Without pipelining all ranks are data-parallel (N = world_size);
+/// with pipeline.stages = p > 1 they form p stages of N = world_size / p data-parallel ranks each
+/// (world_size must be a multiple of p), and the estimate is that of the ranks of stage
+/// `pipeline_stage`: the parameters of its layers (pipeline.partition splits the config's model as
+/// zt::build_model(config, stage) does; a tied copy counts on every stage that holds one) over its
+/// N data-parallel ranks. Per stage (Ψ its parameters):
 ///   stage 0: params kΨ, grads kΨ, states KΨ          (k = 2 in bf16/fp16, 4 in fp32)
 ///   stage 1: params kΨ, grads kΨ, states KΨ/N
 ///   stage 2: params kΨ, grads kΨ/N, states KΨ/N
-///   stage 3: params kΨ/N, grads kΨ/N, states KΨ/N
+///   stage 3: params kΨ/N, grads kΨ/N, states KΨ/N   (not with pipeline stages: the engine refuses it)
 /// The numbers are the plan's: each parameter padded to a multiple of N elements (and, in the flat
 /// layout, to 16), persistent stage-3 parameters whole, swap buffers aligned to 4096 bytes (the usual
 /// O_DIRECT alignment; a disk with a larger one takes a little more). With `parameters_count` and
-/// no model, one tensor of that many elements. With offload, also where the states live (host,
-/// NVMe) and what would be on a GPU with CUDA (fields above).
+/// no model, one tensor of that many elements (not with pipeline stages). With offload, also where
+/// the states live (host, NVMe) and what would be on a GPU with CUDA (fields above). Activations
+/// are not estimated.
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
-                                           std::int64_t parameters_count = 0);
+                                           std::int64_t parameters_count = 0, int pipeline_stage = 0);
 
 /// Number of parameters of the config's "model" section (without building it).
 std::int64_t model_parameter_count(const Config& config);

@@ -43,6 +43,7 @@ constexpr const char* kUsage =
     "  estimate --config FILE --world-size N [--params P]\n"
     "                             model-state memory per rank: the engine's partition plan, by the ZeRO "
     "formulas\n"
+    "                             (with pipeline.stages: per stage, over N / stages data-parallel ranks)\n"
     "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
     "  checkpoint inspect DIR [--tag T]\n"
     "                             what a checkpoint holds: counters, world size and ZeRO stage it was\n"
@@ -156,9 +157,30 @@ int estimate_command(zt::Runtime& runtime, int argc, char** argv) {
   zt::ConfigParseOptions parse;
   if (runtime.world_rank() != 0) parse.warning_sink = {};
   const zt::Config config = zt::Config::from_file(*config_path, parse);
-  const zt::MemoryEstimate estimate =
-      zt::estimate_model_state_memory(config, static_cast<int>(*world_size), parameters);
-  if (runtime.world_rank() == 0) std::fputs(estimate.table().c_str(), stdout);
+  // With pipeline stages, one table per stage: each stage's ranks hold different layers.
+  const int stages = static_cast<int>(config.pipeline.stage_count());
+  std::vector<zt::MemoryEstimate> estimates;
+  for (int stage = 0; stage < stages; ++stage) {
+    estimates.push_back(
+        zt::estimate_model_state_memory(config, static_cast<int>(*world_size), parameters, stage));
+  }
+  if (runtime.world_rank() != 0) return 0;
+  if (stages > 1) {
+    std::printf(
+        "pipeline: %d stages x %d data-parallel rank(s) = %lld ranks, partition \"%s\", schedule %s\n",
+        stages, estimates.front().world_size, static_cast<long long>(*world_size),
+        config.pipeline.partition.c_str(),
+        config.pipeline.schedule == zt::PipelineSchedule::gpipe ? "gpipe" : "1f1b");
+  }
+  for (const zt::MemoryEstimate& estimate : estimates) std::fputs(estimate.table().c_str(), stdout);
+  if (stages > 1) {
+    const auto largest = std::max_element(
+        estimates.begin(), estimates.end(),
+        [](const zt::MemoryEstimate& a, const zt::MemoryEstimate& b) { return a.resident() < b.resident(); });
+    std::printf("largest per rank: stage %d, %llu B resident model states (%.3f GiB)\n",
+                largest->pipeline_stage, static_cast<unsigned long long>(largest->resident()),
+                static_cast<double>(largest->resident()) / (1024.0 * 1024.0 * 1024.0));
+  }
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <variant>
 
+#include "src/engine/model_layers.hpp"
 #include "src/engine/partition_plan.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
@@ -30,23 +31,51 @@ std::int64_t model_largest_parameter(const Config& config) {
 }
 
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
-                                           std::int64_t parameters_count) {
+                                           std::int64_t parameters_count, int pipeline_stage) {
   ZT_CHECK_AS(ConfigError, world_size >= 1, "--world-size must be at least 1, got ", world_size);
-  // The engine's own partition plan on rank 0 (every rank's shard has the same size): the
-  // estimate is the allocation, padding included. With --params N and no model: one tensor of N.
+  const int stages = static_cast<int>(config.pipeline.stage_count());
+  ZT_CHECK_AS(ConfigError, world_size % stages == 0, "--world-size ", world_size,
+              " with pipeline.stages = ", stages,
+              ": the ranks must split into stages of equal data-parallel size (ranks = stages x data)");
+  ZT_CHECK_AS(ConfigError, pipeline_stage >= 0 && pipeline_stage < stages, "pipeline stage ", pipeline_stage,
+              " of a config with pipeline.stages = ", stages, ": expected 0 <= stage < ", stages);
+  const int data_parallel = world_size / stages;
+  // The engine's own partition plan on rank 0 of the stage's data group (every rank's shard has
+  // the same size): the estimate is the allocation, padding included. With --params N and no
+  // model: one tensor of N. With pipeline stages: the stage's parameters, a tied copy included.
   std::vector<engine_detail::PlannedParameter> planned;
   if (parameters_count > 0) {
+    ZT_CHECK_AS(ConfigError, stages == 1, "--params with pipeline.stages = ", stages,
+                ": the split into stages needs the config's \"model\" section (its layers); drop --params");
     planned.push_back({"parameters", {parameters_count}});
+  } else if (stages > 1) {
+    ZT_CHECK_AS(ConfigError,
+                !engine_detail::ZeroPartitioning::of_stage(config.zero_optimization.stage).parameters,
+                "zero_optimization.stage 3 with pipeline.stages = ", stages,
+                ": the engine refuses this combination (zerotrain train would fail); use stage 1 or 2");
+    planned = engine_detail::planned_parameters_of_stage(config, pipeline_stage);
   } else {
     planned = engine_detail::planned_parameters_of_config(config);
   }
+  std::int64_t largest_parameter = 0;
+  if (parameters_count == 0) {
+    for (const engine_detail::PlannedParameter& parameter : planned)
+      largest_parameter = std::max(largest_parameter, shape_numel(parameter.shape));
+  }
   const engine_detail::PartitionPlan plan(std::move(planned),
-                                          engine_detail::plan_settings(config, world_size, 0));
+                                          engine_detail::plan_settings(config, data_parallel, 0));
   const engine_detail::ModelStateBytes resident = plan.model_state_bytes();
 
   MemoryEstimate estimate;
   estimate.parameters_count = plan.parameter_count();
-  estimate.world_size = world_size;
+  estimate.world_size = data_parallel;
+  estimate.pipeline_stage = pipeline_stage;
+  estimate.pipeline_stages = stages;
+  if (stages > 1) {
+    estimate.stage_layers = engine_detail::describe_stage_layers(
+        engine_detail::layers_of_config(config), engine_detail::stage_boundaries_of_config(config),
+        pipeline_stage);
+  }
   estimate.zero_stage = config.zero_optimization.stage;
   estimate.compute_dtype = compute_dtype_of(config);
   const std::uint64_t element = dtype_size(estimate.compute_dtype);
@@ -72,7 +101,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   estimate.optimizer_states_host = resident.optimizer_states;
   estimate.nvme_bytes = resident.optimizer_states_nvme;
   estimate.param_offload_device = plan.settings().parameter_offload;
-  estimate.largest_parameter = parameters_count > 0 ? 0 : model_largest_parameter(config);
+  estimate.largest_parameter = largest_parameter;
   estimate.parameters_host = resident.parameters;
   estimate.parameters_nvme = resident.parameters_nvme;
   estimate.device_bytes_with_cuda = estimate.parameters + estimate.gradients;
@@ -90,7 +119,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   // DeepSpeed's estimators, one node with N GPUs (reference: deepspeed-semantics.md §2).
   {
     const double p = static_cast<double>(estimate.parameters_count);
-    const double g = static_cast<double>(world_size);
+    const double g = static_cast<double>(data_parallel);
     const double factor = 1.5;
     const double largest = static_cast<double>(estimate.largest_parameter);
     double gpu = 0;
@@ -128,6 +157,9 @@ std::string MemoryEstimate::table() const {
   const std::string per_rank = "/N";
   const engine_detail::ZeroPartitioning partitioned = engine_detail::ZeroPartitioning::of_stage(zero_stage);
   std::ostringstream out;
+  if (pipeline_stages > 1) {
+    out << "pipeline stage " << pipeline_stage << " of " << pipeline_stages << ": " << stage_layers << "\n";
+  }
   out << "model states per rank: " << parameters_count << " parameters (Ψ), ZeRO stage " << zero_stage << ", "
       << world_size << " data-parallel rank(s) (N), " << dtype_name(compute_dtype) << " (k = " << k
       << " bytes), optimizer states K = " << big_k << " bytes per parameter\n";

@@ -1,6 +1,9 @@
 // Models described by a config's "model" section.
+#include <string>
 #include <variant>
+#include <vector>
 
+#include "src/engine/model_layers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/pipeline.hpp"
@@ -68,16 +71,9 @@ std::unique_ptr<nn::Module> build_model(const Config& config) {
 }
 
 std::unique_ptr<nn::Module> build_model(const Config& config, int stage) {
-  check_has_model(config);
-  const DType dtype = compute_dtype_of(config);
-  const std::vector<nn::LayerSpec> layers =
-      std::holds_alternative<GptModelConfig>(*config.model)
-          ? nn::gpt_layers(gpt_config_of(config, std::get<GptModelConfig>(*config.model)), dtype, config.seed)
-          : nn::mlp_layers(mlp_config_of(config, std::get<MlpModelConfig>(*config.model)), dtype,
-                           config.seed);
-  const int stages = static_cast<int>(config.pipeline.stage_count());
-  const std::vector<std::int64_t> boundaries =
-      nn::partition_layers(layers, stages, config.pipeline.partition);
+  const std::vector<nn::LayerSpec> layers = engine_detail::layers_of_config(config);
+  const std::vector<std::int64_t> boundaries = engine_detail::stage_boundaries_of_config(config);
+  const int stages = static_cast<int>(boundaries.size()) - 1;
   ZT_CHECK_AS(ConfigError, stage >= 0 && stage < stages, "build_model: stage ", stage, " of pipeline.stages ",
               stages);
   // Activation checkpoints over the stage's layers (DeepSpeed's PipelineModule), by the config's rule.
@@ -88,6 +84,35 @@ std::unique_ptr<nn::Module> build_model(const Config& config, int stage) {
       .keep_input_on_host = config.activation_checkpointing.cpu_checkpointing};
   return std::make_unique<nn::PipelineStage>(layers, boundaries, stage, checkpointing);
 }
+
+namespace engine_detail {
+
+std::vector<nn::LayerSpec> layers_of_config(const Config& config) {
+  check_has_model(config);
+  const DType dtype = compute_dtype_of(config);
+  return std::holds_alternative<GptModelConfig>(*config.model)
+             ? nn::gpt_layers(gpt_config_of(config, std::get<GptModelConfig>(*config.model)), dtype,
+                              config.seed)
+             : nn::mlp_layers(mlp_config_of(config, std::get<MlpModelConfig>(*config.model)), dtype,
+                              config.seed);
+}
+
+std::vector<std::int64_t> stage_boundaries_of_config(const Config& config) {
+  return nn::partition_layers(layers_of_config(config), static_cast<int>(config.pipeline.stage_count()),
+                              config.pipeline.partition);
+}
+
+std::string describe_stage_layers(const std::vector<nn::LayerSpec>& layers,
+                                  const std::vector<std::int64_t>& boundaries, int stage) {
+  const auto first = static_cast<std::size_t>(boundaries.at(static_cast<std::size_t>(stage)));
+  const auto end = static_cast<std::size_t>(boundaries.at(static_cast<std::size_t>(stage) + 1));
+  const std::size_t count = end - first;
+  std::string text = layers.at(first).key;
+  if (count > 1) text += " .. " + layers.at(end - 1).key;
+  return text + " (" + std::to_string(count) + (count == 1 ? " layer)" : " layers)");
+}
+
+}  // namespace engine_detail
 
 int pipeline_stage_of(const Runtime& runtime, const Config& config) {
   const int stages = static_cast<int>(config.pipeline.stage_count());

@@ -2,10 +2,12 @@
 #include "src/engine/partition_plan.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <variant>
 
 #include "base/round_up.hpp"
+#include "src/engine/model_layers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/error.hpp"
 
@@ -281,18 +283,28 @@ std::vector<PlannedParameter> planned_parameters(const std::vector<nn::Parameter
   return planned;
 }
 
-std::vector<PlannedParameter> planned_parameters_of_config(const Config& config) {
+namespace {
+
+/// The parameters of the config's model layer by layer, in the order of layers_of_config (the
+/// layers of zt::nn::gpt_layers / mlp_layers, their parameters in registration order). A tied GPT's
+/// head holds no parameter of its own here: its copy of "wte.weight" exists only on a stage
+/// without the embeddings (planned_parameters_of_stage adds it).
+std::vector<std::vector<PlannedParameter>> planned_layers_of_config(const Config& config) {
   ZT_CHECK_AS(ConfigError, config.model.has_value(),
               "the config has no \"model\" section; pass --params N to estimate for N parameters");
-  std::vector<PlannedParameter> planned;
-  auto add = [&](std::string name, Shape shape) { planned.push_back({std::move(name), std::move(shape)}); };
+  std::vector<std::vector<PlannedParameter>> layers;
+  auto add = [&](std::string name, Shape shape) {
+    layers.back().push_back({std::move(name), std::move(shape)});
+  };
   if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
     // nn::Gpt's registration order: wte, wpe, blocks h.i (ln1, attn.qkv, attn.proj, ln2, mlp.fc,
     // mlp.proj), ln_f, lm_head (its own weight only when untied).
     const std::int64_t C = gpt->d_model;
+    layers.emplace_back();  // "embeddings"
     add("wte.weight", {gpt->vocab_size, C});
     add("wpe.weight", {gpt->seq_len, C});
     for (std::int64_t layer = 0; layer < gpt->n_layer; ++layer) {
+      layers.emplace_back();  // "h.<layer>"
       const std::string block = "h." + std::to_string(layer) + ".";
       add(block + "ln1.weight", {C});
       add(block + "ln1.bias", {C});
@@ -307,18 +319,53 @@ std::vector<PlannedParameter> planned_parameters_of_config(const Config& config)
       add(block + "mlp.proj.weight", {C, 4 * C});
       add(block + "mlp.proj.bias", {C});
     }
+    layers.emplace_back();  // "head"
     add("ln_f.weight", {C});
     add("ln_f.bias", {C});
     if (!gpt->tie_embeddings) add("lm_head.weight", {gpt->vocab_size, C});
-    return planned;
+    return layers;
   }
-  // nn::Mlp: Linear layers "0", "2", ... with activations between them.
+  // nn::Mlp: Linear layers "0", "2", ... with activations (no parameters) between them.
   const auto& sizes = std::get<MlpModelConfig>(*config.model).sizes;
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers.emplace_back();
     const std::string layer = std::to_string(2 * i) + ".";
     add(layer + "weight", {sizes[i + 1], sizes[i]});
     add(layer + "bias", {sizes[i + 1]});
+    if (i + 2 < sizes.size()) layers.emplace_back();
   }
+  return layers;
+}
+
+}  // namespace
+
+std::vector<PlannedParameter> planned_parameters_of_config(const Config& config) {
+  std::vector<PlannedParameter> planned;
+  for (std::vector<PlannedParameter>& layer : planned_layers_of_config(config))
+    std::move(layer.begin(), layer.end(), std::back_inserter(planned));
+  return planned;
+}
+
+std::vector<PlannedParameter> planned_parameters_of_stage(const Config& config, int stage) {
+  std::vector<std::vector<PlannedParameter>> layers = planned_layers_of_config(config);
+  const std::vector<std::int64_t> boundaries = stage_boundaries_of_config(config);
+  ZT_CHECK(boundaries.back() == static_cast<std::int64_t>(layers.size()), "the config's model has ",
+           boundaries.back(), " pipeline layers but its plan ", layers.size());
+  const int stages = static_cast<int>(boundaries.size()) - 1;
+  ZT_CHECK_AS(ConfigError, stage >= 0 && stage < stages, "pipeline stage ", stage,
+              " of a config with pipeline.stages = ", stages, ": expected 0 <= stage < ", stages);
+  const auto first = static_cast<std::size_t>(boundaries[static_cast<std::size_t>(stage)]);
+  const auto end = static_cast<std::size_t>(boundaries[static_cast<std::size_t>(stage) + 1]);
+  std::vector<PlannedParameter> planned;
+  const auto* gpt = std::get_if<GptModelConfig>(&*config.model);
+  for (std::size_t layer = first; layer < end; ++layer) {
+    // A tied head on a stage without the embeddings holds its own copy of the token embedding,
+    // registered before ln_f (zt::nn::gpt_layers).
+    if (gpt != nullptr && gpt->tie_embeddings && layer + 1 == layers.size() && first > 0)
+      planned.push_back({"wte.weight", {gpt->vocab_size, gpt->d_model}});
+    std::move(layers[layer].begin(), layers[layer].end(), std::back_inserter(planned));
+  }
+  for (PlannedParameter& parameter : planned) parameter.pipeline_stage = stage;
   return planned;
 }
 

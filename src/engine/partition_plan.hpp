@@ -222,6 +222,10 @@ std::vector<PlannedParameter> planned_parameters(const std::vector<nn::Parameter
 /// The parameters of the config's "model" section without building it (same names, shapes and
 /// order as zt::build_model's model; a test holds the two together).
 std::vector<PlannedParameter> planned_parameters_of_config(const Config& config);
+/// The parameters of pipeline stage `stage` of the config's model (pipeline.stages and
+/// pipeline.partition) without building it: those of zt::build_model(config, stage), in its order,
+/// a tied copy included (a test holds the two together).
+std::vector<PlannedParameter> planned_parameters_of_stage(const Config& config, int stage);
 
 }  // namespace engine_detail
 }  // namespace zt

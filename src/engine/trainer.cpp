@@ -1,17 +1,24 @@
 // zt::train: the loop behind `zerotrain train`.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <variant>
+#include <vector>
 
+#include "src/engine/model_layers.hpp"
+#include "src/engine/partition_plan.hpp"
+#include "src/engine/pipeline_schedule.hpp"
 #include "src/engine/string_broadcast.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/estimate.hpp"
 #include "zerotrain/runtime.hpp"
 #include "zerotrain/trainer.hpp"
 
@@ -78,6 +85,73 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   for (std::size_t i = 0; i < std::size(kModelStates); ++i)
     memory["resident"][memory_category_name(kModelStates[i])] = values[kPeak + 1 + i];
   return memory;
+}
+
+/// This rank's peak of `category` since the step began, over every kind of memory.
+std::int64_t rank_peak(MemoryCategory category) {
+  std::uint64_t peak = 0;
+  for (DeviceType type : {DeviceType::host, DeviceType::cuda, DeviceType::emulated})
+    peak += memory_snapshot(type)[category].peak;
+  return static_cast<std::int64_t>(peak);
+}
+
+const char* schedule_name(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b";
+}
+
+/// How the config's pipeline splits the model: its stages' layers and parameters (a tied copy
+/// counts on the stage that holds it), as zt::build_model(config, stage) builds them.
+struct PipelineLayout {
+  std::vector<std::string> stage_layers;
+  std::vector<std::int64_t> stage_parameters;
+};
+
+PipelineLayout pipeline_layout_of(const Config& config) {
+  const std::vector<nn::LayerSpec> layers = engine_detail::layers_of_config(config);
+  const std::vector<std::int64_t> boundaries = engine_detail::stage_boundaries_of_config(config);
+  PipelineLayout layout;
+  for (int stage = 0; stage + 1 < static_cast<int>(boundaries.size()); ++stage) {
+    layout.stage_layers.push_back(engine_detail::describe_stage_layers(layers, boundaries, stage));
+    std::int64_t parameters = 0;
+    for (const engine_detail::PlannedParameter& parameter :
+         engine_detail::planned_parameters_of_stage(config, stage))
+      parameters += shape_numel(parameter.shape);
+    layout.stage_parameters.push_back(parameters);
+  }
+  return layout;
+}
+
+/// The step's pipeline metrics for every stage, gathered from all ranks (collective over `world`):
+/// each stage's busy and idle seconds and its peak of activation memory, each the maximum over
+/// the stage's data-parallel ranks, and its bubble fraction (the largest of its ranks' idle /
+/// (busy + idle)); with the schedule, the micro-batches and the ideal bubble of equal stages.
+nlohmann::json pipeline_step_metrics(Communicator& world, const PipelineTiming& timing,
+                                     PipelineSchedule schedule, std::int64_t micro_batches) {
+  const auto stages = static_cast<std::size_t>(timing.stages);
+  const auto stage = static_cast<std::size_t>(timing.stage);
+  // Four rows of one value per stage; this rank fills its stage's column, the maximum gathers them.
+  std::vector<double> values(4 * stages, 0.0);
+  values[0 * stages + stage] = timing.busy_seconds;
+  values[1 * stages + stage] = timing.idle_seconds;
+  values[2 * stages + stage] = timing.bubble_fraction();
+  values[3 * stages + stage] =
+      static_cast<double>(rank_peak(MemoryCategory::activations));  // exact below 2^53
+  world.all_reduce(values.data(), values.data(), values.size(), DType::fp64, ReduceOp::max);
+  auto row = [&](std::size_t i) {
+    return std::vector<double>(values.begin() + static_cast<std::ptrdiff_t>(i * stages),
+                               values.begin() + static_cast<std::ptrdiff_t>((i + 1) * stages));
+  };
+  std::vector<std::int64_t> peaks;
+  for (double peak : row(3)) peaks.push_back(static_cast<std::int64_t>(peak));
+  return {
+      {"stages", timing.stages},
+      {"schedule", schedule_name(schedule)},
+      {"micro_batches", micro_batches},
+      {"ideal_bubble", engine_detail::ideal_bubble_fraction(timing.stages, static_cast<int>(micro_batches))},
+      {"stage_busy_seconds", row(0)},
+      {"stage_idle_seconds", row(1)},
+      {"bubble_fraction", row(2)},
+      {"stage_peak_activations", peaks}};
 }
 
 volatile std::sig_atomic_t stop_signal_received = 0;
@@ -150,9 +224,15 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     before_model.by_category[i].current += memory_snapshot(DeviceType::cuda).by_category[i].current +
                                            memory_snapshot(DeviceType::emulated).by_category[i].current;
   }
-  std::unique_ptr<nn::Module> model = build_model(config);
+  // With pipeline stages each rank builds only its stage; the engine makes the pipeline x data grid.
+  const int stages = static_cast<int>(config.pipeline.stage_count());
+  std::unique_ptr<nn::Module> model =
+      stages > 1 ? build_model(config, pipeline_stage_of(runtime, config)) : build_model(config);
   Engine engine(runtime, *model, std::move(config), EngineOptions{.device = options.device});
   const Config& cfg = engine.config();
+  // The whole model's parameters (the engine holds this stage's).
+  const std::int64_t model_parameters = stages > 1 ? model_parameter_count(cfg) : engine.parameter_count();
+  const PipelineLayout pipeline = stages > 1 ? pipeline_layout_of(cfg) : PipelineLayout{};
   std::unique_ptr<TrainingData> data = make_training_data(cfg, engine, options.data_path);
   const BatchSizes& batch = engine.batch();
   const std::int64_t print_every = options.print_every.value_or(cfg.steps_per_print.value_or(10));
@@ -225,9 +305,9 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"world_size", runtime.world_size()},
                           {"data_parallel_size", batch.data_parallel_size},
                           {"zero_stage", cfg.zero_optimization.stage},
-                          {"params_total", engine.parameter_count()},
+                          {"params_total", model_parameters},
                           {"dtype", dtype_name(engine.compute_dtype())},
-                          {"model", model_description(cfg, engine.parameter_count())},
+                          {"model", model_description(cfg, model_parameters)},
                           {"train_batch_size", batch.train_batch_size},
                           {"micro_batch_size", batch.train_micro_batch_size_per_gpu},
                           {"gradient_accumulation_steps", batch.gradient_accumulation_steps},
@@ -235,6 +315,17 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"data", data->description()},
                           {"target_steps", options.steps},
                           {"resumed_from_step", summary.resumed_from_step}};
+  const std::int64_t micro_batches = batch.gradient_accumulation_steps;
+  if (stages > 1) {
+    start["pipeline"] = {
+        {"stages", stages},
+        {"schedule", schedule_name(cfg.pipeline.schedule)},
+        {"partition", cfg.pipeline.partition},
+        {"micro_batches", micro_batches},
+        {"ideal_bubble", engine_detail::ideal_bubble_fraction(stages, static_cast<int>(micro_batches))},
+        {"stage_layers", pipeline.stage_layers},
+        {"stage_parameters", pipeline.stage_parameters}};
+  }
   const OptimizerStatesPlacement placement = engine.optimizer_states_placement();
   if (placement.device != OffloadDevice::none) {  // rank 0's; the other ranks' files differ by rank
     start["optimizer_states"] = {{"offload", to_string(placement.device)},
@@ -254,7 +345,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   if (leader) {
     std::printf("zerotrain train: %s model, %lld parameters, %s, ZeRO stage %d, %d rank(s) on %d node(s)\n",
                 std::holds_alternative<GptModelConfig>(*cfg.model) ? "GPT" : "MLP",
-                static_cast<long long>(engine.parameter_count()),
+                static_cast<long long>(model_parameters),
                 std::string(dtype_name(engine.compute_dtype())).c_str(), engine.zero_stage(),
                 runtime.world_size(), runtime.node_count());
     std::printf("  batch %lld = micro %lld x accumulation %lld x data-parallel %d; data: %s\n",
@@ -262,6 +353,20 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                 static_cast<long long>(batch.train_micro_batch_size_per_gpu),
                 static_cast<long long>(batch.gradient_accumulation_steps), batch.data_parallel_size,
                 data->description().c_str());
+    if (stages > 1) {
+      std::printf(
+          "  pipeline: %d stages x %d data-parallel, schedule %s, %lld micro-batches (ideal bubble %.3f), "
+          "partition %s\n",
+          stages, batch.data_parallel_size, schedule_name(cfg.pipeline.schedule),
+          static_cast<long long>(micro_batches),
+          engine_detail::ideal_bubble_fraction(stages, static_cast<int>(micro_batches)),
+          cfg.pipeline.partition.c_str());
+      for (int stage = 0; stage < stages; ++stage) {
+        const auto s = static_cast<std::size_t>(stage);
+        std::printf("    stage %d: %s, %lld parameters\n", stage, pipeline.stage_layers[s].c_str(),
+                    static_cast<long long>(pipeline.stage_parameters[s]));
+      }
+    }
     if (placement.device != OffloadDevice::none)
       std::printf("  optimizer states (rank 0): %s\n", placement.describe().c_str());
     if (parameters.device != OffloadDevice::none)
@@ -284,6 +389,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     ++summary.steps;
 
     const nlohmann::json memory = memory_max_over_ranks(runtime.world(), before_model);
+    const nlohmann::json pipeline_step =
+        stages > 1
+            ? pipeline_step_metrics(runtime.world(), report.pipeline, cfg.pipeline.schedule, micro_batches)
+            : nlohmann::json();
     const double tokens_per_second = tokens_per_step / seconds;
     nlohmann::json step_line = {
         {"event", "step"},
@@ -312,15 +421,22 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       step_line["param_written_bytes"] = report.offload.parameter_bytes_written;
       step_line["param_wait_s"] = report.offload.parameter_wait_seconds;
     }
+    if (stages > 1) step_line["pipeline"] = pipeline_step;
     metrics.write(step_line);
     if (leader && print_every > 0 &&
         (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
+      char bubble[64] = "";
+      if (stages > 1) {  // the stage with the largest bubble
+        const std::vector<double> fractions = pipeline_step["bubble_fraction"].get<std::vector<double>>();
+        std::snprintf(bubble, sizeof bubble, " | bubble %.2f",
+                      *std::max_element(fractions.begin(), fractions.end()));
+      }
       std::printf(
           "step %6lld | loss %.4f | lr %.3e | scale %g | grad norm %.3f%s | %.0f tok/s | %.1f ms/step | "
-          "peak %.1f MiB\n",
+          "peak %.1f MiB%s\n",
           static_cast<long long>(report.step), report.loss, report.lr, report.loss_scale, report.grad_norm,
           report.skipped ? " (skipped)" : "", tokens_per_second, seconds * 1e3,
-          static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20));
+          static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20), bubble);
       std::fflush(stdout);
     }
     if (options.on_step) options.on_step(report);

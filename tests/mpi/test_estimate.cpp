@@ -6,6 +6,7 @@
 // model, computed without building it, matches the built model parameter by parameter.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 #include "mpi_test_main.hpp"
 #include "offload_configs.hpp"
 #include "src/engine/partition_plan.hpp"
+#include "test_helpers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/estimate.hpp"
 #include "zerotrain/trainer.hpp"
@@ -162,6 +164,175 @@ TEST(Estimate, PlansTheModelTheConfigBuilds) {
     }
     EXPECT_EQ(zt::model_parameter_count(config), model->parameter_count());
   }
+}
+
+/// Each pipeline stage's plan, made without building it, is the built stage's: same names, shapes
+/// and order, a tied copy of the embedding included (GPT tied and untied, MLP; every partition
+/// method, one to four stages).
+TEST(Estimate, PlansEachPipelineStageTheConfigBuilds) {
+  struct Model {
+    const char* section;
+    const char* type_partition;  // a "type:" method that matches some of its layers
+  };
+  const Model models[] = {
+      {kGptModel, "type:transformer"},
+      {R"({"type": "gpt", "n_layer": 3, "n_head": 2, "d_model": 16, "seq_len": 8, "vocab_size": 50,
+          "tie_embeddings": false})",
+       "type:transformer"},
+      {R"({"type": "mlp", "sizes": [7, 12, 5, 3], "activation": "gelu"})", "type:linear"},
+  };
+  for (const Model& model : models) {
+    for (const std::string& partition :
+         {std::string("parameters"), std::string("uniform"), std::string(model.type_partition)}) {
+      for (int stages = 1; stages <= 4; ++stages) {
+        SCOPED_TRACE(std::string(model.section) + ", partition " + partition + ", " + std::to_string(stages) +
+                     " stage(s)");
+        const zt::Config config = parse(gpt_config(2, 1,
+                                                   R"(, "pipeline": {"stages": )" + std::to_string(stages) +
+                                                       R"(, "partition": ")" + partition + "\"}",
+                                                   kAdamW, model.section));
+        std::int64_t stage_parameters = 0;
+        for (int stage = 0; stage < stages; ++stage) {
+          const std::vector<zt::engine_detail::PlannedParameter> planned =
+              zt::engine_detail::planned_parameters_of_stage(config, stage);
+          auto built_stage = zt::build_model(config, stage);
+          const std::vector<zt::nn::Parameter*> built = built_stage->parameters();
+          ASSERT_EQ(planned.size(), built.size()) << "stage " << stage;
+          for (std::size_t i = 0; i < built.size(); ++i) {
+            EXPECT_EQ(planned[i].name, built[i]->name) << "stage " << stage << ", " << i;
+            EXPECT_EQ(planned[i].shape, built[i]->value.shape()) << built[i]->name;
+            EXPECT_EQ(planned[i].pipeline_stage, stage) << built[i]->name;
+          }
+          stage_parameters += built_stage->parameter_count();
+        }
+        // The stages hold the model's parameters, and a tied GPT's last stage a copy of the embedding.
+        const bool tied_copy = stages > 1 && std::string(model.section) == kGptModel;
+        EXPECT_EQ(stage_parameters, zt::model_parameter_count(config) + (tied_copy ? 256 * 32 : 0));
+      }
+    }
+  }
+}
+
+/// A pipelined config on this world: `stages` stages of world / stages data-parallel ranks.
+zt::Config pipelined_config_of(const Case& c, const char* precision, int stages) {
+  std::string zero = R"(, "zero_optimization": {"stage": )" + std::to_string(c.stage) +
+                     R"(, "sub_group_size": )" + std::to_string(kOffloadSubGroup);
+  if (!c.offload.empty()) zero += ", " + c.offload;
+  zero += "}";
+  const int data = std::max(1, zt::testing::runtime().world_size() / stages);  // 1: a config for other worlds
+  return parse(gpt_config(kOffloadGlobalBatch / data / 4, 4,
+                          zero + precision + R"(, "pipeline": {"stages": )" + std::to_string(stages) + "}"));
+}
+
+/// With pipeline stages, the estimate of each rank's stage is what its engine holds, after
+/// construction and after steps (ZeRO stages 0-2, fp32 and bf16, optimizer offload to the host and
+/// to NVMe; two stages, and four at four ranks).
+TEST(Estimate, IsEachPipelineStagesModelStateAllocation) {
+  zt::testing::JobDirectory directory("zt-estimate-pipeline-test", "ZT_TEST_SWAP_DIR");
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  if (world == 1) GTEST_SKIP() << "a pipeline needs two ranks or more";
+  std::vector<Case> all;
+  for (int stage : {0, 1, 2}) all.push_back({stage, "", "in memory"});
+  for (int stage : {1, 2}) {
+    all.push_back({stage, offload_section("cpu", ""), "offload_optimizer cpu"});
+    all.push_back({stage, offload_section("nvme", directory.path(), 2), "offload_optimizer nvme"});
+  }
+  for (int stages : {2, 4}) {
+    if (world % stages != 0) continue;
+    for (const Case& c : all) {
+      for (const char* precision : kPrecisions) {
+        SCOPED_TRACE(std::to_string(stages) + " pipeline stages, ZeRO stage " + std::to_string(c.stage) +
+                     ", " + c.label + (*precision ? ", bf16" : ", fp32"));
+        const zt::Config config = pipelined_config_of(c, precision, stages);
+        const int stage = zt::pipeline_stage_of(runtime, config);
+        const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world, 0, stage);
+        EXPECT_EQ(estimate.pipeline_stage, stage);
+        EXPECT_EQ(estimate.pipeline_stages, stages);
+        EXPECT_EQ(estimate.world_size, world / stages);
+        const zt::MemorySnapshot before = zt::memory_snapshot(zt::DeviceType::host);
+        auto model = zt::build_model(config, stage);
+        zt::Engine engine(runtime, *model, config);
+        EXPECT_EQ(estimate.parameters_count, engine.parameter_count());
+        auto held = [&](zt::MemoryCategory category) {
+          return zt::memory_snapshot(zt::DeviceType::host)[category].current - before[category].current;
+        };
+        auto expect_the_estimate = [&](const char* when) {
+          EXPECT_EQ(held(zt::MemoryCategory::parameters), estimate.parameters_host) << when;
+          EXPECT_EQ(held(zt::MemoryCategory::gradients), estimate.gradients) << when;
+          EXPECT_EQ(held(zt::MemoryCategory::optimizer_states), estimate.optimizer_states_host) << when;
+        };
+        expect_the_estimate("after construction");
+        auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+        for (int step = 0; step < 2; ++step) {
+          engine.train_batch(
+              [&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
+          data->advance();
+        }
+        expect_the_estimate("after 2 steps");
+        if (estimate.offload_device == zt::OffloadDevice::nvme) {
+          EXPECT_GE(engine.optimizer_states_placement().swap_bytes, estimate.nvme_bytes);
+          EXPECT_GT(estimate.nvme_bytes, 0u);
+        }
+      }
+    }
+  }
+}
+
+/// A pipelined `zerotrain train` reports in mem.resident the largest stage's model states (the
+/// maximum over ranks) at every step.
+TEST(Estimate, IsWhatThePipelinedMetricsReport) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  if (world == 1) GTEST_SKIP() << "a pipeline needs two ranks or more";
+  const auto path = std::filesystem::temp_directory_path() / "zt_estimate_test_pipeline_metrics.jsonl";
+  const zt::Config config = pipelined_config_of({2, "", ""}, "", 2);
+  std::uint64_t largest[3] = {0, 0, 0};
+  for (int stage = 0; stage < 2; ++stage) {
+    const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world, 0, stage);
+    largest[0] = std::max(largest[0], estimate.parameters_host);
+    largest[1] = std::max(largest[1], estimate.gradients);
+    largest[2] = std::max(largest[2], estimate.optimizer_states_host);
+  }
+  zt::TrainOptions options;
+  options.steps = 3;
+  options.metrics_path = path.string();
+  options.print_every = 0;
+  zt::train(runtime, config, options);
+  if (runtime.world_rank() != 0) return;
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    if (event["event"] != "step") continue;
+    ++steps;
+    const nlohmann::json& resident = event["mem"]["resident"];
+    EXPECT_EQ(resident["parameters"].get<std::uint64_t>(), largest[0]);
+    EXPECT_EQ(resident["gradients"].get<std::uint64_t>(), largest[1]);
+    EXPECT_EQ(resident["optimizer_states"].get<std::uint64_t>(), largest[2]);
+  }
+  EXPECT_EQ(steps, 3);
+  std::filesystem::remove(path);
+}
+
+/// What the estimate cannot split is refused with the reason.
+TEST(Estimate, PipelineMisuseIsAClearError) {
+  const zt::Config config = pipelined_config_of({2, "", ""}, "", 2);
+  auto expect_error = [](const std::string& message, const std::string& part) {
+    EXPECT_NE(message.find(part), std::string::npos) << "in: " << message;
+  };
+  using zt::testing::error_of;
+  expect_error(error_of([&] { (void)zt::estimate_model_state_memory(config, 3); }),
+               "--world-size 3 with pipeline.stages = 2");
+  expect_error(error_of([&] { (void)zt::estimate_model_state_memory(config, 4, 1000); }),
+               "--params with pipeline.stages = 2");
+  expect_error(error_of([&] { (void)zt::estimate_model_state_memory(config, 4, 0, 2); }),
+               "pipeline stage 2 of a config with pipeline.stages = 2");
+  expect_error(error_of([&] {
+                 (void)zt::estimate_model_state_memory(pipelined_config_of({3, "", ""}, "", 2), 4);
+               }),
+               "zero_optimization.stage 3 with pipeline.stages = 2");
 }
 
 }  // namespace
