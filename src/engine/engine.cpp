@@ -28,12 +28,10 @@
 #include "src/engine/pipeline_executor.hpp"
 #include "src/engine/sharded_parameters.hpp"
 #include "src/engine/string_broadcast.hpp"
-
 #include "src/engine/zero_strategy.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/external_model.hpp"
 #include "zerotrain/pipeline.hpp"
-
 #include "zerotrain/runtime.hpp"
 #include "zerotrain/swap.hpp"
 
@@ -174,7 +172,7 @@ class Engine::Impl {
   engine_detail::PartitionPlan plan_;
   std::vector<engine_detail::ModuleUse> uses_;
   std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
-  nn::PipelineStage* stage_model_;  // the model is one stage of a pipeline (or null)
+  nn::PipelineStage* stage_model_;  // the model is one stage of a pipeline of several (or null)
   /// A parameter held by several pipeline stages (a tied layer): its gradient is summed over the
   /// group of their ranks before the update; the lowest stage counts it in the norm and saves it.
   struct TiedParameter {
@@ -262,6 +260,8 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       ": this build trains on the host (or the emulated test device); the CUDA training path is not built "
       "yet");
   stage_model_ = dynamic_cast<nn::PipelineStage*>(&model);
+  // A pipeline of one stage is the whole model: it trains as any other.
+  if (stage_model_ != nullptr && stage_model_->stages() == 1) stage_model_ = nullptr;
   const int stages = parallel_.pipeline().size();
   ZT_CHECK_AS(ConfigError, stages == 1 || stage_model_ != nullptr, "the process grid has ", stages,
               " pipeline stages but the model is a ", model.type_name(),

@@ -313,6 +313,33 @@ TEST(Pipeline, CheckpointsLoadInEveryLayout) {
   }
 }
 
+TEST(Pipeline, EvalRunsTheInferenceScheduleOnEveryStage) {
+  // eval() runs the forwards through the stages and gives the last stage's loss on every rank: at
+  // construction, the unsplit model's loss on the same batch (tied copies start equal).
+  zt::Runtime& runtime = zt::testing::runtime();
+  for (int stages : pipeline_sizes()) {
+    SCOPED_TRACE("pipeline " + std::to_string(stages));
+    const int data = runtime.world_size() / stages;
+    const zt::Config config = parse(config_text(data, stages, "", kTiedGpt));
+    zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = stages});
+    auto stage = zt::build_model(config, grid.coordinates().pipeline);
+    zt::Engine engine(runtime, *stage, config, {.grid = &grid});
+    const zt::Batch batch{zt::testing::random_tokens({2, 16}, 256, 5),
+                          zt::testing::random_tokens({2, 16}, 256, 6)};
+    const double loss = engine.eval(batch);
+    const zt::Config whole_config = parse(config_text(1, 1, "", kTiedGpt));
+    auto whole = zt::build_model(whole_config);
+    auto self = self_communicator();
+    zt::Engine alone(runtime, *whole, whole_config, {.data_parallel = self.get()});
+    EXPECT_EQ(loss, alone.eval(batch));
+    EXPECT_GT(loss, 0);
+    // Training still works after an evaluation (the stages are back in training mode).
+    auto training = zt::make_training_data(engine.config(), engine, std::nullopt);
+    engine.train_batch([&](std::int64_t micro) { return training->load(static_cast<std::uint64_t>(micro)); });
+    EXPECT_TRUE(std::isfinite(engine.last_step().loss));
+  }
+}
+
 /// One Linear(1, 1) without bias and with weight 1, as a layer of a caller's own pipelined model.
 zt::nn::LayerSpec unit_linear(const std::string& name) {
   return {.key = name,
