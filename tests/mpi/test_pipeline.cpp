@@ -181,9 +181,15 @@ TEST(Pipeline, UntiedStagesAreBitwiseTheUnpipelinedRun) {
     const int data = world / stages;
     if (data > 2) continue;
     SCOPED_TRACE("pipeline " + std::to_string(stages) + " x data " + std::to_string(data));
-    for (const char* model : {kUntiedGpt, kUntiedGptWithDropout}) {
-      SCOPED_TRACE(model);
-      const std::string extra = with_zero_stage(1);
+    // fp32 with and without dropout; bf16 and fp16 (dynamic loss scale: every stage skips or updates
+    // together, the overflow flag is summed over the pipeline) at ZeRO-2.
+    const std::vector<std::pair<const char*, std::string>> cases = {
+        {kUntiedGpt, with_zero_stage(1)},
+        {kUntiedGptWithDropout, with_zero_stage(1)},
+        {kUntiedGpt, with_zero_stage(2) + R"(, "bf16": {"enabled": true})"},
+        {kUntiedGpt, with_zero_stage(2) + R"(, "fp16": {"enabled": true, "initial_scale_power": 24})"}};
+    for (const auto& [model, extra] : cases) {
+      SCOPED_TRACE(std::string(model) + extra);
       // The same data-parallel size without stages: the world in groups of `data` ranks, each rank
       // with the data-parallel index it has in the pipeline grid (world rank mod data).
       zt::Runtime& runtime = zt::testing::runtime();
