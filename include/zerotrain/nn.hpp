@@ -609,6 +609,10 @@ class Mlp : public Sequential {
 /// Fill `parameter.value` with normal(0, stddev) from a generator keyed by `seed` and the parameter's
 /// name (so the result does not depend on construction order or thread count).
 void init_normal(Parameter& parameter, double stddev, std::uint64_t seed);
+/// GPT-2's initialization of the parameters of `module` and its descendants, named as in the whole
+/// model (a Gpt, or one of its pipeline layers): weights normal(0, 0.02), the residual projections
+/// (attn.proj, mlp.proj) normal(0, 0.02 / sqrt(2 n_layer)), biases and LayerNorms as constructed.
+void init_gpt2(Module& module, std::int64_t n_layer, std::uint64_t seed);
 
 // ---- losses -----------------------------------------------------------------------------------
 // Stateful wrappers of the loss helpers (zerotrain/loss.hpp) for host code and tests: forward returns

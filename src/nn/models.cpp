@@ -86,13 +86,17 @@ Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed, Device device
                                 std::make_unique<LmHead>(config.d_model, config.vocab_size, dtype, device));
   }
 
-  // GPT-2 initialization. LayerNorms keep weight 1 / bias 0 and biases stay 0 from construction.
-  const double residual_stddev = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  for (Module* module : modules()) {
-    if (module->type_name() == "LayerNorm") continue;
+  init_gpt2(*this, config.n_layer, seed);
+}
+
+void init_gpt2(Module& module, std::int64_t n_layer, std::uint64_t seed) {
+  // LayerNorms keep weight 1 / bias 0 and biases stay 0 from construction.
+  const double residual_stddev = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
+  for (Module* part : module.modules()) {
+    if (part->type_name() == "LayerNorm") continue;
     const bool residual_projection =
-        ends_with(module->name(), "attn.proj") || ends_with(module->name(), "mlp.proj");
-    for (Parameter* parameter : module->direct_parameters()) {
+        ends_with(part->name(), "attn.proj") || ends_with(part->name(), "mlp.proj");
+    for (Parameter* parameter : part->direct_parameters()) {
       if (ends_with(parameter->name, ".bias")) continue;
       init_normal(*parameter, residual_projection ? residual_stddev : 0.02, seed);
     }

@@ -8,26 +8,6 @@
 namespace zt::nn {
 namespace {
 
-bool ends_with(std::string_view text, std::string_view suffix) {
-  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
-}
-
-/// GPT-2's initialization of a layer's own parameters (as zt::nn::Gpt does over the whole model):
-/// weights normal(0, 0.02), residual projections normal(0, 0.02 / sqrt(2 n_layer)), biases and
-/// LayerNorms as constructed.
-void init_gpt_layer(Module& layer, std::int64_t n_layer, std::uint64_t seed) {
-  const double residual_stddev = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
-  for (Module* module : layer.modules()) {
-    if (module->type_name() == "LayerNorm") continue;
-    const bool residual_projection =
-        ends_with(module->name(), "attn.proj") || ends_with(module->name(), "mlp.proj");
-    for (Parameter* parameter : module->direct_parameters()) {
-      if (ends_with(parameter->name, ".bias")) continue;
-      init_normal(*parameter, residual_projection ? residual_stddev : 0.02, seed);
-    }
-  }
-}
-
 /// wte, wpe and the embedding dropout of GPT-2: tokens int32 [B, T] -> x [B, T, C].
 class GptEmbeddings : public Module {
  public:
@@ -157,7 +137,7 @@ std::vector<LayerSpec> gpt_layers(const GptConfig& config, DType dtype, std::uin
   ZT_CHECK(dtype_is_floating(dtype), "gpt_layers in dtype ", dtype_name(dtype),
            ": expected fp32, fp64, bf16 or fp16");
   const std::int64_t C = config.d_model, V = config.vocab_size;
-  auto initialize = [n_layer = config.n_layer, seed](Module& layer) { init_gpt_layer(layer, n_layer, seed); };
+  auto initialize = [n_layer = config.n_layer, seed](Module& layer) { init_gpt2(layer, n_layer, seed); };
   std::vector<LayerSpec> layers;
   layers.push_back({.key = "embeddings",
                     .path = "",

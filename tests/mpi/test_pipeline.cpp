@@ -67,16 +67,10 @@ std::string config_text(int data, int stages, const std::string& extra, const ch
                     optimizer, model);
 }
 
-/// Train kSteps steps through train_batch on a grid of `stages` x (world / stages).
-PipelineRun run_on_grid(const std::string& extra, const char* model, int stages,
-                        const char* optimizer = kAdamW, const std::string& pipeline_keys = "") {
-  zt::Runtime& runtime = zt::testing::runtime();
-  const int data = runtime.world_size() / stages;
-  const zt::Config config = parse(config_text(data, stages, extra, model, optimizer, pipeline_keys));
+/// kSteps steps of `engine` through train_batch: the losses, the timings, this rank's peak of
+/// activation memory and the masters.
+PipelineRun train_and_record(zt::Engine& engine) {
   zt::reset_memory_peaks();
-  zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = stages, .tensor = 1});
-  auto stage_model = zt::build_model(config, grid.coordinates().pipeline);
-  zt::Engine engine(runtime, *stage_model, config, zt::EngineOptions{.grid = &grid});
   auto training = zt::make_training_data(engine.config(), engine, std::nullopt);
   PipelineRun result;
   for (int step = 0; step < kSteps; ++step) {
@@ -90,6 +84,18 @@ PipelineRun run_on_grid(const std::string& extra, const char* model, int stages,
   return result;
 }
 
+/// Train kSteps steps through train_batch on a grid of `stages` x (world / stages).
+PipelineRun run_on_grid(const std::string& extra, const char* model, int stages,
+                        const char* optimizer = kAdamW, const std::string& pipeline_keys = "") {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int data = runtime.world_size() / stages;
+  const zt::Config config = parse(config_text(data, stages, extra, model, optimizer, pipeline_keys));
+  zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = stages, .tensor = 1});
+  auto stage_model = zt::build_model(config, grid.coordinates().pipeline);
+  zt::Engine engine(runtime, *stage_model, config, zt::EngineOptions{.grid = &grid});
+  return train_and_record(engine);
+}
+
 /// The same training unpipelined on `data_parallel` (the reference; nullptr: this process alone).
 PipelineRun run_unpipelined(const std::string& extra, const char* model, const char* optimizer = kAdamW,
                             zt::Communicator* data_parallel = nullptr) {
@@ -99,15 +105,7 @@ PipelineRun run_unpipelined(const std::string& extra, const char* model, const c
   auto whole = zt::build_model(config);
   zt::Engine engine(zt::testing::runtime(), *whole, config,
                     zt::EngineOptions{.data_parallel = data_parallel});
-  auto training = zt::make_training_data(engine.config(), engine, std::nullopt);
-  PipelineRun result;
-  for (int step = 0; step < kSteps; ++step) {
-    engine.train_batch([&](std::int64_t micro) { return training->load(static_cast<std::uint64_t>(micro)); });
-    training->advance();
-    result.losses.push_back(engine.last_step().loss);
-  }
-  result.masters = masters_by_name(engine);
-  return result;
+  return train_and_record(engine);
 }
 
 /// Stage counts that divide the world and fit the four layers.
