@@ -98,7 +98,9 @@ struct Widths {
   std::uint64_t rows = 0;
   std::uint64_t element = 0;
   std::uint64_t stat = 0;
-  std::uint64_t values(std::int64_t width) const { return rows * static_cast<std::uint64_t>(width) * element; }
+  std::uint64_t values(std::int64_t width) const {
+    return rows * static_cast<std::uint64_t>(width) * element;
+  }
 };
 
 class SimLinear final : public SimModule {  // nn::Linear, also nn::LmHead (no bias: same bytes)
@@ -164,7 +166,8 @@ class SimLayerNorm final : public SimModule {  // nn::LayerNorm: input, mean and
   SimLayerNorm(Widths widths, std::int64_t dim) : widths_(widths), dim_(dim) {}
   Bytes forward(const Bytes& input, const Pass& pass) override {
     Bytes output = pass.allocate(widths_.values(dim_));
-    Saved saved{input, pass.allocate(widths_.rows * widths_.stat), pass.allocate(widths_.rows * widths_.stat)};
+    Saved saved{input, pass.allocate(widths_.rows * widths_.stat),
+                pass.allocate(widths_.rows * widths_.stat)};
     saved_.save(pass, saved);
     return output;
   }
@@ -464,7 +467,8 @@ SimPtr unpipelined_mlp(const MlpModelConfig& mlp, Widths widths, std::int64_t in
   for (std::size_t i = 0; i + 1 < mlp.sizes.size(); ++i) {
     linears.emplace_back();
     linears.back().push_back(std::make_unique<SimLinear>(widths, mlp.sizes[i], mlp.sizes[i + 1]));
-    if (i + 2 < mlp.sizes.size()) linears.back().push_back(std::make_unique<SimElementwise>(widths, mlp.sizes[i + 1]));
+    if (i + 2 < mlp.sizes.size())
+      linears.back().push_back(std::make_unique<SimElementwise>(widths, mlp.sizes[i + 1]));
   }
   return std::make_unique<SimSequence>(checkpointed(std::move(linears), interval));
 }
@@ -569,7 +573,9 @@ std::uint64_t pipelined_step_peak(SimModule& model, const StepShape& shape,
         break;
       case engine_detail::PipeOp::forward:
         buffer.output = model.forward(buffer.input, pass);
-        if (last) losses.emplace_back(instruction.micro_batch, loss_of(shape, buffer.output, buffer.batch.targets, tally));
+        if (last)
+          losses.emplace_back(instruction.micro_batch,
+                              loss_of(shape, buffer.output, buffer.batch.targets, tally));
         buffer.input = Bytes();
         break;
       case engine_detail::PipeOp::send_activation:
@@ -658,10 +664,12 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
   const std::int64_t first = boundaries[static_cast<std::size_t>(pipeline_stage)];
   const std::int64_t end = boundaries[static_cast<std::size_t>(pipeline_stage) + 1];
   // nn::Gpt checkpoints its blocks, nn::Mlp its linear layers, a stage all its layers.
-  estimate.checkpoint_interval = config.activation_checkpoint_interval_for(stages == 1 ? layers : end - first);
+  estimate.checkpoint_interval =
+      config.activation_checkpoint_interval_for(stages == 1 ? layers : end - first);
   auto build = [&](std::int64_t interval) -> SimPtr {
     if (stages == 1) {
-      if (shape.gpt) return std::make_unique<SimGpt>(widths, std::get<GptModelConfig>(*config.model), interval);
+      if (shape.gpt)
+        return std::make_unique<SimGpt>(widths, std::get<GptModelConfig>(*config.model), interval);
       return unpipelined_mlp(std::get<MlpModelConfig>(*config.model), widths, interval);
     }
     std::vector<std::vector<SimPtr>> all = layer_specs(*config.model, widths);
@@ -706,8 +714,8 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
       if (!at_once && upper == nullptr) break;
       Tally tally;
       SimPtr model = build(interval);
-      const std::uint64_t value = pipelined_step_peak(*model, shape, schedule, pipeline_stage, stages, input_bytes,
-                                                      output_bytes, at_once, tally);
+      const std::uint64_t value = pipelined_step_peak(*model, shape, schedule, pipeline_stage, stages,
+                                                      input_bytes, output_bytes, at_once, tally);
       (at_once ? peak : *upper) = value;
     }
   };
@@ -716,7 +724,8 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
           stages > 1 ? &upper : nullptr);
   estimate.peak_if_sends_wait = stages > 1 ? upper : estimate.peak;
   measure(0, estimate.kept_without_checkpointing, estimate.peak_without_checkpointing, nullptr);
-  const std::uint64_t in_flight_bytes = estimate.kept_per_micro_batch * static_cast<std::uint64_t>(estimate.in_flight);
+  const std::uint64_t in_flight_bytes =
+      estimate.kept_per_micro_batch * static_cast<std::uint64_t>(estimate.in_flight);
   estimate.transient = estimate.peak > in_flight_bytes ? estimate.peak - in_flight_bytes : 0;
   return estimate;
 }
