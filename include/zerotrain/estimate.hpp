@@ -2,11 +2,51 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "zerotrain/config.hpp"
 
 namespace zt {
+
+/// Peak activation memory (MemoryCategory::activations) of one rank in a training step, from the
+/// built-in model's sizes: its forward and backward replayed on byte counts, layer by layer as
+/// zt::nn allocates (src/engine/activation_estimate.cpp), over the engine's loop (unpipelined:
+/// load, forward, loss, backward per micro-batch) or the stage's pipeline schedule. Counted from
+/// the step's start: what the step allocates above what was held before it.
+struct ActivationEstimate {
+  std::int64_t micro_batch_size = 0;
+  std::int64_t micro_batches = 0;  // gradient_accumulation_steps
+  int pipeline_stage = 0;
+  int pipeline_stages = 1;
+  std::string schedule;                  // "unpipelined", "1f1b" or "gpipe"
+  std::int64_t checkpoint_interval = 0;  // layers per activation checkpoint (0: none)
+  /// What the stage's modules keep for one micro-batch between its forward and its backward (its
+  /// input included where a layer saves it; with checkpoints, their inputs and what the layers
+  /// outside them save); and the same without checkpointing.
+  std::uint64_t kept_per_micro_batch = 0;
+  std::uint64_t kept_without_checkpointing = 0;
+  /// Micro-batches whose activations are kept at once: 1 unpipelined, GPipe m, 1F1B min(p - s, m).
+  std::int64_t in_flight = 0;
+  /// The peak above kept x in_flight: the largest moment of a forward or backward (the logits and
+  /// their gradient, attention probabilities, a recomputed checkpoint), the micro-batches' data, the
+  /// last stage's losses, pipeline receive buffers and sends in flight.
+  std::uint64_t transient = 0;
+  /// The step's peak: kept_per_micro_batch x in_flight + transient. Pipelined, with every send
+  /// completing at the executor's next test (a fast link); peak_if_sends_wait with sends that hold
+  /// their tensors until the stage's blocking flushes. Unpipelined the two are equal.
+  std::uint64_t peak = 0;
+  std::uint64_t peak_if_sends_wait = 0;
+  std::uint64_t peak_without_checkpointing = 0;
+  /// A text table (part of MemoryEstimate::table()).
+  std::string table() const;
+};
+
+/// The activation estimate of the ranks of `pipeline_stage` for the config's "model" (GPT or MLP) on
+/// `world_size` ranks (pipeline.stages x data-parallel; the batch sizes resolved for the data size):
+/// with the config's activation checkpointing and without it. Host memory as this build trains;
+/// cpu_checkpointing moves nothing there. Throws ConfigError without a "model" section.
+ActivationEstimate estimate_activation_memory(const Config& config, int world_size, int pipeline_stage = 0);
 
 /// Model-state bytes per rank, computed from the engine's own partition plan (src/engine/
 /// partition_plan.hpp): the bytes an engine on the config allocates, padding included, not an
@@ -71,6 +111,8 @@ struct MemoryEstimate {
   int pipeline_stage = 0;
   int pipeline_stages = 1;
   std::string stage_layers;  // "h.2 .. head (3 layers)": the stage's layers (empty with one stage)
+  /// With a "model" section: the stage's activation memory (estimate_activation_memory).
+  std::optional<ActivationEstimate> activations;
   /// A text table with the formula of each line.
   std::string table() const;
 };
@@ -91,8 +133,8 @@ struct MemoryEstimate {
 /// layout, to 16), persistent stage-3 parameters whole, swap buffers aligned to 4096 bytes (the usual
 /// O_DIRECT alignment; a disk with a larger one takes a little more). With `parameters_count` and
 /// no model, one tensor of that many elements (not with pipeline stages). With offload, also where
-/// the states live (host, NVMe) and what would be on a GPU with CUDA (fields above). Activations
-/// are not estimated.
+/// the states live (host, NVMe) and what would be on a GPU with CUDA (fields above). With the
+/// config's "model" (not --params), also its activations (estimate_activation_memory).
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                                            std::int64_t parameters_count = 0, int pipeline_stage = 0);
 

@@ -141,6 +141,13 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
     estimate.deepspeed_cpu_bytes = static_cast<std::uint64_t>(cpu);
   }
   estimate.bucket_buffers = plan.bucket_bytes();
+  if (parameters_count == 0 && config.model.has_value()) {
+    try {
+      estimate.activations = estimate_activation_memory(config, world_size, pipeline_stage);
+    } catch (const ConfigError&) {
+      // Batch sizes that do not resolve for this world size: the model states stand without them.
+    }
+  }
   return estimate;
 }
 
@@ -203,9 +210,9 @@ std::string MemoryEstimate::table() const {
                                                         : ""));
   line(out, "DeepSpeed CPU", deepspeed_cpu_bytes, "per node of N GPUs, additional_buffer_factor 1.5");
   out << "  (the engine's partition plan: its allocation, padding included (each parameter to a multiple of\n"
-         "   N elements, and to 16 in the flat layout); activations, stage 3's gathered parameters, stages "
-         "2-3's\n"
-         "   transient full gradients and the allocator's slack come on top.)\n";
+         "   N elements, and to 16 in the flat layout); activations (below), stage 3's gathered parameters,\n"
+         "   stages 2-3's transient full gradients and the allocator's slack come on top.)\n";
+  if (activations) out << activations->table();
   return out.str();
 }
 
