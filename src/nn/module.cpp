@@ -183,7 +183,7 @@ Parameter& Module::register_parameter(const std::string& local_name, Tensor valu
 void Module::adopt_child(const std::string& key, const std::string& path, std::unique_ptr<Module> child) {
   ZT_CHECK(child != nullptr, "null child '", key, "' registered in ", type_name_);
   ZT_CHECK(!key.empty(), "child of module ", type_name_, ": expected a non-empty name");
-  
+
   for (auto& [existing, module] : children_) {
     ZT_CHECK(existing != key, "module ", type_name_, " registers child '", key, "' twice");
   }
