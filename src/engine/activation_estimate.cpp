@@ -103,9 +103,11 @@ struct Widths {
   }
 };
 
-class SimLinear final : public SimModule {  // nn::Linear, also nn::LmHead (no bias: same bytes)
+/// A module that saves its input and returns a new tensor both ways: nn::Linear and nn::LmHead
+/// (in -> out features; no bias: the same bytes), nn::Activation (GELU, ReLU, tanh: width -> width).
+class SimSavesInput final : public SimModule {
  public:
-  SimLinear(Widths widths, std::int64_t in, std::int64_t out) : widths_(widths), in_(in), out_(out) {}
+  SimSavesInput(Widths widths, std::int64_t in, std::int64_t out) : widths_(widths), in_(in), out_(out) {}
   Bytes forward(const Bytes& input, const Pass& pass) override {
     Bytes output = pass.allocate(widths_.values(out_));
     saved_input_.save(pass, input);
@@ -120,26 +122,6 @@ class SimLinear final : public SimModule {  // nn::Linear, also nn::LmHead (no b
  private:
   Widths widths_;
   std::int64_t in_, out_;
-  Slots<Bytes> saved_input_;
-};
-
-class SimElementwise final : public SimModule {  // nn::Activation (GELU, ReLU, tanh): saves its input
- public:
-  SimElementwise(Widths widths, std::int64_t width) : widths_(widths), width_(width) {}
-  Bytes forward(const Bytes& input, const Pass& pass) override {
-    Bytes output = pass.allocate(widths_.values(width_));
-    saved_input_.save(pass, input);
-    return output;
-  }
-  Bytes backward(const Bytes&, const Pass& pass) override {
-    const Bytes input = saved_input_.take(pass);
-    Bytes grad_input = pass.allocate(widths_.values(width_));
-    return grad_input;
-  }
-
- private:
-  Widths widths_;
-  std::int64_t width_;
   Slots<Bytes> saved_input_;
 };
 
@@ -245,7 +227,7 @@ class SimAttention final : public SimModule {  // nn::CausalSelfAttention
   Widths widths_;
   std::int64_t d_model_;
   std::uint64_t probabilities_;  // [batch, n_head, T, T] in the statistics' dtype
-  SimLinear qkv_, proj_;
+  SimSavesInput qkv_, proj_;
   SimDropout dropout_;
   Slots<Saved> saved_;
 };
@@ -254,7 +236,7 @@ class SimMlpBlock final : public SimModule {  // nn::MLPBlock
  public:
   SimMlpBlock(Widths widths, std::int64_t d_model, double dropout)
       : fc_(widths, d_model, 4 * d_model),
-        gelu_(widths, 4 * d_model),
+        gelu_(widths, 4 * d_model, 4 * d_model),
         proj_(widths, 4 * d_model, d_model),
         dropout_(widths, d_model, dropout) {}
   Bytes forward(const Bytes& input, const Pass& pass) override {
@@ -267,9 +249,9 @@ class SimMlpBlock final : public SimModule {  // nn::MLPBlock
   }
 
  private:
-  SimLinear fc_;
-  SimElementwise gelu_;
-  SimLinear proj_;
+  SimSavesInput fc_;
+  SimSavesInput gelu_;
+  SimSavesInput proj_;
   SimDropout dropout_;
 };
 
@@ -403,7 +385,7 @@ class SimGpt final : public SimModule {
   SimDropout drop_;
   SimSequence blocks_;
   SimLayerNorm ln_f_;
-  SimLinear lm_head_;
+  SimSavesInput lm_head_;
 };
 
 class SimGptEmbeddings final : public SimModule {  // pipeline_stage.cpp's GptEmbeddings
@@ -436,7 +418,7 @@ class SimGptHead final : public SimModule {  // pipeline_stage.cpp's GptHead
 
  private:
   SimLayerNorm ln_f_;
-  SimLinear lm_head_;
+  SimSavesInput lm_head_;
 };
 
 /// The layer specs of the config's model (gpt_layers / mlp_layers), simulated: one entry per layer.
@@ -453,8 +435,8 @@ std::vector<std::vector<SimPtr>> layer_specs(const ModelConfig& model, Widths wi
   } else {
     const std::vector<std::int64_t>& sizes = std::get<MlpModelConfig>(model).sizes;
     for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
-      add(std::make_unique<SimLinear>(widths, sizes[i], sizes[i + 1]));
-      if (i + 2 < sizes.size()) add(std::make_unique<SimElementwise>(widths, sizes[i + 1]));
+      add(std::make_unique<SimSavesInput>(widths, sizes[i], sizes[i + 1]));
+      if (i + 2 < sizes.size()) add(std::make_unique<SimSavesInput>(widths, sizes[i + 1], sizes[i + 1]));
     }
   }
   return layers;
@@ -466,9 +448,9 @@ SimPtr unpipelined_mlp(const MlpModelConfig& mlp, Widths widths, std::int64_t in
   std::vector<std::vector<SimPtr>> linears;
   for (std::size_t i = 0; i + 1 < mlp.sizes.size(); ++i) {
     linears.emplace_back();
-    linears.back().push_back(std::make_unique<SimLinear>(widths, mlp.sizes[i], mlp.sizes[i + 1]));
+    linears.back().push_back(std::make_unique<SimSavesInput>(widths, mlp.sizes[i], mlp.sizes[i + 1]));
     if (i + 2 < mlp.sizes.size())
-      linears.back().push_back(std::make_unique<SimElementwise>(widths, mlp.sizes[i + 1]));
+      linears.back().push_back(std::make_unique<SimSavesInput>(widths, mlp.sizes[i + 1], mlp.sizes[i + 1]));
   }
   return std::make_unique<SimSequence>(checkpointed(std::move(linears), interval));
 }

@@ -6,6 +6,8 @@
 // model, computed without building it, matches the built model parameter by parameter.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +109,31 @@ TEST(Estimate, IsTheEnginesModelStateAllocation) {
   }
 }
 
+/// Train 3 steps through zt::train with metrics to `path`; on rank 0 every step's mem.resident must
+/// be `expected` (parameters, gradients, optimizer states).
+void train_and_expect_resident(const zt::Config& config, const std::filesystem::path& path,
+                               const std::array<std::uint64_t, 3>& expected) {
+  zt::TrainOptions options;
+  options.steps = 3;
+  options.metrics_path = path.string();
+  options.print_every = 0;
+  zt::train(zt::testing::runtime(), config, options);
+  if (zt::testing::runtime().world_rank() != 0) return;
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json event = nlohmann::json::parse(line);
+    if (event["event"] != "step") continue;
+    ++steps;
+    const nlohmann::json& resident = event["mem"]["resident"];
+    EXPECT_EQ(resident["parameters"].get<std::uint64_t>(), expected[0]);
+    EXPECT_EQ(resident["gradients"].get<std::uint64_t>(), expected[1]);
+    EXPECT_EQ(resident["optimizer_states"].get<std::uint64_t>(), expected[2]);
+  }
+  EXPECT_EQ(steps, 3);
+}
+
 /// The metrics of `zerotrain train` report the same resident bytes at every step.
 TEST(Estimate, IsWhatTheMetricsReport) {
   zt::Runtime& runtime = zt::testing::runtime();
@@ -117,25 +144,8 @@ TEST(Estimate, IsWhatTheMetricsReport) {
       SCOPED_TRACE("stage " + std::to_string(stage) + (*precision ? ", bf16" : ", fp32"));
       const zt::Config config = config_of({stage, "", ""}, precision);
       const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world);
-      zt::TrainOptions options;
-      options.steps = 3;
-      options.metrics_path = path.string();
-      options.print_every = 0;
-      zt::train(runtime, config, options);
-      if (runtime.world_rank() != 0) continue;
-      std::ifstream in(path);
-      std::string line;
-      int steps = 0;
-      while (std::getline(in, line)) {
-        const nlohmann::json event = nlohmann::json::parse(line);
-        if (event["event"] != "step") continue;
-        ++steps;
-        const nlohmann::json& resident = event["mem"]["resident"];
-        EXPECT_EQ(resident["parameters"].get<std::uint64_t>(), estimate.parameters_host);
-        EXPECT_EQ(resident["gradients"].get<std::uint64_t>(), estimate.gradients);
-        EXPECT_EQ(resident["optimizer_states"].get<std::uint64_t>(), estimate.optimizer_states_host);
-      }
-      EXPECT_EQ(steps, 3);
+      train_and_expect_resident(
+          config, path, {estimate.parameters_host, estimate.gradients, estimate.optimizer_states_host});
     }
   }
   if (runtime.world_rank() == 0) std::filesystem::remove(path);
@@ -294,26 +304,8 @@ TEST(Estimate, IsWhatThePipelinedMetricsReport) {
     largest[1] = std::max(largest[1], estimate.gradients);
     largest[2] = std::max(largest[2], estimate.optimizer_states_host);
   }
-  zt::TrainOptions options;
-  options.steps = 3;
-  options.metrics_path = path.string();
-  options.print_every = 0;
-  zt::train(runtime, config, options);
-  if (runtime.world_rank() != 0) return;
-  std::ifstream in(path);
-  std::string line;
-  int steps = 0;
-  while (std::getline(in, line)) {
-    const nlohmann::json event = nlohmann::json::parse(line);
-    if (event["event"] != "step") continue;
-    ++steps;
-    const nlohmann::json& resident = event["mem"]["resident"];
-    EXPECT_EQ(resident["parameters"].get<std::uint64_t>(), largest[0]);
-    EXPECT_EQ(resident["gradients"].get<std::uint64_t>(), largest[1]);
-    EXPECT_EQ(resident["optimizer_states"].get<std::uint64_t>(), largest[2]);
-  }
-  EXPECT_EQ(steps, 3);
-  std::filesystem::remove(path);
+  train_and_expect_resident(config, path, {largest[0], largest[1], largest[2]});
+  if (runtime.world_rank() == 0) std::filesystem::remove(path);
 }
 
 /// What the estimate cannot split is refused with the reason.
