@@ -3,6 +3,8 @@
 // strategy and the estimate all read them (docs/zero.md).
 #pragma once
 
+#include <cstdint>
+
 #include "zerotrain/error.hpp"
 
 namespace zt::engine_detail {
@@ -16,6 +18,17 @@ struct ZeroPartitioning {
     ZT_CHECK_AS(ConfigError, stage >= 0 && stage <= 3, "zero_optimization.stage is ", stage,
                 "; expected 0, 1, 2 or 3");
     return {.optimizer_states = stage >= 1, .gradients = stage >= 2, .parameters = stage >= 3};
+  }
+
+  /// Pipeline stages partition within each stage's data-parallel group, except the parameters:
+  /// refused (zt::ConfigError) for the engine and the estimate alike.
+  void check_pipeline(std::int64_t pipeline_stages) const {
+    ZT_CHECK_AS(
+        ConfigError, pipeline_stages <= 1 || !parameters,
+        "zero_optimization.stage 3 with pipeline.stages = ", pipeline_stages,
+        ": stage 3 gathers a module's parameters around one micro-batch's forward and backward, while "
+        "a pipeline keeps several micro-batches in flight on each stage; use stage 1 or 2 (they "
+        "partition within each stage's data-parallel group)");
   }
 };
 

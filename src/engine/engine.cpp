@@ -105,14 +105,7 @@ void check_engine_supports(const Config& config) {
         "bf16.bf16_optimizer_states: 16-bit master weights are not supported; zerotrain keeps fp32 master "
         "weights. Remove these keys.");
   }
-  if (config.pipeline.stage_count() > 1) {
-    ZT_CHECK_AS(
-        ConfigError, !partitioning.parameters,
-        "zero_optimization.stage 3 with pipeline.stages = ", config.pipeline.stage_count(),
-        ": stage 3 gathers a module's parameters around one micro-batch's forward and backward, while "
-        "a pipeline keeps several micro-batches in flight on each stage; use stage 1 or 2 (they "
-        "partition within each stage's data-parallel group)");
-  }
+  partitioning.check_pipeline(config.pipeline.stage_count());
   if (!config.managed_gradient_accumulation) {
     ZT_THROW_AS(
         ConfigError,

@@ -49,10 +49,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                 ": the split into stages needs the config's \"model\" section (its layers); drop --params");
     planned.push_back({"parameters", {parameters_count}});
   } else if (stages > 1) {
-    ZT_CHECK_AS(ConfigError,
-                !engine_detail::ZeroPartitioning::of_stage(config.zero_optimization.stage).parameters,
-                "zero_optimization.stage 3 with pipeline.stages = ", stages,
-                ": the engine refuses this combination (zerotrain train would fail); use stage 1 or 2");
+    engine_detail::ZeroPartitioning::of_stage(config.zero_optimization.stage).check_pipeline(stages);
     planned = engine_detail::planned_parameters_of_stage(config, pipeline_stage);
   } else {
     planned = engine_detail::planned_parameters_of_config(config);
