@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "src/engine/estimate_table.hpp"
 #include "src/engine/model_layers.hpp"
 #include "src/engine/pipeline_schedule.hpp"
 #include "zerotrain/config.hpp"
@@ -713,13 +714,7 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
 }
 
 std::string ActivationEstimate::table() const {
-  auto line = [](std::ostringstream& out, const char* name, std::uint64_t bytes, const std::string& formula) {
-    char text[200];
-    std::snprintf(text, sizeof text, "  %-18s %16llu B  %10.3f GiB   %s\n", name,
-                  static_cast<unsigned long long>(bytes),
-                  static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), formula.c_str());
-    out << text;
-  };
+  const auto line = engine_detail::write_estimate_row;
   std::ostringstream out;
   out << "activations per rank: micro-batch " << micro_batch_size << ", " << micro_batches
       << " micro-batch(es) per step, " << schedule;

@@ -1,6 +1,7 @@
 // Model-state memory per rank for `zerotrain estimate`: the engine's partition plan, next to the ZeRO
 // formulas.
 #include "zerotrain/estimate.hpp"
+#include "src/engine/estimate_table.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -151,13 +152,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
 std::string MemoryEstimate::table() const {
   const int k = static_cast<int>(dtype_size(compute_dtype));
   const int big_k = optimizer_bytes_per_parameter;
-  auto line = [](std::ostringstream& out, const char* name, std::uint64_t bytes, const std::string& formula) {
-    char text[160];
-    std::snprintf(text, sizeof text, "  %-18s %16llu B  %10.3f GiB   %s\n", name,
-                  static_cast<unsigned long long>(bytes),
-                  static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), formula.c_str());
-    out << text;
-  };
+  const auto line = engine_detail::write_estimate_row;
   const std::string per_rank = "/N";
   const engine_detail::ZeroPartitioning partitioned = engine_detail::ZeroPartitioning::of_stage(zero_stage);
   std::ostringstream out;
