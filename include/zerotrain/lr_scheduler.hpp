@@ -45,6 +45,15 @@ struct OneCycleParams {
   double decay_mom_rate = 0.0;
 };
 
+/// After the cycle DeepSpeed grows momentum as cycle_max_mom * (1 + decay_mom_rate * k /
+/// decay_step_size) without bound; once beta1 passes 1 Adam's first moment diverges (DeepSpeed keeps
+/// running on it). zerotrain holds beta1 at this ceiling instead: max(0.999, cycle_max_mom).
+double one_cycle_momentum_ceiling(const OneCycleParams& params);
+/// The first optimizer step (1-based, counting from a fresh start) whose beta1 is held at the
+/// ceiling; nullopt when momentum never grows (cycle_momentum off, decay_mom_rate or
+/// decay_step_size 0).
+std::optional<std::int64_t> one_cycle_first_clamped_step(const OneCycleParams& params);
+
 /// lr = min + (max - min) * gamma during warmup, then max.
 struct WarmupLRParams {
   double warmup_min_lr = 0.0;

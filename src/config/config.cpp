@@ -392,7 +392,15 @@ class ConfigParser {
       o.cycle_min_mom = p.number("cycle_min_mom", 0.8, kUnitInterval);
       o.cycle_max_mom = p.number("cycle_max_mom", 0.9, kUnitInterval);
       o.decay_mom_rate = p.number("decay_mom_rate", 0.0, kNonNegativeNumber);
+      if (const auto clamped = one_cycle_first_clamped_step(o)) {
+        std::ostringstream text;
+        text << p.path_of("decay_mom_rate") << ": momentum grows after the cycle and would pass 1 "
+             << "(DeepSpeed keeps running with beta1 > 1, where Adam diverges); zerotrain holds beta1 at "
+             << one_cycle_momentum_ceiling(o) << " from step " << *clamped << " on";
+        p.context().warn(text.str());
+      }
       result.params = o;
+
     } else if (type == "lrrangetest") {
       result.type = SchedulerType::lr_range_test;
       LRRangeTestParams l;

@@ -41,6 +41,11 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   ZT_CHECK_AS(ConfigError, pipeline_stage >= 0 && pipeline_stage < stages, "pipeline stage ", pipeline_stage,
               " of a config with pipeline.stages = ", stages, ": expected 0 <= stage < ", stages);
   const int data_parallel = world_size / stages;
+  // The batch rule as `train` applies it at this data-parallel size: a config that train would
+  // refuse is refused here too, with the same message.
+  Config resolved_batch = config;
+  resolved_batch.resolve_batch(data_parallel);
+
   // The engine's own partition plan on rank 0 of the stage's data group (every rank's shard has
   // the same size): the estimate is the allocation, padding included. With --params N and no
   // model: one tensor of N. With pipeline stages: the stage's parameters, a tied copy included.
@@ -140,11 +145,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   }
   estimate.bucket_buffers = plan.bucket_bytes();
   if (parameters_count == 0 && config.model.has_value()) {
-    try {
-      estimate.activations = estimate_activation_memory(config, world_size, pipeline_stage);
-    } catch (const ConfigError&) {
-      // Batch sizes that do not resolve for this world size: the model states stand without them.
-    }
+    estimate.activations = estimate_activation_memory(config, world_size, pipeline_stage);
   }
   return estimate;
 }

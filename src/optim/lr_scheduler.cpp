@@ -115,7 +115,27 @@ std::optional<Betas> OneCycle::betas_at(std::int64_t it) const {
     return Betas{max_mom - (max_mom - min_mom) * scale_factor(it), kBeta2};
   if (skip_mom_decay_) return Betas{max_mom, kBeta2};
   const double decay_interval = (static_cast<double>(it) - total_size_ + 1.0) / params_.decay_step_size;
-  return Betas{max_mom * (1.0 + params_.decay_mom_rate * decay_interval), kBeta2};
+  const double grown = max_mom * (1.0 + params_.decay_mom_rate * decay_interval);
+  return Betas{std::min(grown, one_cycle_momentum_ceiling(params_)), kBeta2};
+}
+
+double one_cycle_momentum_ceiling(const OneCycleParams& params) {
+  return std::max(0.999, params.cycle_max_mom);
+}
+
+std::optional<std::int64_t> one_cycle_first_clamped_step(const OneCycleParams& params) {
+  if (!params.cycle_momentum || params.decay_mom_rate == 0 || params.decay_step_size == 0 ||
+      params.cycle_max_mom <= 0)
+    return std::nullopt;
+  const double total_size =
+      params.cycle_first_step_size + params.cycle_second_step_size.value_or(params.cycle_first_step_size);
+  // betas_at(it) reaches the ceiling at it >= total - 1 + decay_step_size * (ceiling / max - 1) /
+  // rate; optimizer step s (1-based) uses it = s - 2 (the first update runs on the value set at
+  // construction, it = -1).
+  const double growth = one_cycle_momentum_ceiling(params) / params.cycle_max_mom - 1.0;
+  const double first_iteration = std::max(
+      total_size, std::ceil(total_size - 1.0 + params.decay_step_size * growth / params.decay_mom_rate));
+  return static_cast<std::int64_t>(first_iteration) + 2;
 }
 
 // ---- WarmupLR / WarmupDecayLR --------------------------------------------------------------------

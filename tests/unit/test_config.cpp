@@ -242,6 +242,15 @@ TEST(ConfigDefaults, SchedulerParams) {
   EXPECT_EQ(o.cycle_min_mom, 0.8);
   EXPECT_EQ(o.cycle_max_mom, 0.9);
   EXPECT_EQ(o.decay_mom_rate, 0.0);
+  EXPECT_TRUE(cycle.warnings().empty());
+  // Growing momentum is held below 1 from a step the warning names (first_clamped_step: unit test).
+  const Config growing = parse(
+      R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3,
+          "cycle_first_step_size": 4, "decay_step_size": 2, "decay_mom_rate": 0.1}}})");
+  ASSERT_EQ(growing.warnings().size(), 1u);
+  EXPECT_CONTAINS(growing.warnings()[0],
+                  "scheduler.params.decay_mom_rate: momentum grows after the cycle and would pass 1");
+  EXPECT_CONTAINS(growing.warnings()[0], "holds beta1 at 0.999 from step 12 on");
 
   const Config range = parse(R"({"scheduler": {"type": "LRRangeTest"}})");
   const auto& r = std::get<zt::LRRangeTestParams>(range.scheduler->params);

@@ -186,9 +186,21 @@ TEST(OneCycle, CycleThenDecayOfLrAndMomentum) {
   EXPECT_DOUBLE_EQ(s.betas_at(8)->beta1, 0.945);
   // it = 9: k = 2, interval 1: lr = 0.001 / 1.5
   EXPECT_DOUBLE_EQ(s.lr_at(9), 0.001 / 1.5);
-  // it = 11: k = 4, interval 2: lr = 0.001 / 2 = 0.0005; mom = 0.9 * 1.2 = 1.08 (DeepSpeed does not cap it)
+  // it = 9: k = 2, interval 1: mom = 0.9 * 1.1 = 0.99, still below the ceiling 0.999
+  EXPECT_DOUBLE_EQ(s.betas_at(9)->beta1, 0.9 * 1.1);
+  // it = 10: k = 3: 0.9 * 1.15 = 1.035 would pass 1 (DeepSpeed does not cap it): held at 0.999.
+  EXPECT_DOUBLE_EQ(s.betas_at(10)->beta1, 0.999);
+  // it = 11: k = 4, interval 2: lr = 0.001 / 2 = 0.0005; mom 0.9 * 1.2 = 1.08 -> 0.999
   EXPECT_DOUBLE_EQ(s.lr_at(11), 0.0005);
-  EXPECT_DOUBLE_EQ(s.betas_at(11)->beta1, 1.08);
+  EXPECT_DOUBLE_EQ(s.betas_at(11)->beta1, 0.999);
+  EXPECT_DOUBLE_EQ(s.betas_at(1'000'000)->beta1, 0.999);
+  // The first clamped iteration is 10, which optimizer step 12 uses (step s runs on it = s - 2).
+  EXPECT_DOUBLE_EQ(zt::one_cycle_momentum_ceiling(one_cycle_params()), 0.999);
+  EXPECT_EQ(zt::one_cycle_first_clamped_step(one_cycle_params()), 12);
+  zt::OneCycleParams high = one_cycle_params();
+  high.cycle_max_mom = 0.9995;  // a maximum above 0.999 is its own ceiling
+  EXPECT_DOUBLE_EQ(zt::one_cycle_momentum_ceiling(high), 0.9995);
+  EXPECT_DOUBLE_EQ(zt::OneCycle(high).betas_at(100)->beta1, 0.9995);
 
   // No decay (decay_step_size 0, the default): min lr and max momentum after the cycle.
   zt::OneCycleParams no_decay = one_cycle_params();
@@ -200,6 +212,9 @@ TEST(OneCycle, CycleThenDecayOfLrAndMomentum) {
   zt::OneCycleParams no_momentum = one_cycle_params();
   no_momentum.cycle_momentum = false;
   EXPECT_FALSE(zt::OneCycle(no_momentum).betas_at(3).has_value());
+  EXPECT_FALSE(zt::one_cycle_first_clamped_step(no_momentum).has_value());
+  EXPECT_FALSE(zt::one_cycle_first_clamped_step(no_decay).has_value());
+
   EXPECT_THROW(zt::OneCycle(zt::OneCycleParams{}), zt::ConfigError);  // min and max lr are required
 }
 
