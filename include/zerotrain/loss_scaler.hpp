@@ -29,8 +29,19 @@
 
 namespace zt {
 
+/// Which of DeepSpeed's two dynamic fp16 scalers to follow.
+enum class LossScaleRule {
+  /// DynamicLossScaler (fp16/loss_scaler.py), DeepSpeed's ZeRO stages 1-3: `hysteresis` overflows
+  /// are tolerated before halving; an overflow at min_loss_scale is fatal.
+  dynamic_loss_scaler,
+  /// FP16_Optimizer._update_scale (fp16/fused_optimizer.py), DeepSpeed's stage 0: every overflow
+  /// halves the scale (hysteresis is not used); at min_loss_scale the scale stays and the run goes on.
+  fp16_optimizer,
+};
+
 /// The fp16 and bf16 ds_config keys that matter, with DeepSpeed's code defaults.
 struct LossScalerParams {
+  LossScaleRule rule = LossScaleRule::dynamic_loss_scaler;
   double loss_scale = 0.0;                // fp16.loss_scale: 0 = dynamic, > 0 = static scale
   int initial_scale_power = 16;           // dynamic: start at 2^power
   std::int64_t loss_scale_window = 1000;  // clean steps between doublings
@@ -66,8 +77,9 @@ class LossScaler {
   bool checks_overflow() const { return checks_overflow_; }
 
   /// Record one step's outcome; returns true when the optimizer update must be skipped.
-  /// Dynamic fp16 follows DynamicLossScaler.update_scale exactly. At the minimum scale an overflow
-  /// raises zt::Error ("Current loss scale already at minimum ...") and changes nothing.
+  /// Dynamic fp16 follows DynamicLossScaler.update_scale exactly (rule dynamic_loss_scaler: at the
+  /// minimum scale an overflow raises zt::Error ("Current loss scale already at minimum ...") and
+  /// changes nothing), or FP16_Optimizer._update_scale (rule fp16_optimizer).
   bool update(bool overflow);
 
   std::int64_t skipped_steps() const { return state_.skipped_steps; }

@@ -651,6 +651,15 @@ class ConfigParser {
         s.fail("min_loss_scale", "expected a number > 0 with a dynamic loss scale (loss_scale 0), got " +
                                      render(json(f.min_loss_scale)));
       }
+      if (f.enabled && c.zero_optimization.stage == 0) {
+        for (const std::string_view key : {"hysteresis", "consecutive_hysteresis"}) {
+          if (s.has(key)) {
+            s.context().warn(s.path_of(key) +
+                             ": not used at ZeRO stage 0, where (as in DeepSpeed's FP16_Optimizer) every "
+                             "overflow halves the loss scale; stages 1-3 apply it");
+          }
+        }
+      }
     }
     s.finish();
   }

@@ -47,6 +47,9 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
     params.hysteresis = config.fp16.hysteresis;
     params.consecutive_hysteresis = config.fp16.consecutive_hysteresis;
     params.min_loss_scale = config.fp16.min_loss_scale;
+    // DeepSpeed runs stage 0 through FP16_Optimizer and stages 1-3 through DynamicLossScaler.
+    params.rule = config.zero_optimization.stage == 0 ? LossScaleRule::fp16_optimizer
+                                                      : LossScaleRule::dynamic_loss_scaler;
   }
   params.check_grad_overflow = config.bf16.check_grad_overflow;
   return params;

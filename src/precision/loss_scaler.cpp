@@ -112,8 +112,10 @@ bool LossScaler::update(bool overflow) {
   std::string message = "[zerotrain] OVERFLOW! Skipping step.";
   if (dynamic_) {
     const double attempted = state_.cur_scale;
-    if (params_.hysteresis == 1 || state_.cur_hysteresis == 1) {
-      if (state_.cur_scale == params_.min_loss_scale) {
+    const bool halves = params_.rule == LossScaleRule::fp16_optimizer || params_.hysteresis == 1 ||
+                        state_.cur_hysteresis == 1;
+    if (halves) {
+      if (state_.cur_scale == params_.min_loss_scale && params_.rule == LossScaleRule::dynamic_loss_scaler) {
         ZT_THROW(
             "fp16 dynamic loss scaling: gradients overflowed (inf/nan) with the loss scale already at ",
             "min_loss_scale = ", format_scale(params_.min_loss_scale),

@@ -766,6 +766,19 @@ TEST(ConfigWarnings, DeprecatedForms) {
   EXPECT_CONTAINS(cpu_offload.warnings()[0], "zero_optimization.cpu_offload: deprecated");
 }
 
+TEST(ConfigWarnings, HysteresisIsNotUsedAtStageZero) {
+  // DeepSpeed's stage-0 FP16_Optimizer halves on every overflow: a given hysteresis is said to be unused.
+  const Config stage0 =
+      parse(R"({"fp16": {"enabled": true, "hysteresis": 4, "consecutive_hysteresis": true}})");
+  ASSERT_EQ(stage0.warnings().size(), 2u);
+  EXPECT_CONTAINS(stage0.warnings()[0], "fp16.hysteresis: not used at ZeRO stage 0");
+  EXPECT_CONTAINS(stage0.warnings()[1], "fp16.consecutive_hysteresis: not used at ZeRO stage 0");
+  EXPECT_TRUE(parse(R"({"fp16": {"enabled": true}})").warnings().empty());  // the default says nothing
+  EXPECT_TRUE(parse(R"({"fp16": {"enabled": true, "hysteresis": 4}, "zero_optimization": {"stage": 1}})")
+                  .warnings()
+                  .empty());
+}
+
 TEST(ConfigWarnings, SinkReceivesEachWarningOnce) {
   std::vector<std::string> lines;
   zt::ConfigParseOptions options;

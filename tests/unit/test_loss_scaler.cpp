@@ -158,6 +158,27 @@ TEST(DynamicLossScale, HysteresisTwo) {
   EXPECT_EQ(scaler.skipped_steps(), 4);
 }
 
+TEST(DynamicLossScale, StageZeroRuleHalvesOnEveryOverflowAndStaysAtTheMinimum) {
+  // DeepSpeed's FP16_Optimizer (ZeRO stage 0): hysteresis 2 is given but not used.
+  zt::LossScalerParams params = dynamic_params(3, 2, 2);
+  params.rule = zt::LossScaleRule::fp16_optimizer;
+  zt::LossScaler scaler = quiet_scaler(DType::fp16, params);
+  EXPECT_TRUE(scaler.update(true));  // 8 -> 4 at once (DynamicLossScaler would keep 8)
+  EXPECT_EQ(scaler.loss_scale(), 4.0);
+  EXPECT_TRUE(scaler.update(true));
+  EXPECT_TRUE(scaler.update(true));
+  EXPECT_EQ(scaler.loss_scale(), 1.0);
+  // At the minimum the scale stays and the run goes on (no "already at minimum" error).
+  EXPECT_TRUE(scaler.update(true));
+  EXPECT_EQ(scaler.loss_scale(), 1.0);
+  EXPECT_EQ(scaler.skipped_steps(), 4);
+  // Doubling after the window is the same rule as DynamicLossScaler's: stable intervals 0, 1, 2.
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(scaler.update(false));
+  EXPECT_EQ(scaler.loss_scale(), 2.0);
+  EXPECT_EQ(scaler.state().cur_iter, 7);
+  EXPECT_EQ(scaler.state().last_overflow_iter, 3);
+}
+
 TEST(DynamicLossScale, ConsecutiveHysteresisRefillsOnEveryCleanStep) {
   for (bool consecutive : {false, true}) {
     zt::LossScalerParams p = dynamic_params(8, 1000, 2);
