@@ -1,7 +1,8 @@
-# zt_add_mpi_test(<name> <target> RANKS <n>... [TIMEOUT s] [ARGS ...] [LABELS ...] [DEFAULT_WATCHDOG])
+# zt_add_mpi_test(<name> <target> RANKS <n>... [TIMEOUT s] [ARGS ...] [LABELS ...] [DEFAULT_WATCHDOG]
+#                 [ENVIRONMENT VAR=value...])
 # One ctest per rank count, named <name>.np<N>, run as `mpiexec -n N <target> ARGS`, in
 # ZT_MPI_TEST_ENVIRONMENT (DEFAULT_WATCHDOG: without ZT_COLLECTIVE_TIMEOUT, for the tests of the
-# runtime's default timeout).
+# runtime's default timeout); ENVIRONMENT adds variables to it.
 # With Open MPI it adds --oversubscribe (more ranks than cores) and allows running as root.
 execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _zt_mpiexec_version ERROR_QUIET)
 set(ZT_MPIEXEC_EXTRA_FLAGS "")
@@ -29,7 +30,7 @@ set(ZT_TEST_COLLECTIVE_TIMEOUT 120)
 set(ZT_MPI_TEST_ENVIRONMENT "OMP_WAIT_POLICY=passive;ZT_COLLECTIVE_TIMEOUT=${ZT_TEST_COLLECTIVE_TIMEOUT}")
 
 function(zt_add_mpi_test name target)
-  cmake_parse_arguments(ARG "DEFAULT_WATCHDOG" "TIMEOUT" "RANKS;ARGS;LABELS" ${ARGN})
+    cmake_parse_arguments(ARG "DEFAULT_WATCHDOG" "TIMEOUT" "RANKS;ARGS;LABELS;ENVIRONMENT" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
@@ -40,6 +41,7 @@ function(zt_add_mpi_test name target)
     message(FATAL_ERROR "zt_add_mpi_test(${name}): TIMEOUT ${ARG_TIMEOUT} s must exceed the watchdog's "
                         "ZT_TEST_COLLECTIVE_TIMEOUT (${ZT_TEST_COLLECTIVE_TIMEOUT} s)")
   endif()
+    list(APPEND environment ${ARG_ENVIRONMENT})
   foreach(ranks IN LISTS ARG_RANKS)
     add_test(NAME ${name}.np${ranks}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${ZT_MPIEXEC_EXTRA_FLAGS}
