@@ -46,9 +46,12 @@ program mlp
   end if
   if (command_argument_count() >= 3) then
     call get_command_argument(3, length=argument_length)
-    allocate (character(len=argument_length) :: zero_extra)
-    call get_command_argument(3, zero_extra)
-    zero_extra = ", " // zero_extra
+    if (argument_length > 0) then
+      deallocate (zero_extra)
+      allocate (character(len=argument_length) :: zero_extra)
+      call get_command_argument(3, zero_extra)
+      zero_extra = ", " // zero_extra
+    end if
   end if
   write (number, '(i0)') stage
   config_text = '{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, ' // &
