@@ -3,6 +3,7 @@
 // exception crosses into C or Fortran.
 #include "zerotrain/zerotrain.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -482,6 +483,22 @@ zt_status zt_engine_zero_stage(const zt_engine* engine, int* stage) {
     const zt::Engine& trained = engine_of("zt_engine_zero_stage", engine);
     ZT_C_NOT_NULL("zt_engine_zero_stage", stage);
     *stage = trained.zero_stage();
+  });
+}
+
+zt_status zt_engine_placement(const zt_engine* engine, char* text, size_t capacity, size_t* length) {
+  return guarded([&] {
+    const zt::Engine& trained = engine_of("zt_engine_placement", engine);
+    ZT_C_REQUIRE(text != nullptr || capacity == 0,
+                 "zt_engine_placement: argument 'text' is NULL with capacity ", capacity);
+    const std::string placement = "optimizer states: " + trained.optimizer_states_placement().describe() +
+                                  "; parameters: " + trained.parameters_placement().describe();
+    if (capacity > 0) {
+      const std::size_t copied = std::min(placement.size(), capacity - 1);
+      placement.copy(text, copied);
+      text[copied] = '\0';
+    }
+    if (length != nullptr) *length = placement.size();
   });
 }
 
