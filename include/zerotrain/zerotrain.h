@@ -100,8 +100,8 @@ typedef enum zt_dtype {
   ZT_DTYPE_INT64 = 5
 } zt_dtype;
 
-/** Where a registered buffer lives. This build trains on the host: the engine refuses other
- *  devices with ZT_STATUS_CONFIG_ERROR when it is created. */
+/** Where a registered buffer lives. This build trains external models in host memory:
+ *  zt_model_add_parameter refuses ZT_DEVICE_CUDA (ZT_STATUS_ERROR) until the CUDA path exists. */
 typedef enum zt_device_type { ZT_DEVICE_HOST = 0, ZT_DEVICE_CUDA = 1 } zt_device_type;
 
 /** Most dimensions of a zt_tensor. */

@@ -331,9 +331,14 @@ zt_status zt_model_add_parameter(zt_model* model, const char* name, void* values
                  static_cast<int>(device), " is not a zt_device_type");
     ZT_C_REQUIRE(device_index >= 0, function, "('", name, "'): device_index is ", device_index,
                  "; expected >= 0");
+    // The engine trains external models on the host (zero_strategy.cpp); say so here, where the
+    // buffer is named, rather than when the engine meets it.
+    ZT_CHECK(device == ZT_DEVICE_HOST, function, "('", name,
+             "'): device buffers (ZT_DEVICE_CUDA) are not trained yet; ",
+             "this build trains external models in host memory (ZT_DEVICE_HOST)");
     const zt::Shape parameter_shape = shape_of(function, "the parameter's", ndim, shape);
     model->external->add(name, values, gradients, parameter_shape, dtype_of(function, dtype),
-                         device == ZT_DEVICE_HOST ? zt::Device::host() : zt::Device::cuda(device_index));
+                         zt::Device::host());
   });
 }
 

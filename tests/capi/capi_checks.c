@@ -111,6 +111,12 @@ static void check_null_handles_and_bad_arguments(void) {
   EXPECT_STATUS(
       zt_model_add_parameter(model, "w", values, values, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
       ZT_STATUS_ERROR, "values and gradients must be different buffers");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_CUDA, 0),
+      ZT_STATUS_ERROR, "device buffers (ZT_DEVICE_CUDA) are not trained yet");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, (zt_device_type)7, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "device 7 is not a zt_device_type");
   EXPECT_OK(
       zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0));
   EXPECT_STATUS(
