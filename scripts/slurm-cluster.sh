@@ -35,6 +35,13 @@ print_env() {
 stop_daemons() {
   local name pid
   rm -f "$dir/up"
+  # Jobs first (a test stopped half-way leaves its jobs running): the cluster is ours alone.
+  if [ -f "$dir/slurmctld.pid" ] && [ -f "$dir/slurm.conf" ]; then
+    export SLURM_CONF=$dir/slurm.conf
+    # shellcheck disable=SC2046  # job ids
+    scancel --quiet $(squeue -h -o %i 2>/dev/null) 2>/dev/null || true
+    wait_for 20 no_jobs || echo "slurm-cluster: jobs still listed after 20 s: $(squeue -h 2>&1 | head -3)"
+  fi
   for name in slurmd slurmctld munged; do
     [ -f "$dir/$name.pid" ] || continue
     pid=$(cat "$dir/$name.pid")
@@ -47,6 +54,8 @@ stop_daemons() {
     kill -KILL "$pid" 2>/dev/null || true
   done
 }
+
+no_jobs() { [ -z "$(squeue -h -o %i 2>/dev/null)" ]; }
 
 # Seconds-bounded wait for a condition (a command); 1 when it never held.
 wait_for() {

@@ -31,8 +31,15 @@ work=$work_root/$mode
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
-jobs_submitted=()
-cleanup() { for job in "${jobs_submitted[@]}"; do scancel "$job" 2>/dev/null || true; done; }
+# Whatever happens, no job of this test outlives it (submit runs in $(...): the ids go to a file).
+cleanup() {
+  local job
+  [ -f "$work/jobs" ] || return 0
+  while read -r job; do
+    scontrol hold "$job" 2>/dev/null || true # a pending requeue must not start again
+    scancel "$job" 2>/dev/null || true
+  done <"$work/jobs"
+}
 trap cleanup EXIT
 
 # On stderr: fail may run inside $(...).
@@ -40,9 +47,9 @@ fail() {
   {
     echo "FAIL: $*"
     for file in "$work"/*.out; do [ -f "$file" ] && { echo "--- $file"; cat "$file"; }; done
-    for job in $(squeue -h -o %i); do scontrol show job "$job" 2>/dev/null | head -20; done
+    [ ! -f "$work/jobs" ] || while read -r job; do scontrol show job "$job" 2>&1 || true; done <"$work/jobs"
     echo "--- slurmctld log (last lines)"
-    grep -v debug2 "$cluster/log/slurmctld.log" | tail -20
+    grep -v debug2 "$cluster/log/slurmctld.log" | tail -20 || true
   } >&2
   exit 1
 }
@@ -67,10 +74,15 @@ export ZT_EXTRA_ARGS="--print-every 100"
 submit() {
   local job
   job=$(sbatch --parsable --nodes=1 --output="$work/job-%j.out" "$@") || fail "sbatch $* failed"
-  jobs_submitted+=("$job")
+  echo "$job" >>"$work/jobs"
   echo "$job"
 }
-field() { scontrol show job -o "$1" | grep -o "$2=[^ ]*" | head -1 | cut -d= -f2; }
+# field JOB NAME: a field of `scontrol show job` (JobState, Restarts, ...).
+field() {
+  local line
+  line=$(scontrol show job -o "$1")
+  sed -n "s/.*\b$2=\([^ ]*\).*/\1/p" <<<"$line"
+}
 # wait_job JOB SECONDS: until the job has ended for good (not requeued); prints its state.
 wait_job() {
   local job=$1 deadline=$((SECONDS + $2)) state
@@ -88,14 +100,13 @@ wait_job() {
 }
 # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds.
 wait_for() {
-  local deadline=$((SECONDS + $1)) what=$2
+  local seconds=$1 deadline=$((SECONDS + $1)) what=$2
   shift 2
   until "$@"; do
-    [ "$SECONDS" -lt "$deadline" ] || fail "no $what after ${deadline} s"
+    [ "$SECONDS" -lt "$deadline" ] || fail "no $what after $seconds s"
     sleep 0.2
   done
 }
-metrics_reached() { grep -qs "\"event\":\"step\".*\"step\":$2," "$1" 2>/dev/null || grep -qs "\"step\":$2,.*\"event\":\"step\"" "$1" 2>/dev/null; }
 # losses FILES...: "step loss" per step line of metrics files, in order.
 losses() {
   cat "$@" | python3 -c '
@@ -169,8 +180,10 @@ case "$mode" in
     grep -qs "2 rank(s) on 1 node(s)" "$out" || fail "not 2 ranks"
     grep -qs "zerotrain train: 40 steps, loss" "$out" || fail "no summary line"
     ckpt=$work/checkpoints/job-$job
-    "$zt" checkpoint verify "$ckpt" | grep -qs "^OK $ckpt/global_step40.h5" || fail "the checkpoint does not verify"
-    "$zt" checkpoint inspect "$ckpt" | grep -qs "^saved at .*, by Slurm job $job$" || fail "no job id in the checkpoint"
+    verified=$("$zt" checkpoint verify "$ckpt") || fail "the checkpoint does not verify: $verified"
+    grep -q "^OK $ckpt/global_step40.h5" <<<"$verified" || fail "not the checkpoint of step 40: $verified"
+    inspected=$("$zt" checkpoint inspect "$ckpt") || fail "checkpoint inspect failed"
+    grep -q "^saved at .*, by Slurm job $job$" <<<"$inspected" || fail "no job id in the checkpoint: $inspected"
     # Another job finding this one's checkpoint in its default directory (ids come back after a
     # cluster's state is reset): refused, naming both jobs; loaded when asked for.
     export ZT_STEPS=50
@@ -236,8 +249,8 @@ case "$mode" in
     grep -qs "zerotrain train: saved checkpoint .* (step [0-9]*, SIGTERM)" "$out" || fail "no checkpoint saved on SIGTERM"
     grep -qs "but job $job is [A-Z]*: not requeueing" "$out" || fail "no 'not requeueing' message"
     ckpt=$work/checkpoints/job-$job
-    "$zt" checkpoint verify "$ckpt" | grep "^OK $ckpt/global_step[0-9]*.h5: .*every checksum matches" ||
-      fail "the checkpoint after scancel does not verify"
+    verified=$("$zt" checkpoint verify "$ckpt") || fail "the checkpoint after scancel does not verify: $verified"
+    grep "^OK $ckpt/global_step[0-9]*.h5: .*every checksum matches" <<<"$verified" || fail "unexpected: $verified"
     ;;
   startup)
     # Rank 0 holds before MPI starts (test hook) and gets SIGUSR1 alone; rank 1 waits in MPI's
