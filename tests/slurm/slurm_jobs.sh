@@ -26,6 +26,9 @@ script=$source_dir/jobscripts/slurm.sbatch
   echo "SKIPPED: the test Slurm cluster in $cluster is not up (see the slurm.cluster.start test)"
   exit 77
 }
+# Run inside an outer Slurm job (CI on a cluster), its variables would point sbatch and srun at it.
+# shellcheck disable=SC2046  # variable names
+unset $(compgen -e | grep -E '^(SLURM|SBATCH|SRUN|SALLOC)_') ZT_PREFIX ZT_SAVE_DIR ZT_RESUME_FOREIGN ZT_FAULT_INJECTION
 eval "$("$source_dir/scripts/slurm-cluster.sh" env "$cluster")"
 work=$work_root/$mode
 rm -rf "$work"
