@@ -18,6 +18,7 @@ packages=(
   libgtest-dev libgmock-dev           # tests
   gfortran                            # the Fortran module and example (optional: ZT_WITH_FORTRAN)
   fio                                 # the anchor of the NVMe swap benchmark (bench/run_swap_vs_fio.sh)
+  shellcheck                          # tests: slurm.script lints jobscripts/slurm.sbatch
 )
 packages=($(printf '%s\n' "${packages[@]}" | sed 's/#.*//' | xargs -n1))
 

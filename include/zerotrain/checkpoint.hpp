@@ -36,6 +36,9 @@ struct SaveOptions {
   /// Permission bits of the file and of a directory the save creates.
   std::uint32_t file_mode = 0640;
   std::uint32_t dir_mode = 0750;
+  /// The Slurm job that saves (zt::train passes SLURM_JOB_ID), recorded as /engine attribute
+  /// slurm_job_id when not empty, so that a job can tell its own checkpoints from another's.
+  std::string slurm_job_id;
 };
 
 struct LoadOptions {
@@ -89,6 +92,7 @@ struct CheckpointSummary {
   std::int64_t optimizer_step = 0;
   std::int64_t parameters = 0;  // elements of the model's parameters
   std::string client_state;     // the JSON text given to save_checkpoint
+  std::string slurm_job_id;     // the Slurm job that saved it; empty: saved outside Slurm
   std::uint64_t file_bytes = 0;
   std::vector<CheckpointDataset> datasets;
 };

@@ -41,8 +41,31 @@ std::unique_ptr<TrainingData> make_training_data(const Config& config, const Eng
                                                  const std::optional<std::string>& path_override);
 
 /// What `zerotrain train` exits with after a SIGTERM or SIGUSR1 stopped it: the step finished and
-/// the checkpoint is saved (EX_TEMPFAIL: "try again", e.g. requeue and --resume auto).
+/// the checkpoint is saved, or the signal came during start-up and there was nothing new to save
+/// (EX_TEMPFAIL: "try again", e.g. requeue and --resume auto).
 inline constexpr int kPreemptedExitCode = 75;
+
+/// While one lives, SIGTERM and SIGUSR1 (what Slurm and PBS send before a job's end) only record
+/// that they came; zt::train stops at its next agreement point: before loading a checkpoint,
+/// before its first step, or after the step it is in. zt::train holds one itself; a program makes
+/// its own first thing in main, before zt::Runtime starts MPI, so that a signal during MPI start-up
+/// or a long checkpoint load also ends in kPreemptedExitCode instead of killing the process.
+/// Nested scopes share the outermost one's record; the previous handlers come back when it ends.
+/// Main thread only.
+class StopSignalScope {
+ public:
+  StopSignalScope();
+  ~StopSignalScope();
+  StopSignalScope(const StopSignalScope&) = delete;
+  StopSignalScope& operator=(const StopSignalScope&) = delete;
+
+  /// The signal number that came (SIGTERM or SIGUSR1) since the outermost scope began, 0 if none;
+  /// this rank's view only (zt::train agrees on it over all ranks).
+  static int received();
+
+ private:
+  bool outermost_ = false;
+};
 
 struct TrainOptions {
   std::int64_t steps = 100;                 // train until the global optimizer step reaches this
@@ -59,6 +82,10 @@ struct TrainOptions {
   /// "auto": the newest checkpoint in save_dir that verifies (none: start afresh); otherwise a
   /// checkpoint directory to load (its latest tag) or DIR/TAG.h5.
   std::optional<std::string> resume;
+  /// With resume "auto": the Slurm job id the checkpoint must have been saved by (each save records
+  /// SLURM_JOB_ID); one saved by another job, or outside Slurm, is refused with both ids named.
+  /// jobscripts/slurm.sbatch passes it when the save directory is its per-job default.
+  std::optional<std::string> resume_job_id;
   /// Where the engine keeps the model's state and runs its kernels (EngineOptions::device).
   Device device = Device::host();
   /// Called on every rank after each optimizer step (progress hooks, tests).

@@ -4,13 +4,17 @@
 //   zerotrain data convert IN OUT            text file -> byte-token file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
 //   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "base/text.hpp"
@@ -37,6 +41,8 @@ constexpr const char* kUsage =
     "                             checkpoints every K steps, at the end, and on SIGTERM/SIGUSR1 (then\n"
     "                                                          exit 75); --resume auto: the newest valid "
     "checkpoint in --save-dir\n"
+    "        [--resume-job ID]    with --resume auto: load only a checkpoint saved by Slurm job ID\n"
+    "                             (each save records SLURM_JOB_ID; jobscripts/slurm.sbatch passes it)\n"
     "        [--device host|emulated]\n"
     "                             where the model's state lives (emulated: the test device, see\n"
     "                             docs/architecture.md)\n"
@@ -131,6 +137,9 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   options.save_interval = flags.take_integer("save-interval");
   options.keep_last = flags.take_integer("keep-last");
   options.resume = flags.take("resume");
+  options.resume_job_id = flags.take("resume-job");
+  ZT_CHECK_AS(zt::ConfigError, !options.resume_job_id || options.resume == "auto",
+              "--resume-job applies to --resume auto only");
   if (const auto device = flags.take("device")) {
     ZT_CHECK_AS(zt::ConfigError, *device == "host" || *device == "emulated", "--device ", *device,
                 ": expected host or emulated (a stand-in device whose memory only the device API may touch, "
@@ -291,7 +300,8 @@ void print_summary(const zt::CheckpointSummary& summary, const std::string& dir)
   row("global steps", std::to_string(summary.global_steps));
   row("global samples", std::to_string(summary.global_samples));
   row("saved at", "world size " + std::to_string(summary.world_size) + ", ZeRO stage " +
-                      std::to_string(summary.zero_stage) + " (loads at any world size and stage)");
+                      std::to_string(summary.zero_stage) + " (loads at any world size and stage)" +
+                      (summary.slurm_job_id.empty() ? "" : ", by Slurm job " + summary.slurm_job_id));
   row("compute dtype", summary.compute_dtype + " (parameters and optimizer states stored in fp32)");
   row("optimizer", summary.optimizer.empty()
                        ? std::string("none")
@@ -397,9 +407,35 @@ int checkpoint_command(zt::Runtime& runtime, int argc, char** argv) {
   return code;
 }
 
+/// Test hook (docs/testing.md, tests/slurm): with ZT_FAULT_INJECTION=hold_before_mpi_init:FILE, rank
+/// 0 of a job waits before MPI starts while FILE exists, until a stop signal comes (60 s at most),
+/// so that a test can signal one rank during start-up.
+void hold_before_mpi_init() {
+  const char* fault = std::getenv("ZT_FAULT_INJECTION");
+  constexpr std::string_view kHook = "hold_before_mpi_init:";
+  if (fault == nullptr || !std::string_view(fault).starts_with(kHook)) return;
+  const char* rank = std::getenv("SLURM_PROCID");
+  if (rank == nullptr) rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const fs::path file(std::string_view(fault).substr(kHook.size()));
+  if ((rank != nullptr && std::string_view(rank) != "0") || !fs::exists(file)) return;
+  std::printf(
+      "zerotrain: test hook: pid %d holds before MPI starts while %s exists (until SIGTERM/SIGUSR1)\n",
+      static_cast<int>(getpid()), file.c_str());
+  std::fflush(stdout);
+  for (int waited = 0; waited < 600 && zt::StopSignalScope::received() == 0 && fs::exists(file); ++waited)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `zerotrain train` records SIGTERM/SIGUSR1 from its first instruction: a preemption while MPI
+  // starts or a checkpoint loads then ends in exit 75 (requeue), not in a killed job.
+  std::optional<zt::StopSignalScope> stop_signals;
+  if (argc > 1 && std::string_view(argv[1]) == "train") {
+    stop_signals.emplace();
+    hold_before_mpi_init();
+  }
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&]() -> int {
     const std::string_view command = argc > 1 ? argv[1] : "help";

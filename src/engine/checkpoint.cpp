@@ -331,6 +331,7 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
                        std::string(dtype_name(plan_.settings().compute_dtype)));
     file.set_attribute(engine_group, "train_batch_size", state.train_batch_size);
     file.set_attribute(engine_group, "parameters", global_parameter_count_);
+    if (!options.slurm_job_id.empty()) file.set_attribute(engine_group, "slurm_job_id", options.slurm_job_id);
     file.set_attribute(engine_group, "config", state.config.to_json_string(0));
     file.set_attribute(engine_group, "dropout_streams", static_cast<std::int64_t>(dropouts.size()));
     file.set_attribute(engine_group, "dropout_names", dropout_names);

@@ -82,6 +82,8 @@ CheckpointSummary inspect_checkpoint(const std::string& path) {
   summary.compute_dtype = file.string_attribute("engine", "compute_dtype");
   summary.parameters = file.int_attribute("model", "parameters");
   summary.client_state = file.string_attribute("", "client_state");
+  if (file.has_attribute("engine", "slurm_job_id"))
+    summary.slurm_job_id = file.string_attribute("engine", "slurm_job_id");
   summary.file_bytes = static_cast<std::uint64_t>(fs::file_size(path));
   if (file.exists("optimizer")) {
     summary.optimizer = file.string_attribute("optimizer", "type");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -160,37 +161,36 @@ extern "C" void remember_stop_signal(int signal) {
   stop_signal_received = signal;
 }
 
-/// SIGTERM and SIGUSR1 (what Slurm and PBS send before a job's end) only set a flag while a run
-/// trains; the loop finishes the step, saves and stops. The previous handlers come back after.
-class StopSignals {
- public:
-  StopSignals() {
-    stop_signal_received = 0;
-    struct sigaction action = {};
-    action.sa_handler = remember_stop_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &action, &previous_term_);
-    sigaction(SIGUSR1, &action, &previous_usr1_);
-  }
-  ~StopSignals() {
-    sigaction(SIGTERM, &previous_term_, nullptr);
-    sigaction(SIGUSR1, &previous_usr1_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
+/// The signal any rank received (0: none); every rank gets the same answer (collective).
+int agreed_stop_signal(Communicator& world) {
+  std::int64_t signal = StopSignalScope::received();
+  world.all_reduce(&signal, &signal, 1, DType::int64, ReduceOp::max);
+  return static_cast<int>(signal);
+}
 
-  /// The signal any rank received (0: none); every rank gets the same answer.
-  static int agreed(Communicator& world) {
-    std::int64_t signal = stop_signal_received;
-    world.all_reduce(&signal, &signal, 1, DType::int64, ReduceOp::max);
-    return static_cast<int>(signal);
-  }
+const char* stop_signal_name(int signal) {
+  return signal == SIGTERM ? "SIGTERM" : "SIGUSR1";
+}
 
- private:
-  struct sigaction previous_term_ = {};
-  struct sigaction previous_usr1_ = {};
-};
+/// --resume auto with TrainOptions::resume_job_id: the checkpoint at `path` must have been saved by
+/// that Slurm job. Rank 0 reads its record; every rank throws the same refusal, none is left waiting.
+void check_resume_job(Runtime& runtime, const std::string& path, const std::string& job_id) {
+  std::string refusal;
+  if (runtime.world_rank() == 0) {
+    const std::string saved_by = inspect_checkpoint(path).slurm_job_id;
+    if (saved_by != job_id) {
+      refusal = "refusing to resume from '" + path + "': it was saved " +
+                (saved_by.empty() ? std::string("outside Slurm (no slurm_job_id recorded)")
+                                  : "by Slurm job " + saved_by) +
+                ", and this is Slurm job " + job_id +
+                ", which resumes only its own checkpoints from its own directory (--resume-job " + job_id +
+                "). To continue that run, resume without --resume-job (jobscripts/slurm.sbatch: "
+                "ZT_RESUME_FOREIGN=1, or ZT_SAVE_DIR naming the directory)";
+    }
+  }
+  refusal = engine_detail::broadcast_string(runtime.world(), refusal);
+  ZT_CHECK_AS(ConfigError, refusal.empty(), refusal);
+}
 
 class MetricsWriter {
  public:
@@ -212,10 +212,40 @@ class MetricsWriter {
   std::string path_;
 };
 
+int stop_scope_depth = 0;
+struct sigaction previous_term = {};
+struct sigaction previous_usr1 = {};
+
 }  // namespace
+
+StopSignalScope::StopSignalScope() : outermost_(stop_scope_depth++ == 0) {
+  if (!outermost_) return;
+  stop_signal_received = 0;
+  struct sigaction action = {};
+  action.sa_handler = remember_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, &previous_term);
+  sigaction(SIGUSR1, &action, &previous_usr1);
+}
+
+StopSignalScope::~StopSignalScope() {
+  --stop_scope_depth;
+  if (!outermost_) return;
+  sigaction(SIGTERM, &previous_term, nullptr);
+  sigaction(SIGUSR1, &previous_usr1, nullptr);
+}
+
+int StopSignalScope::received() {
+  return stop_signal_received;
+}
 
 TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options) {
   ZT_CHECK_AS(ConfigError, options.steps >= 0, "--steps must be >= 0, got ", options.steps);
+  // Before anything slow: a signal while the model is built or a checkpoint loads stops the run
+  // at the next agreement point below instead of killing it (`zerotrain train` installs it even
+  // before MPI starts).
+  StopSignalScope stop_signals;
   const bool leader = runtime.world_rank() == 0;
   check_engine_supports(config);
   // Device memory counts too, from whatever this process held before the model.
@@ -244,6 +274,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const std::optional<std::string> save_dir = options.save_dir ? options.save_dir : cfg.checkpoint.save_dir;
   const std::int64_t save_interval = options.save_interval.value_or(cfg.checkpoint.save_interval);
   ZT_CHECK_AS(ConfigError, save_interval >= 0, "--save-interval must be >= 0, got ", save_interval);
+  // Recorded in every checkpoint; rank 0's, so that the collective attribute write sees one value.
+  const char* job_variable = std::getenv("SLURM_JOB_ID");
+  const std::string slurm_job_id =
+      engine_detail::broadcast_string(runtime.world(), leader && job_variable ? job_variable : "");
   auto save = [&](const char* why) {
     const auto began = Clock::now();
     SaveOptions save_options;
@@ -251,6 +285,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     save_options.keep_last = options.keep_last.value_or(cfg.checkpoint.keep_last);
     save_options.file_mode = cfg.checkpoint.file_mode;
     save_options.dir_mode = cfg.checkpoint.dir_mode;
+    save_options.slurm_job_id = slurm_job_id;
     const std::string tag = engine.save_checkpoint(*save_dir, save_options);
     const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
     summary.last_saved = tag;
@@ -267,7 +302,19 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       std::fflush(stdout);
     }
   };
-  if (options.resume) {
+  // A signal during start-up: every rank stops here together (one collective, the same on all), with
+  // kPreemptedExitCode and nothing saved: no step was taken, the last checkpoint is still the state.
+  int startup_signal = 0;
+  auto stopped_during_startup = [&](const char* before) {
+    if (startup_signal == 0) startup_signal = agreed_stop_signal(runtime.world());
+    if (startup_signal != 0 && leader) {
+      std::printf("zerotrain train: %s received during start-up; stopping before %s (nothing new to save)\n",
+                  stop_signal_name(startup_signal), before);
+      std::fflush(stdout);
+    }
+    return startup_signal != 0;
+  };
+  if (options.resume && !stopped_during_startup("loading the checkpoint")) {
     std::string dir;
     std::optional<std::string> tag;
     if (*options.resume == "auto") {
@@ -278,6 +325,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       if (leader && std::filesystem::is_directory(dir)) found = newest_valid_checkpoint(dir).value_or("");
       found = engine_detail::broadcast_string(runtime.world(), found);
       if (!found.empty()) tag = found;
+      if (tag && options.resume_job_id)
+        check_resume_job(runtime, checkpoint_file(dir, *tag), *options.resume_job_id);
     } else if (std::filesystem::path(*options.resume).extension() == ".h5") {
       dir = std::filesystem::path(*options.resume).parent_path().string();
       tag = std::filesystem::path(*options.resume).stem().string();
@@ -300,7 +349,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       std::printf("zerotrain train: no valid checkpoint in %s; starting from step 0\n", dir.c_str());
     }
   }
-  StopSignals stop_signals;
+  if (startup_signal == 0) stopped_during_startup("the first step");
+  summary.preempted = startup_signal != 0;
   nlohmann::json start = {{"event", "start"},
                           {"world_size", runtime.world_size()},
                           {"data_parallel_size", batch.data_parallel_size},
@@ -376,7 +426,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
 
   const double tokens_per_step = static_cast<double>(batch.train_batch_size * data->tokens_per_sample());
   double total_seconds = 0;
-  while (engine.global_steps() < options.steps) {
+  while (!summary.preempted && engine.global_steps() < options.steps) {
     reset_memory_peaks();
     const auto began = Clock::now();
     engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
@@ -440,15 +490,15 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       std::fflush(stdout);
     }
     if (options.on_step) options.on_step(report);
-    if (const int signal = StopSignals::agreed(runtime.world()); signal != 0) {
+    if (const int signal = agreed_stop_signal(runtime.world()); signal != 0) {
       summary.preempted = true;
       if (leader) {
-        std::printf("zerotrain train: %s received; stopping after step %lld\n",
-                    signal == SIGTERM ? "SIGTERM" : "SIGUSR1", static_cast<long long>(report.step));
+        std::printf("zerotrain train: %s received; stopping after step %lld\n", stop_signal_name(signal),
+                    static_cast<long long>(report.step));
         std::fflush(stdout);
       }
       if (save_dir) {
-        save(signal == SIGTERM ? "SIGTERM" : "SIGUSR1");
+        save(stop_signal_name(signal));
       } else if (leader) {
         std::printf("zerotrain train: no --save-dir: nothing saved\n");
       }
