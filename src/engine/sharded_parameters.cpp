@@ -12,10 +12,6 @@
 namespace zt::engine_detail {
 
 ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrategy(inputs) {
-  ZT_CHECK_AS(
-      ConfigError, external_ == nullptr, "zero_optimization.stage is ", plan_.settings().stage,
-      ": a zt::ExternalModel (parameters in the caller's buffers) trains with ZeRO stages 0-2; stage 3 "
-      "gathers parameters around each module's forward, which needs zerotrain's own modules");
   const std::size_t element = element_size();
   ZT_CHECK_AS(
       ConfigError, !plan_.parameters_on_nvme() || execution_.device().is_host(),
@@ -60,14 +56,19 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
   ParameterGathererOptions gathering;
   gathering.dtype = dtype_;
   gathering.prefetch_elements = zero.stage3_prefetch_bucket_size;
-  for (std::size_t i = 0; i < plan_.size(); ++i) gathering.persistent.push_back(plan_.persistent(i) ? 1 : 0);
+  // A zt::ExternalModel's forward and backward are the caller's, who reads the full values from its
+  // own buffers: every parameter stays gathered there (each buffer is the "persistent" copy), and
+  // is gathered again after each update and load, straight into the caller's buffer through
+  // staging of allgather_bucket_size elements. The engine itself keeps only the rank's pieces.
+  for (std::size_t i = 0; i < plan_.size(); ++i)
+    gathering.persistent.push_back(external_ != nullptr || plan_.persistent(i) ? 1 : 0);
   gathering.max_live = zero.stage3_max_live_parameters;
   gathering.max_reuse_distance = zero.stage3_max_reuse_distance;
   gathering.allgather_bucket_elements = zero.allgather_bucket_size;
   // Persistent parameters stay gathered for good: their values move to the device once (on the
   // host they stay where the model put them).
   for (std::size_t i = 0; i < model_parameters_.size(); ++i) {
-    if (plan_.persistent(i))
+    if (gathering.persistent[i] != 0)
       model_parameters_[i]->value =
           execution_.on_device(model_parameters_[i]->value, MemoryCategory::parameters);
   }
