@@ -1,7 +1,17 @@
-# ctest install.consumer: install this build into a fresh prefix, build examples/consumer against it
-# with find_package(zerotrain), and run it across MPI ranks.
-#   -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR= -DMPIEXEC="mpiexec;-n;2;..."
-file(REMOVE_RECURSE ${WORK_DIR})
+# The install.* ctests (tests/install/CMakeLists.txt): install this build into a fresh prefix, then
+# build outside projects against it as a user would and run them across MPI ranks.
+#   -DSTEP=install   -DBUILD_DIR= -DPREFIX=
+#       cmake --install BUILD_DIR into PREFIX (removed first).
+#   -DSTEP=cmake     -DPREFIX= -DPROJECT_DIR= -DWORK_DIR= -DLANGUAGES= -DPROGRAM= -DMPIEXEC="mpiexec;-n;2;..."
+#       configure PROJECT_DIR with find_package(zerotrain) and CMAKE_PREFIX_PATH=PREFIX, check that
+#       the project enabled exactly LANGUAGES (and zerotrain's config file no other), build, run
+#       PROGRAM under MPIEXEC.
+#   -DSTEP=make      -DPREFIX= -DLIBDIR= -DPROJECT_DIR= -DWORK_DIR= -DMAKE= -DPKG_CONFIG= -DMPICC=
+#                    -DPROGRAM= -DMPIEXEC=
+#       copy PROJECT_DIR to WORK_DIR, run its Makefile with PKG_CONFIG_PATH=PREFIX/LIBDIR/pkgconfig
+#       and MPICC, run PROGRAM under MPIEXEC without LD_LIBRARY_PATH (zerotrain.pc's rpath).
+# Output of every command goes to stdout, so that the ctest's EXPECT regexes see the programs' lines;
+# a command that fails stops the step with its output.
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT result EQUAL 0)
@@ -9,8 +19,58 @@ function(run)
   endif()
   message(STATUS "${out}")
 endfunction()
-run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
-    -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${MPIEXEC} ${WORK_DIR}/build/consumer)
+
+function(require)
+  foreach(variable IN LISTS ARGN)
+    if(NOT DEFINED ${variable} OR "${${variable}}" STREQUAL "")
+      message(FATAL_ERROR "install_and_consume.cmake STEP=${STEP}: set -D${variable}=")
+    endif()
+  endforeach()
+endfunction()
+
+# The languages a configured build tree enabled: CMake writes CMakeFiles/<version>/CMake<LANG>Compiler.cmake
+# for each, whoever enabled it (the project, or a package's config file).
+function(enabled_languages build_dir out_var)
+  file(GLOB compiler_files ${build_dir}/CMakeFiles/*/CMake*Compiler.cmake)
+  set(languages "")
+  foreach(file IN LISTS compiler_files)
+    get_filename_component(name ${file} NAME)
+    string(REGEX REPLACE "^CMake(.*)Compiler\\.cmake$" "\\1" language ${name})
+    list(APPEND languages ${language})
+  endforeach()
+  list(SORT languages)
+  set(${out_var} "${languages}" PARENT_SCOPE)
+endfunction()
+
+require(STEP PREFIX)
+if(STEP STREQUAL "install")
+  require(BUILD_DIR)
+  file(REMOVE_RECURSE ${PREFIX})
+  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
+elseif(STEP STREQUAL "cmake")
+  require(PROJECT_DIR WORK_DIR LANGUAGES PROGRAM MPIEXEC)
+  if(NOT IS_DIRECTORY ${PREFIX})
+    message(FATAL_ERROR "nothing installed in ${PREFIX}: run the ctest install.prefix first")
+  endif()
+  file(REMOVE_RECURSE ${WORK_DIR})
+  run(${CMAKE_COMMAND} -S ${PROJECT_DIR} -B ${WORK_DIR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${PREFIX})
+  enabled_languages(${WORK_DIR} languages)
+  set(expected ${LANGUAGES})
+  list(SORT expected)
+  if(NOT languages STREQUAL expected)
+    message(FATAL_ERROR "${PROJECT_DIR} enabled the languages '${languages}', expected only '${expected}'")
+  endif()
+  message(STATUS "enabled languages: ${languages}")
+  run(${CMAKE_COMMAND} --build ${WORK_DIR})
+  run(${MPIEXEC} ${WORK_DIR}/${PROGRAM})
+elseif(STEP STREQUAL "make")
+  require(LIBDIR PROJECT_DIR WORK_DIR MAKE PKG_CONFIG MPICC PROGRAM MPIEXEC)
+  file(REMOVE_RECURSE ${WORK_DIR})
+  file(COPY ${PROJECT_DIR}/ DESTINATION ${WORK_DIR})
+  set(environment --unset=LD_LIBRARY_PATH PKG_CONFIG_PATH=${PREFIX}/${LIBDIR}/pkgconfig)
+  run(${CMAKE_COMMAND} -E env ${environment} ${PKG_CONFIG} --cflags --libs zerotrain)
+  run(${CMAKE_COMMAND} -E env ${environment} ${MAKE} -C ${WORK_DIR} MPICC=${MPICC})
+  run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${MPIEXEC} ${WORK_DIR}/${PROGRAM})
+else()
+  message(FATAL_ERROR "install_and_consume.cmake: STEP=${STEP}; expected install, cmake or make")
+endif()
