@@ -16,6 +16,7 @@ packages=(
   libopenblas-dev                     # host GEMM
   nlohmann-json3-dev                  # ds_config parsing
   libgtest-dev libgmock-dev           # tests
+  gfortran                            # the Fortran module and example (optional: ZT_WITH_FORTRAN)
   fio                                 # the anchor of the NVMe swap benchmark (bench/run_swap_vs_fio.sh)
 )
 packages=($(printf '%s\n' "${packages[@]}" | sed 's/#.*//' | xargs -n1))

@@ -82,6 +82,10 @@ typedef enum zt_status {
 ZT_API const char* zt_last_error(void);
 /** "ZT_STATUS_OK", "ZT_STATUS_CONFIG_ERROR", ... ("ZT_STATUS_UNKNOWN" for other values). */
 ZT_API const char* zt_status_name(zt_status status);
+/** For bindings built on this API (the Fortran module): report an error the binding found itself
+ *  (e.g. a non-contiguous array) through zt_last_error(). Sets this thread's message to `message`
+ *  ("" for NULL) and returns `status`. */
+ZT_API zt_status zt_set_last_error(zt_status status, const char* message);
 
 /* ---- element types and devices ----------------------------------------------------------- */
 

@@ -185,6 +185,10 @@ const char* zt_last_error(void) {
   return last_error().c_str();
 }
 
+zt_status zt_set_last_error(zt_status status, const char* message) {
+  return fail(status, message != nullptr ? message : "");
+}
+
 const char* zt_status_name(zt_status status) {
   switch (status) {
     case ZT_STATUS_OK:
