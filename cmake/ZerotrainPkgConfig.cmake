@@ -1,4 +1,5 @@
-# zerotrain.pc for Makefile codes, installed in <libdir>/pkgconfig (docs/install.md).
+# zerotrain.pc (C and C++) and, with the Fortran module, zerotrain-fortran.pc for Makefile codes,
+# installed in <libdir>/pkgconfig (docs/install.md).
 # The prefix is found from the .pc file's own place (${pcfiledir}), so the file stays right after
 # `cmake --install build --prefix <elsewhere>` and when the installed tree is moved.
 option(ZT_PKG_CONFIG_RPATH
@@ -22,3 +23,13 @@ if(NOT ZT_PC_MPICC)
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/zerotrain.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/zerotrain.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/zerotrain.pc DESTINATION ${_zt_pc_dir})
+
+if(ZT_HAVE_FORTRAN)
+  set(ZT_PC_MPIFORT "${MPI_Fortran_COMPILER}")
+  if(NOT ZT_PC_MPIFORT)
+    set(ZT_PC_MPIFORT mpifort)
+  endif()
+  configure_file(${PROJECT_SOURCE_DIR}/cmake/zerotrain-fortran.pc.in ${PROJECT_BINARY_DIR}/pkgconfig/zerotrain-fortran.pc
+                 @ONLY)
+  install(FILES ${PROJECT_BINARY_DIR}/pkgconfig/zerotrain-fortran.pc DESTINATION ${_zt_pc_dir})
+endif()

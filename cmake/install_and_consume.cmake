@@ -6,10 +6,10 @@
 #       configure PROJECT_DIR with find_package(zerotrain) and CMAKE_PREFIX_PATH=PREFIX, check that
 #       the project enabled exactly LANGUAGES (and zerotrain's config file no other), build, run
 #       PROGRAM under MPIEXEC.
-#   -DSTEP=make      -DPREFIX= -DLIBDIR= -DPROJECT_DIR= -DWORK_DIR= -DMAKE= -DPKG_CONFIG= -DMPICC=
-#                    -DPROGRAM= -DMPIEXEC=
+#   -DSTEP=make      -DPREFIX= -DLIBDIR= -DPROJECT_DIR= -DWORK_DIR= -DMAKE= -DMAKE_ARGS="MPICC=..."
+#                    -DPKG_CONFIG= -DPC_MODULE=zerotrain -DPROGRAM= -DMPIEXEC=
 #       copy PROJECT_DIR to WORK_DIR, run its Makefile with PKG_CONFIG_PATH=PREFIX/LIBDIR/pkgconfig
-#       and MPICC, run PROGRAM under MPIEXEC without LD_LIBRARY_PATH (zerotrain.pc's rpath).
+#       and MAKE_ARGS, run PROGRAM under MPIEXEC without LD_LIBRARY_PATH (the .pc file's rpath).
 # Output of every command goes to stdout, so that the ctest's EXPECT regexes see the programs' lines;
 # a command that fails stops the step with its output.
 function(run)
@@ -64,12 +64,12 @@ elseif(STEP STREQUAL "cmake")
   run(${CMAKE_COMMAND} --build ${WORK_DIR})
   run(${MPIEXEC} ${WORK_DIR}/${PROGRAM})
 elseif(STEP STREQUAL "make")
-  require(LIBDIR PROJECT_DIR WORK_DIR MAKE PKG_CONFIG MPICC PROGRAM MPIEXEC)
+  require(LIBDIR PROJECT_DIR WORK_DIR MAKE MAKE_ARGS PKG_CONFIG PC_MODULE PROGRAM MPIEXEC)
   file(REMOVE_RECURSE ${WORK_DIR})
   file(COPY ${PROJECT_DIR}/ DESTINATION ${WORK_DIR})
   set(environment --unset=LD_LIBRARY_PATH PKG_CONFIG_PATH=${PREFIX}/${LIBDIR}/pkgconfig)
-  run(${CMAKE_COMMAND} -E env ${environment} ${PKG_CONFIG} --cflags --libs zerotrain)
-  run(${CMAKE_COMMAND} -E env ${environment} ${MAKE} -C ${WORK_DIR} MPICC=${MPICC})
+  run(${CMAKE_COMMAND} -E env ${environment} ${PKG_CONFIG} --cflags --libs ${PC_MODULE})
+  run(${CMAKE_COMMAND} -E env ${environment} ${MAKE} -C ${WORK_DIR} ${MAKE_ARGS})
   run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${MPIEXEC} ${WORK_DIR}/${PROGRAM})
 else()
   message(FATAL_ERROR "install_and_consume.cmake: STEP=${STEP}; expected install, cmake or make")
