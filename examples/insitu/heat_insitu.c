@@ -376,7 +376,13 @@ static int run_simulation(MPI_Comm comm, const Options* options) {
     if (options->checkpoint_dir) {
       /* The solver's field first, then zerotrain's checkpoint, whose "latest" names the step. */
       solver_write_restart(&solver, options->checkpoint_dir);
-      CHECK(zt_engine_save_checkpoint(engine, options->checkpoint_dir, NULL, NULL, 2));
+      /* client_state records the step and the field's file for whoever inspects the checkpoint
+       * (zerotrain checkpoint inspect); the C API has no call to read it back, so a resume takes
+       * the step from the optimizer's step count instead. */
+      char client_state[256];
+      snprintf(client_state, sizeof client_state, "{\"solver_step\": %ld, \"restart\": \"heat_step%ld.bin\"}",
+               solver.step, solver.step);
+      CHECK(zt_engine_save_checkpoint(engine, options->checkpoint_dir, NULL, client_state, 2));
       /* zerotrain keeps the last 2 checkpoints; keep the fields of the same steps. */
       if (solver.rank == 0 && solver.step > 2 * options->train_every) {
         char old[4096];

@@ -26,8 +26,11 @@ function(run_example name)
   execute_process(COMMAND ${command} WORKING_DIRECTORY ${WORK_DIR} RESULT_VARIABLE result OUTPUT_VARIABLE output
                   ERROR_VARIABLE output TIMEOUT ${RUN_SECONDS})
   message(STATUS "${output}")
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "run '${name}' failed (exit: ${result}) after or within ${RUN_SECONDS} s")
+  if(result MATCHES "timeout")
+    message(FATAL_ERROR "run '${name}' hung: stopped after ${RUN_SECONDS} s (no watchdog watches a runtime over a "
+                        "sub-communicator)")
+  elseif(NOT result EQUAL 0)
+    message(FATAL_ERROR "run '${name}' failed (exit: ${result})")
   endif()
   set(${name}_output "${output}" PARENT_SCOPE)
 endfunction()
