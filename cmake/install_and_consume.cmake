@@ -10,6 +10,10 @@
 #                    -DPKG_CONFIG= -DPC_MODULE=zerotrain -DPROGRAM= -DMPIEXEC=
 #       copy PROJECT_DIR to WORK_DIR, run its Makefile with PKG_CONFIG_PATH=PREFIX/LIBDIR/pkgconfig
 #       and MAKE_ARGS, run PROGRAM under MPIEXEC without LD_LIBRARY_PATH (the .pc file's rpath).
+#   -DSTEP=errors    -DPREFIX= -DWORK_DIR= [-DWITH_FORTRAN=ON]
+#       find_package(zerotrain) where it must fail, each with its reason: a project without C, CXX or
+#       Fortran, an unknown component, COMPONENTS Fortran in a project without Fortran; and where it
+#       must succeed: a project with all three languages, every target used.
 # Output of every command goes to stdout, so that the ctest's EXPECT regexes see the programs' lines;
 # a command that fails stops the step with its output.
 function(run)
@@ -71,6 +75,49 @@ elseif(STEP STREQUAL "make")
   run(${CMAKE_COMMAND} -E env ${environment} ${PKG_CONFIG} --cflags --libs ${PC_MODULE})
   run(${CMAKE_COMMAND} -E env ${environment} ${MAKE} -C ${WORK_DIR} ${MAKE_ARGS})
   run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${MPIEXEC} ${WORK_DIR}/${PROGRAM})
+elseif(STEP STREQUAL "errors")
+  require(WORK_DIR)
+  file(REMOVE_RECURSE ${WORK_DIR})
+  # configure_project(<name> <expect: fail|succeed> <regex> <CMakeLists.txt body>)
+  function(configure_project name expect regex body)
+    file(WRITE ${WORK_DIR}/${name}/CMakeLists.txt "cmake_minimum_required(VERSION 3.24)\n${body}\n")
+    file(WRITE ${WORK_DIR}/${name}/main.c "int main(void) { return 0; }\n")
+    execute_process(COMMAND ${CMAKE_COMMAND} -S ${WORK_DIR}/${name} -B ${WORK_DIR}/${name}/build
+                            -DCMAKE_PREFIX_PATH=${PREFIX} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    string(REGEX REPLACE "[ \n]+" " " flat "${out}")  # CMake wraps the package's message
+    if(expect STREQUAL "fail" AND result EQUAL 0)
+      message(FATAL_ERROR "${name}: find_package(zerotrain) succeeded; expected it to fail:\n${out}")
+    elseif(expect STREQUAL "succeed" AND NOT result EQUAL 0)
+      message(FATAL_ERROR "${name}: configuring failed (${result}):\n${out}")
+    endif()
+    if(NOT flat MATCHES "${regex}")
+      message(FATAL_ERROR "${name}: the output does not match '${regex}':\n${out}")
+    endif()
+    message(STATUS "${name}: ${expect}ed as expected: ${CMAKE_MATCH_0}")
+  endfunction()
+  configure_project(no_language fail "zerotrain needs one of the languages C, CXX or Fortran enabled [^.]*\\(enabled: NONE\\)"
+                    "project(x NONE)\nfind_package(zerotrain REQUIRED)")
+  configure_project(unknown_component fail "unknown component 'Python' \\(the components are C, CXX, Fortran\\)"
+                    "project(x C)\nfind_package(zerotrain REQUIRED COMPONENTS C Python)")
+  set(reason "the project does not enable Fortran")
+  if(NOT WITH_FORTRAN)
+    set(reason "zerotrain was built without the Fortran module")
+  endif()
+  configure_project(fortran_component_without_fortran fail "the component Fortran is missing: ${reason}"
+                    "project(x C)\nfind_package(zerotrain REQUIRED COMPONENTS Fortran)")
+  set(languages "C CXX")
+  set(fortran_lines "")
+  if(WITH_FORTRAN)
+    set(languages "C CXX Fortran")
+    set(fortran_lines "target_link_libraries(with_fortran PRIVATE zerotrain::zerotrain_fortran)")
+    file(WRITE ${WORK_DIR}/all_languages/main.f90 "program p\n  use zerotrain\nend program p\n")
+    set(fortran_lines "add_executable(with_fortran main.f90)\n${fortran_lines}")
+  endif()
+  configure_project(all_languages succeed "zerotrain::mpi is MPI::MPI_C"
+                    "project(x ${languages})\nfind_package(zerotrain REQUIRED COMPONENTS ${languages})
+add_executable(with_c main.c)\ntarget_link_libraries(with_c PRIVATE zerotrain::zerotrain)\n${fortran_lines}
+get_target_property(mpi zerotrain::mpi INTERFACE_LINK_LIBRARIES)\nmessage(STATUS \"zerotrain::mpi is \${mpi}\")")
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/all_languages/build)
 else()
-  message(FATAL_ERROR "install_and_consume.cmake: STEP=${STEP}; expected install, cmake or make")
+  message(FATAL_ERROR "install_and_consume.cmake: STEP=${STEP}; expected install, cmake, make or errors")
 endif()
