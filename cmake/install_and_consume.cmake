@@ -16,6 +16,7 @@
 #       must succeed: a project with all three languages, every target used.
 # Output of every command goes to stdout, so that the ctest's EXPECT regexes see the programs' lines;
 # a command that fails stops the step with its output.
+cmake_minimum_required(VERSION 3.24)  # script mode: the policies of the project (IN_LIST)
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT result EQUAL 0)

@@ -1,12 +1,13 @@
 # ctest examples.insitu.np4 (docs/insitu.md): the in-situ example on 4 ranks, 2 of them the
 # simulation that trains, 2 doing their own reductions, each run with the world_guard shim.
 #   -DPROGRAM= -DPRELOAD="-x;LD_PRELOAD=<world_guard.so>" -DMPIEXEC="mpiexec;-n;4;..."
-#   -DWORK_DIR= -DZERO_STAGE= [-DRUN_SECONDS=120]
+#   -DWORK_DIR= -DZERO_STAGE= [-DRUN_SECONDS=120] [-DLIBRARY=<libzerotrain.so> -DNM= -DGUARD_SOURCE=<world_guard.c>]
 # 1. An uninterrupted run of 200 solver steps, training every 10: the loss must fall tenfold, and
 #    the guard must see zerotrain's MPI calls on the simulation ranks, none on MPI_COMM_WORLD, and
 #    no library MPI call at all on the other ranks.
 # 2. A run of 120 steps with checkpoints, then a second run with --resume to 200: it must resume at
 #    step 120 and give the uninterrupted run's losses for steps 130-200, digit for digit.
+cmake_minimum_required(VERSION 3.24)  # script mode: the policies of the project (IN_LIST)
 if(NOT DEFINED RUN_SECONDS)
   set(RUN_SECONDS 120)
 endif()
@@ -17,6 +18,41 @@ foreach(variable PROGRAM PRELOAD MPIEXEC WORK_DIR ZERO_STAGE)
 endforeach()
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
+
+# 0. The guard wraps every MPI function libzerotrain imports, except the ones listed here that
+#    do not communicate nor change a communicator (local queries, datatypes, ops, requests, MPI's
+#    own start and end, and MPI_Abort, which may name MPI_COMM_WORLD to end the job on an error).
+#    A new import of the library fails this until it is wrapped in world_guard.c or listed here.
+if(DEFINED LIBRARY)
+  set(local_functions MPI_Abort MPI_Cancel MPI_Comm_compare MPI_Comm_create_keyval MPI_Comm_f2c MPI_Comm_free
+      MPI_Comm_free_keyval MPI_Comm_get_attr MPI_Comm_group MPI_Comm_rank MPI_Comm_size MPI_Comm_test_inter
+      MPI_Error_string MPI_Finalized MPI_Get_count MPI_Get_library_version MPI_Get_processor_name MPI_Get_version
+      MPI_Group_free MPI_Group_size MPI_Group_translate_ranks MPI_Init MPI_Init_thread MPI_Initialized
+      MPI_Op_create MPI_Op_free MPI_Query_thread MPI_Request_free MPI_Test MPI_Type_commit MPI_Type_contiguous
+      MPI_Type_free MPI_Type_set_name MPI_Wait)
+  execute_process(COMMAND ${NM} -D --undefined-only ${LIBRARY} RESULT_VARIABLE result OUTPUT_VARIABLE symbols
+                  ERROR_VARIABLE symbols)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "${NM} -D --undefined-only ${LIBRARY} failed (${result}): ${symbols}")
+  endif()
+  string(REGEX MATCHALL " U MPI_[A-Za-z0-9_]+" imported "${symbols}")
+  string(REPLACE " U " "" imported "${imported}")
+  file(STRINGS ${GUARD_SOURCE} wrapped_lines REGEX "^int MPI_[A-Za-z0-9_]+\\(")
+  string(REGEX MATCHALL "MPI_[A-Za-z0-9_]+\\(" wrapped "${wrapped_lines}")
+  string(REPLACE "(" "" wrapped "${wrapped}")
+  set(unguarded "")
+  foreach(function IN LISTS imported)
+    if(NOT function IN_LIST wrapped AND NOT function IN_LIST local_functions)
+      list(APPEND unguarded ${function})
+    endif()
+  endforeach()
+  if(unguarded)
+    message(FATAL_ERROR "libzerotrain imports ${unguarded}, which ${GUARD_SOURCE} does not wrap: wrap it there "
+                        "(or, if it neither communicates nor changes a communicator, list it in local_functions)")
+  endif()
+  list(LENGTH wrapped wrapped_count)
+  message(STATUS "world_guard wraps ${wrapped_count} MPI functions: every one libzerotrain imports that communicates")
+endif()
 
 # Runs the example with `arguments`; sets <name>_output. Fails on a non-zero exit or a hang.
 function(run_example name)
