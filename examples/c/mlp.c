@@ -48,19 +48,26 @@ int main(int argc, char** argv) {
   check(zt_model_create_external(&model), "zt_model_create_external");
   const int64_t shape_w1[2] = {MLP_HIDDEN, MLP_INPUTS}, shape_b1[1] = {MLP_HIDDEN};
   const int64_t shape_w2[2] = {MLP_OUTPUTS, MLP_HIDDEN}, shape_b2[1] = {MLP_OUTPUTS};
-  check(zt_model_add_parameter(model, "w1", w1, dw1, 2, shape_w1, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0), "add w1");
-  check(zt_model_add_parameter(model, "b1", b1, db1, 1, shape_b1, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0), "add b1");
-  check(zt_model_add_parameter(model, "w2", w2, dw2, 2, shape_w2, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0), "add w2");
-  check(zt_model_add_parameter(model, "b2", b2, db2, 1, shape_b2, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0), "add b2");
+  check(zt_model_add_parameter(model, "w1", w1, dw1, 2, shape_w1, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+        "add w1");
+  check(zt_model_add_parameter(model, "b1", b1, db1, 1, shape_b1, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+        "add b1");
+  check(zt_model_add_parameter(model, "w2", w2, dw2, 2, shape_w2, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+        "add w2");
+  check(zt_model_add_parameter(model, "b2", b2, db2, 1, shape_b2, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+        "add b2");
   check(zt_engine_create(runtime, model, config, &engine), "zt_engine_create");
   zt_batch_sizes batch;
   check(zt_engine_batch_sizes(engine, &batch), "zt_engine_batch_sizes");
   int rank = 0;
   check(zt_runtime_rank(runtime, &rank), "zt_runtime_rank");
+  char placement[1024];
+  check(zt_engine_placement(engine, placement, sizeof placement, NULL), "zt_engine_placement");
   if (rank == 0) {
-    printf("mlp (C API): %d ranks, ZeRO stage %d, batch %lld = %lld x %lld x %d\n", batch.data_parallel_size, stage,
-           (long long)batch.train_batch_size, (long long)batch.micro_batch_size,
+    printf("mlp (C API): %d ranks, ZeRO stage %d, batch %lld = %lld x %lld x %d\n", batch.data_parallel_size,
+           stage, (long long)batch.train_batch_size, (long long)batch.micro_batch_size,
            (long long)batch.gradient_accumulation_steps, batch.data_parallel_size);
+    printf("rank 0: %s\n", placement);
   }
 
   /* Rank r of N takes its slice of every global batch: micro-batch a of step k holds the samples
@@ -71,8 +78,10 @@ int main(int argc, char** argv) {
     for (int64_t micro = 0; micro < batch.gradient_accumulation_steps; ++micro) {
       const int64_t first = step * batch.train_batch_size +
                             (micro * batch.data_parallel_size + batch.data_parallel_rank) * MLP_MICRO_BATCH;
-      for (int r = 0; r < MLP_MICRO_BATCH; ++r) mlp_sample(first + r, x + r * MLP_INPUTS, y + r * MLP_OUTPUTS);
-      const double loss = mlp_forward_backward(w1, b1, w2, b2, dw1, db1, dw2, db2, x, y, MLP_MICRO_BATCH, scale);
+      for (int r = 0; r < MLP_MICRO_BATCH; ++r)
+        mlp_sample(first + r, x + r * MLP_INPUTS, y + r * MLP_OUTPUTS);
+      const double loss =
+          mlp_forward_backward(w1, b1, w2, b2, dw1, db1, dw2, db2, x, y, MLP_MICRO_BATCH, scale);
       check(zt_model_report_loss(model, loss), "zt_model_report_loss");
       check(zt_engine_step(engine, NULL), "zt_engine_step"); /* at the boundary: reduce, update, write back */
     }

@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
         std::to_string(stage) + (zero_extra.empty() ? "" : ", " + zero_extra) + "}}");
 
     static float w1[MLP_HIDDEN * MLP_INPUTS], b1[MLP_HIDDEN], w2[MLP_OUTPUTS * MLP_HIDDEN], b2[MLP_OUTPUTS];
-    static float dw1[MLP_HIDDEN * MLP_INPUTS], db1[MLP_HIDDEN], dw2[MLP_OUTPUTS * MLP_HIDDEN], db2[MLP_OUTPUTS];
+    static float dw1[MLP_HIDDEN * MLP_INPUTS], db1[MLP_HIDDEN], dw2[MLP_OUTPUTS * MLP_HIDDEN],
+        db2[MLP_OUTPUTS];
     mlp_init(w1, b1, w2, b2);
     zt::ExternalModel model;
     model.add("w1", w1, dw1, {MLP_HIDDEN, MLP_INPUTS}, zt::DType::fp32);
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
                   batch.data_parallel_size, stage, static_cast<long long>(batch.train_batch_size),
                   static_cast<long long>(batch.train_micro_batch_size_per_gpu),
                   static_cast<long long>(batch.gradient_accumulation_steps), batch.data_parallel_size);
+      std::printf("rank 0: optimizer states: %s; parameters: %s\n",
+                  engine->optimizer_states_placement().describe().c_str(),
+                  engine->parameters_placement().describe().c_str());
     }
     float x[MLP_MICRO_BATCH * MLP_INPUTS], y[MLP_MICRO_BATCH * MLP_OUTPUTS];
     const float scale = 1.0f / static_cast<float>(batch.gradient_accumulation_steps);
@@ -47,15 +51,18 @@ int main(int argc, char** argv) {
         const std::int64_t first =
             step * batch.train_batch_size +
             (micro * batch.data_parallel_size + engine->data_parallel_rank()) * MLP_MICRO_BATCH;
-        for (int r = 0; r < MLP_MICRO_BATCH; ++r) mlp_sample(first + r, x + r * MLP_INPUTS, y + r * MLP_OUTPUTS);
-        model.report_loss(mlp_forward_backward(w1, b1, w2, b2, dw1, db1, dw2, db2, x, y, MLP_MICRO_BATCH, scale));
+        for (int r = 0; r < MLP_MICRO_BATCH; ++r)
+          mlp_sample(first + r, x + r * MLP_INPUTS, y + r * MLP_OUTPUTS);
+        model.report_loss(
+            mlp_forward_backward(w1, b1, w2, b2, dw1, db1, dw2, db2, x, y, MLP_MICRO_BATCH, scale));
         engine->step();
       }
       const zt::StepReport& report = engine->last_step();
       unsigned long long bits = 0;
       std::memcpy(&bits, &report.loss, sizeof bits);
       if (runtime.world_rank() == 0)
-        std::printf("step %3lld loss %.6f bits %016llX\n", static_cast<long long>(report.step), report.loss, bits);
+        std::printf("step %3lld loss %.6f bits %016llX\n", static_cast<long long>(report.step), report.loss,
+                    bits);
     }
     return 0;
   });

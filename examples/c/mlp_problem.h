@@ -33,11 +33,13 @@ static inline void mlp_sample(int64_t sample, float* x, float* y) {
 /** Initial values (the same on every rank); biases start at zero. */
 static inline void mlp_init(float* w1, float* b1, float* w2, float* b2) {
   for (int64_t h = 0; h < MLP_HIDDEN; ++h) {
-    for (int64_t i = 0; i < MLP_INPUTS; ++i) w1[h * MLP_INPUTS + i] = (float)((h * 7 + i * 13 + 1) % 23 - 11) * 0.03f;
+    for (int64_t i = 0; i < MLP_INPUTS; ++i)
+      w1[h * MLP_INPUTS + i] = (float)((h * 7 + i * 13 + 1) % 23 - 11) * 0.03f;
     b1[h] = 0.0f;
   }
   for (int64_t o = 0; o < MLP_OUTPUTS; ++o) {
-    for (int64_t h = 0; h < MLP_HIDDEN; ++h) w2[o * MLP_HIDDEN + h] = (float)((o * 11 + h * 5 + 3) % 19 - 9) * 0.05f;
+    for (int64_t h = 0; h < MLP_HIDDEN; ++h)
+      w2[o * MLP_HIDDEN + h] = (float)((o * 11 + h * 5 + 3) % 19 - 9) * 0.05f;
     b2[o] = 0.0f;
   }
 }

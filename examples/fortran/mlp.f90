@@ -28,7 +28,7 @@ program mlp
   integer :: provided, steps, stage, step, rank, r, argument_length
   integer(int64) :: micro, first
   character(len=16) :: number
-  character(len=:), allocatable :: zero_extra, config_text
+  character(len=:), allocatable :: zero_extra, config_text, placement
   real(c_double) :: loss
 
   ! zerotrain needs MPI_THREAD_FUNNELED at least; MULTIPLE lets its watchdog catch hung collectives.
@@ -73,10 +73,12 @@ program mlp
   call check(zt_engine_create(runtime, model, config, engine), "zt_engine_create")
   call check(zt_engine_batch_sizes(engine, batch), "zt_engine_batch_sizes")
   call check(zt_runtime_rank(runtime, rank), "zt_runtime_rank")
+  call check(zt_engine_placement(engine, placement), "zt_engine_placement")
   if (rank == 0) then
     write (*, '(a,i0,a,i0,a,i0,a,i0,a,i0,a,i0)') "mlp (Fortran): ", batch%data_parallel_size, &
       " ranks, ZeRO stage ", stage, ", batch ", batch%train_batch_size, " = ", batch%micro_batch_size, &
       " x ", batch%gradient_accumulation_steps, " x ", batch%data_parallel_size
+    write (*, '(2a)') "rank 0: ", placement
   end if
 
   ! Rank r of N takes its slice of every global batch, as in the C example.

@@ -100,8 +100,8 @@ typedef enum zt_dtype {
   ZT_DTYPE_INT64 = 5
 } zt_dtype;
 
-/** Where a registered buffer lives. This build trains on the host: the engine refuses other
- *  devices with ZT_STATUS_CONFIG_ERROR when it is created. */
+/** Where a registered buffer lives. This build trains external models in host memory:
+ *  zt_model_add_parameter refuses ZT_DEVICE_CUDA (ZT_STATUS_ERROR) until the CUDA path exists. */
 typedef enum zt_device_type { ZT_DEVICE_HOST = 0, ZT_DEVICE_CUDA = 1 } zt_device_type;
 
 /** Most dimensions of a zt_tensor. */
@@ -239,6 +239,11 @@ ZT_API zt_status zt_engine_batch_sizes(const zt_engine* engine, zt_batch_sizes* 
 /** Global optimizer steps taken (counting skipped ones), as restored by a load. */
 ZT_API zt_status zt_engine_global_steps(const zt_engine* engine, int64_t* steps);
 ZT_API zt_status zt_engine_zero_stage(const zt_engine* engine, int* stage);
+/** Where this rank's optimizer states and parameter pieces live (docs/offload.md), as text:
+ *  "optimizer states: host memory; parameters: host memory", or with "nvme <swap file> (<backend>)
+ *  ..." for offload. Writes at most `capacity` bytes into `text`, NUL included (truncated to fit;
+ *  text may be NULL with capacity 0); `length` (may be NULL) gets the whole text's length. */
+ZT_API zt_status zt_engine_placement(const zt_engine* engine, char* text, size_t capacity, size_t* length);
 
 /** Save a checkpoint to DIR/TAG.h5 (collective, at an accumulation boundary; docs/checkpoint-format.md).
  *  `tag` NULL: "global_step<N>". `client_state` NULL: "{}", else JSON text stored with it.

@@ -3,6 +3,7 @@
 // exception crosses into C or Fortran.
 #include "zerotrain/zerotrain.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -330,9 +331,14 @@ zt_status zt_model_add_parameter(zt_model* model, const char* name, void* values
                  static_cast<int>(device), " is not a zt_device_type");
     ZT_C_REQUIRE(device_index >= 0, function, "('", name, "'): device_index is ", device_index,
                  "; expected >= 0");
+    // The engine trains external models on the host (zero_strategy.cpp); say so here, where the
+    // buffer is named, rather than when the engine meets it.
+    ZT_CHECK(device == ZT_DEVICE_HOST, function, "('", name,
+             "'): device buffers (ZT_DEVICE_CUDA) are not trained yet; ",
+             "this build trains external models in host memory (ZT_DEVICE_HOST)");
     const zt::Shape parameter_shape = shape_of(function, "the parameter's", ndim, shape);
     model->external->add(name, values, gradients, parameter_shape, dtype_of(function, dtype),
-                         device == ZT_DEVICE_HOST ? zt::Device::host() : zt::Device::cuda(device_index));
+                         zt::Device::host());
   });
 }
 
@@ -482,6 +488,22 @@ zt_status zt_engine_zero_stage(const zt_engine* engine, int* stage) {
     const zt::Engine& trained = engine_of("zt_engine_zero_stage", engine);
     ZT_C_NOT_NULL("zt_engine_zero_stage", stage);
     *stage = trained.zero_stage();
+  });
+}
+
+zt_status zt_engine_placement(const zt_engine* engine, char* text, size_t capacity, size_t* length) {
+  return guarded([&] {
+    const zt::Engine& trained = engine_of("zt_engine_placement", engine);
+    ZT_C_REQUIRE(text != nullptr || capacity == 0,
+                 "zt_engine_placement: argument 'text' is NULL with capacity ", capacity);
+    const std::string placement = "optimizer states: " + trained.optimizer_states_placement().describe() +
+                                  "; parameters: " + trained.parameters_placement().describe();
+    if (capacity > 0) {
+      const std::size_t copied = std::min(placement.size(), capacity - 1);
+      placement.copy(text, copied);
+      text[copied] = '\0';
+    }
+    if (length != nullptr) *length = placement.size();
   });
 }
 

@@ -78,6 +78,7 @@ module zerotrain
             zt_model_create_builtin, zt_model_parameter_count, zt_model_destroy
   public :: zt_engine_create, zt_engine_destroy, zt_engine_step, zt_engine_forward_backward, zt_engine_train_batch, &
             zt_engine_last_step, zt_engine_batch_sizes, zt_engine_global_steps, zt_engine_zero_stage, &
+            zt_engine_placement, &
             zt_engine_save_checkpoint, zt_engine_load_checkpoint
   public :: zt_checkpoint_export, zt_checkpoint_verify
   public :: zt_metrics_open, zt_metrics_record_step, zt_metrics_record, zt_metrics_close
@@ -249,6 +250,12 @@ module zerotrain
       import :: c_int, c_ptr
       type(c_ptr), value :: engine
       integer(c_int) :: stage
+    end function
+    integer(c_int) function c_zt_engine_placement(engine, text, capacity, length) bind(C, name="zt_engine_placement")
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: engine, text
+      integer(c_size_t), value :: capacity
+      integer(c_size_t) :: length
     end function
     integer(c_int) function c_zt_engine_save_checkpoint(engine, dir, tag, client_state, keep_last) &
         bind(C, name="zt_engine_save_checkpoint")
@@ -664,6 +671,21 @@ contains
     zt_engine_zero_stage = c_zt_engine_zero_stage(engine%handle, value)
     stage = int(value)
   end function zt_engine_zero_stage
+
+  !> Where this rank's optimizer states and parameter pieces live, as text.
+  integer(c_int) function zt_engine_placement(engine, text)
+    type(zt_engine), intent(in) :: engine
+    character(len=:), allocatable, intent(out) :: text
+    character(kind=c_char, len=:), allocatable, target :: buffer
+    integer(c_size_t) :: length
+    length = 0
+    zt_engine_placement = c_zt_engine_placement(engine%handle, c_null_ptr, 0_c_size_t, length)
+    text = ""
+    if (zt_engine_placement /= ZT_STATUS_OK) return
+    allocate (character(kind=c_char, len=length + 1) :: buffer)
+    zt_engine_placement = c_zt_engine_placement(engine%handle, c_loc(buffer), length + 1, length)
+    if (zt_engine_placement == ZT_STATUS_OK) text = buffer(1:length)
+  end function zt_engine_placement
 
   integer(c_int) function zt_engine_save_checkpoint(engine, dir, tag, client_state, keep_last)
     type(zt_engine), intent(in) :: engine

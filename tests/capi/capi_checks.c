@@ -14,45 +14,46 @@
 
 static int rank = 0, checks = 0, failures = 0;
 
-#define EXPECT(condition)                                                                          \
-  do {                                                                                             \
-    ++checks;                                                                                      \
-    if (!(condition)) {                                                                            \
-      ++failures;                                                                                  \
-      fprintf(stderr, "rank %d: FAILED %s:%d: %s (last error: %s)\n", rank, __FILE__, __LINE__, \
-              #condition, zt_last_error());                                                        \
-    }                                                                                              \
+#define EXPECT(condition)                                                                                   \
+  do {                                                                                                      \
+    ++checks;                                                                                               \
+    if (!(condition)) {                                                                                     \
+      ++failures;                                                                                           \
+      fprintf(stderr, "rank %d: FAILED %s:%d: %s (last error: %s)\n", rank, __FILE__, __LINE__, #condition, \
+              zt_last_error());                                                                             \
+    }                                                                                                       \
   } while (0)
 
 /* `call` returns `expected` and zt_last_error() contains `text`. */
-#define EXPECT_STATUS(call, expected, text)                                                            \
-  do {                                                                                                 \
-    const zt_status status_ = (call);                                                                  \
-    ++checks;                                                                                          \
-    if (status_ != (expected) || strstr(zt_last_error(), (text)) == NULL) {                            \
-      ++failures;                                                                                      \
+#define EXPECT_STATUS(call, expected, text)                                                                  \
+  do {                                                                                                       \
+    const zt_status status_ = (call);                                                                        \
+    ++checks;                                                                                                \
+    if (status_ != (expected) || strstr(zt_last_error(), (text)) == NULL) {                                  \
+      ++failures;                                                                                            \
       fprintf(stderr, "rank %d: FAILED %s:%d: %s returned %s (expected %s), message '%s' (expected '%s')\n", \
-              rank, __FILE__, __LINE__, #call, zt_status_name(status_), zt_status_name(expected),       \
-              zt_last_error(), (text));                                                                \
-    }                                                                                                  \
+              rank, __FILE__, __LINE__, #call, zt_status_name(status_), zt_status_name(expected),            \
+              zt_last_error(), (text));                                                                      \
+    }                                                                                                        \
   } while (0)
 
 #define EXPECT_OK(call) EXPECT_STATUS(call, ZT_STATUS_OK, "")
 
 /* Stops the job at once: the checks after it need what failed. */
-#define REQUIRE_OK(call)                                                                              \
-  do {                                                                                                \
-    const zt_status status_ = (call);                                                                 \
-    if (status_ != ZT_STATUS_OK) {                                                                    \
-      fprintf(stderr, "rank %d: FAILED %s:%d: %s: %s: %s\n", rank, __FILE__, __LINE__, #call,        \
-              zt_status_name(status_), zt_last_error());                                              \
-      MPI_Abort(MPI_COMM_WORLD, 2);                                                                   \
-    }                                                                                                 \
+#define REQUIRE_OK(call)                                                                      \
+  do {                                                                                        \
+    const zt_status status_ = (call);                                                         \
+    if (status_ != ZT_STATUS_OK) {                                                            \
+      fprintf(stderr, "rank %d: FAILED %s:%d: %s: %s: %s\n", rank, __FILE__, __LINE__, #call, \
+              zt_status_name(status_), zt_last_error());                                      \
+      MPI_Abort(MPI_COMM_WORLD, 2);                                                           \
+    }                                                                                         \
   } while (0)
 
 static const char* kLinearConfig =
     "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 2, \"gradient_clipping\": 0.0,"
-    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.05}}, \"zero_optimization\": {\"stage\": 3}}";
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.05}}, \"zero_optimization\": {\"stage\": "
+    "3}}";
 
 enum { kIn = 5, kOut = 3 };
 
@@ -66,7 +67,8 @@ static void check_versions_and_names(void) {
 static void check_null_handles_and_bad_arguments(void) {
   int value = 0;
   zt_config* config = NULL;
-  EXPECT_STATUS(zt_engine_step(NULL, NULL), ZT_STATUS_INVALID_ARGUMENT, "zt_engine_step: argument 'engine' is NULL");
+  EXPECT_STATUS(zt_engine_step(NULL, NULL), ZT_STATUS_INVALID_ARGUMENT,
+                "zt_engine_step: argument 'engine' is NULL");
   EXPECT_STATUS(zt_runtime_rank(NULL, &value), ZT_STATUS_INVALID_ARGUMENT, "argument 'runtime' is NULL");
   EXPECT_STATUS(zt_config_from_string(NULL, &config), ZT_STATUS_INVALID_ARGUMENT, "argument 'json' is NULL");
   EXPECT(config == NULL);
@@ -91,28 +93,42 @@ static void check_null_handles_and_bad_arguments(void) {
   REQUIRE_OK(zt_model_create_external(&model));
   float values[4], gradients[4];
   const int64_t shape[1] = {4}, bad_shape[1] = {0};
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", NULL, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_INVALID_ARGUMENT, "argument 'values' is NULL");
-  EXPECT_STATUS(zt_model_add_parameter(model, NULL, values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_INVALID_ARGUMENT, "argument 'name' is NULL");
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", values, gradients, 9, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_INVALID_ARGUMENT, "has 9 dimensions; expected 0 to 8");
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", values, gradients, 1, bad_shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_INVALID_ARGUMENT, "extent 0 is 0");
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", values, gradients, 1, shape, (zt_dtype)42, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_INVALID_ARGUMENT, "dtype 42 is not a zt_dtype");
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", values, values, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_ERROR, "values and gradients must be different buffers");
-  EXPECT_OK(zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0));
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_ERROR, "twice");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", NULL, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "argument 'values' is NULL");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, NULL, values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "argument 'name' is NULL");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 9, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "has 9 dimensions; expected 0 to 8");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, bad_shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "extent 0 is 0");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, (zt_dtype)42, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "dtype 42 is not a zt_dtype");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, values, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_ERROR, "values and gradients must be different buffers");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_CUDA, 0),
+      ZT_STATUS_ERROR, "device buffers (ZT_DEVICE_CUDA) are not trained yet");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, (zt_device_type)7, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "device 7 is not a zt_device_type");
+  EXPECT_OK(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0));
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_ERROR, "twice");
   EXPECT_OK(zt_model_destroy(model));
 }
 
 static void check_config_errors(const char* work) {
   zt_config* config = NULL;
-  EXPECT_STATUS(zt_config_from_string("{\"zero_optimization\": {\"stage\": 7}}", &config), ZT_STATUS_CONFIG_ERROR,
-                "zero_optimization.stage");
+  EXPECT_STATUS(zt_config_from_string("{\"zero_optimization\": {\"stage\": 7}}", &config),
+                ZT_STATUS_CONFIG_ERROR, "zero_optimization.stage");
   EXPECT(config == NULL);
   EXPECT_STATUS(zt_config_from_string("{\"train_micro_batch_size_per_gpu\": \"eight\"}", &config),
                 ZT_STATUS_CONFIG_ERROR, "train_micro_batch_size_per_gpu");
@@ -154,13 +170,15 @@ static double linear_step(const float* w, const float* b, float* dw, float* db, 
   return loss;
 }
 
-static void train_linear(zt_engine* engine, zt_model* model, float* w, float* b, float* dw, float* db, int steps) {
+static void train_linear(zt_engine* engine, zt_model* model, float* w, float* b, float* dw, float* db,
+                         int steps) {
   zt_batch_sizes batch;
   REQUIRE_OK(zt_engine_batch_sizes(engine, &batch));
   for (int step = 0; step < steps; ++step) {
     for (int micro = 0; micro < batch.gradient_accumulation_steps; ++micro) {
-      const int sample = (int)(step * batch.train_batch_size +
-                               (micro * batch.data_parallel_size + batch.data_parallel_rank) * batch.micro_batch_size);
+      const int sample =
+          (int)(step * batch.train_batch_size +
+                (micro * batch.data_parallel_size + batch.data_parallel_rank) * batch.micro_batch_size);
       REQUIRE_OK(zt_model_report_loss(model, linear_step(w, b, dw, db, sample, (int)batch.micro_batch_size)));
       int boundary = -1;
       REQUIRE_OK(zt_engine_step(engine, &boundary));
@@ -213,8 +231,10 @@ static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const cha
   REQUIRE_OK(zt_metrics_open(runtime, metrics_path, &metrics));
   EXPECT_OK(zt_metrics_record_step(metrics, engine, "{\"phase\": \"first\"}"));
   EXPECT_OK(zt_metrics_record(metrics, "custom", "{\"value\": 42}"));
-  EXPECT_STATUS(zt_metrics_record(metrics, "custom", "[1, 2]"), ZT_STATUS_INVALID_ARGUMENT, "not a JSON object");
-  EXPECT_STATUS(zt_metrics_record_step(metrics, engine, "{"), ZT_STATUS_INVALID_ARGUMENT, "not a JSON object");
+  EXPECT_STATUS(zt_metrics_record(metrics, "custom", "[1, 2]"), ZT_STATUS_INVALID_ARGUMENT,
+                "not a JSON object");
+  EXPECT_STATUS(zt_metrics_record_step(metrics, engine, "{"), ZT_STATUS_INVALID_ARGUMENT,
+                "not a JSON object");
   EXPECT_OK(zt_metrics_close(metrics));
   if (rank == 0) {
     FILE* in = fopen(metrics_path, "r");
@@ -247,7 +267,8 @@ static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const cha
   EXPECT(steps == 4);
   char missing[1100];
   snprintf(missing, sizeof missing, "%s/no-checkpoints", work);
-  EXPECT_STATUS(zt_engine_load_checkpoint(engine, missing, "global_step9"), ZT_STATUS_IO_ERROR, "global_step9");
+  EXPECT_STATUS(zt_engine_load_checkpoint(engine, missing, "global_step9"), ZT_STATUS_IO_ERROR,
+                "global_step9");
 
   snprintf(file, sizeof file, "%s/saved.h5", dir);
   snprintf(exported, sizeof exported, "%s/weights-rank%d.h5", work, rank);
@@ -256,7 +277,6 @@ static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const cha
   EXPECT_STATUS(zt_checkpoint_export(file, exported, ZT_DTYPE_INT32), ZT_STATUS_INVALID_ARGUMENT,
                 "cannot be exported");
   EXPECT_STATUS(zt_checkpoint_verify(missing), ZT_STATUS_IO_ERROR, "no-checkpoints");
-
 
   /* Destroy the model and the runtime's handle before the engine: the engine keeps both alive and
    * still steps (the two micro-batches of one more step, with zero gradients). */
@@ -276,7 +296,8 @@ static void check_engine_config_error(zt_runtime* runtime) {
   const int64_t shape[1] = {4};
   REQUIRE_OK(zt_config_from_string("{\"train_micro_batch_size_per_gpu\": 1}", &config));
   REQUIRE_OK(zt_model_create_external(&model));
-  REQUIRE_OK(zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0));
+  REQUIRE_OK(
+      zt_model_add_parameter(model, "w", values, gradients, 1, shape, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0));
   EXPECT_STATUS(zt_engine_create(runtime, model, config, &engine), ZT_STATUS_CONFIG_ERROR,
                 "the config has no \"optimizer\" section");
   EXPECT(engine == NULL);
@@ -286,7 +307,8 @@ static void check_engine_config_error(zt_runtime* runtime) {
 
 static void check_builtin_mlp(zt_runtime* runtime) {
   const char* text =
-      "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"gradient_clipping\": 0.0,"
+      "{\"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2, \"gradient_clipping\": "
+      "0.0,"
       " \"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1}}, \"zero_optimization\": {\"stage\": 2},"
       " \"model\": {\"type\": \"mlp\", \"sizes\": [3, 8, 2], \"activation\": \"relu\"}, \"seed\": 5}";
   zt_config* config = NULL;
@@ -296,8 +318,9 @@ static void check_builtin_mlp(zt_runtime* runtime) {
   REQUIRE_OK(zt_model_create_builtin(config, &model));
   float values[1], gradients[1];
   const int64_t one[1] = {1};
-  EXPECT_STATUS(zt_model_add_parameter(model, "w", values, gradients, 1, one, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
-                ZT_STATUS_INVALID_ARGUMENT, "the model is a built-in one");
+  EXPECT_STATUS(
+      zt_model_add_parameter(model, "w", values, gradients, 1, one, ZT_DTYPE_FP32, ZT_DEVICE_HOST, 0),
+      ZT_STATUS_INVALID_ARGUMENT, "the model is a built-in one");
   EXPECT_STATUS(zt_model_report_loss(model, 1.0), ZT_STATUS_INVALID_ARGUMENT, "built-in");
   REQUIRE_OK(zt_engine_create(runtime, model, config, &engine));
   /* Inputs [4, 3] and targets [4, 2], rows y = (x0 + x1, x1 - x2). */
@@ -307,7 +330,8 @@ static void check_builtin_mlp(zt_runtime* runtime) {
   for (int step = 0; step < 30; ++step) {
     for (int m = 0; m < 2; ++m) {
       for (int r = 0; r < 4; ++r) {
-        for (int i = 0; i < 3; ++i) x[m][r * 3 + i] = (float)((step * 8 + m * 4 + r + i * 3 + rank) % 5) * 0.25f - 0.5f;
+        for (int i = 0; i < 3; ++i)
+          x[m][r * 3 + i] = (float)((step * 8 + m * 4 + r + i * 3 + rank) % 5) * 0.25f - 0.5f;
         y[m][r * 2 + 0] = x[m][r * 3 + 0] + x[m][r * 3 + 1];
         y[m][r * 2 + 1] = x[m][r * 3 + 1] - x[m][r * 3 + 2];
       }
@@ -344,6 +368,42 @@ static void check_builtin_mlp(zt_runtime* runtime) {
   EXPECT_OK(zt_config_destroy(config));
 }
 
+/* A built-in GPT from int32 token arrays at ZeRO stage 3: a repeating sequence is learned. */
+static void check_builtin_gpt(zt_runtime* runtime) {
+  const char* text =
+      "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": 1, \"gradient_clipping\": "
+      "1.0,"
+      " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"zero_optimization\": {\"stage\": "
+      "3},"
+      " \"model\": {\"type\": \"gpt\", \"n_layer\": 1, \"n_head\": 2, \"d_model\": 16, \"seq_len\": 8,"
+      " \"vocab_size\": 16}, \"seed\": 3}";
+  zt_config* config = NULL;
+  zt_model* model = NULL;
+  zt_engine* engine = NULL;
+  REQUIRE_OK(zt_config_from_string(text, &config));
+  REQUIRE_OK(zt_model_create_builtin(config, &model));
+  REQUIRE_OK(zt_engine_create(runtime, model, config, &engine));
+  int32_t tokens[2][8], targets[2][8];
+  zt_tensor inputs = {.data = tokens, .dtype = ZT_DTYPE_INT32, .ndim = 2, .shape = {2, 8}};
+  zt_tensor next = {.data = targets, .dtype = ZT_DTYPE_INT32, .ndim = 2, .shape = {2, 8}};
+  zt_step_report report;
+  double first_loss = 0;
+  for (int step = 0; step < 25; ++step) {
+    for (int b = 0; b < 2; ++b) {
+      for (int t = 0; t < 8; ++t) {
+        tokens[b][t] = (int32_t)((b + t + step + rank) % 4);
+        targets[b][t] = (int32_t)((b + t + step + rank + 1) % 4);
+      }
+    }
+    EXPECT_OK(zt_engine_train_batch(engine, 1, &inputs, &next, &report));
+    if (step == 0) first_loss = report.loss;
+  }
+  EXPECT(first_loss > 2.0 && report.loss < 0.5 * first_loss); /* from about ln 16 */
+  EXPECT_OK(zt_engine_destroy(engine));
+  EXPECT_OK(zt_model_destroy(model));
+  EXPECT_OK(zt_config_destroy(config));
+}
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -367,13 +427,16 @@ int main(int argc, char** argv) {
   check_engine_config_error(runtime);
   check_external_stage3_and_checkpoints(runtime, argv[1]);
   check_builtin_mlp(runtime);
+  check_builtin_gpt(runtime);
 
   EXPECT_OK(zt_runtime_destroy(runtime));
   int all_failures = 0;
   MPI_Allreduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) {
-    if (all_failures == 0) printf("capi: %d checks passed on %d ranks\n", checks, world_size);
-    else printf("capi: %d check(s) failed\n", all_failures);
+    if (all_failures == 0)
+      printf("capi: %d checks passed on %d ranks\n", checks, world_size);
+    else
+      printf("capi: %d check(s) failed\n", all_failures);
   }
   MPI_Finalize();
   return all_failures == 0 ? 0 : 1;

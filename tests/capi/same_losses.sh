@@ -29,6 +29,12 @@ for run in reference program; do
   cat "$work/$run.txt"
   grep '^step ' "$work/$run.txt" >"$work/$run.steps"
 done
+if [[ $3 == *@SWAP@* ]]; then  # the offload really happened: each program says so
+  for run in reference program; do
+    grep -q "^rank 0: optimizer states: nvme $work/swap/.*; parameters: nvme $work/swap/" "$work/$run.txt" ||
+      fail "the $run run does not keep its optimizer states and parameters in $work/swap"
+  done
+fi
 [ "$(wc -l <"$work/reference.steps")" -eq "$steps" ] || fail "the reference printed no $steps step lines"
 diff "$work/reference.steps" "$work/program.steps" || fail "$(basename "$program") differs from the C++ run"
 first=$(awk 'NR == 1 {print $4}' "$work/reference.steps")
