@@ -349,12 +349,12 @@ static int run_simulation(MPI_Comm comm, const Options* options) {
   if (solver.rank == 0) {
     int64_t tensors = 0, elements = 0;
     CHECK(zt_model_parameter_count(model, &tensors, &elements));
+    const size_t ring_kib = solver.levels * level_elements(&solver) * sizeof(float) / 1024;
     printf(
-        "insitu: simulation on world ranks 0-%d (%d x %d grid, %d rows per rank), ZeRO stage %d, training "
-        "every "
-        "%ld steps; ring of %ld time levels: %zu KiB per rank, surrogate %lld parameters\n",
+        "insitu: simulation on world ranks 0-%d (%d x %d grid, %d rows per rank), ZeRO stage %d, "
+        "training every %ld steps; ring of %ld time levels: %zu KiB per rank, surrogate %lld parameters\n",
         solver.size - 1, kGlobalRows, kColumns, solver.rows, options->zero_stage, options->train_every,
-        solver.levels, solver.levels * level_elements(&solver) * sizeof(float) / 1024, (long long)elements);
+        solver.levels, ring_kib, (long long)elements);
   }
 
   double last_loss = NAN;
