@@ -34,6 +34,9 @@ struct zt_model {
   std::shared_ptr<zt::nn::Module> module;
   zt::ExternalModel* external = nullptr;  // module, when it is the caller's buffers
   bool has_engine = false;                // registered buffers are fixed once an engine uses them
+  // Counted while the model is built: at stage 3 an engine releases a built-in model's gathered values.
+  int64_t tensors = 0;
+  int64_t elements = 0;
 };
 
 struct zt_engine {
@@ -339,6 +342,8 @@ zt_status zt_model_add_parameter(zt_model* model, const char* name, void* values
     const zt::Shape parameter_shape = shape_of(function, "the parameter's", ndim, shape);
     model->external->add(name, values, gradients, parameter_shape, dtype_of(function, dtype),
                          zt::Device::host());
+    ++model->tensors;
+    model->elements += zt::shape_numel(parameter_shape);
   });
 }
 
@@ -358,6 +363,10 @@ zt_status zt_model_create_builtin(const zt_config* config, zt_model** model) {
     ZT_C_NOT_NULL("zt_model_create_builtin", config);
     auto handle = std::make_unique<zt_model>();
     handle->module = zt::build_model(config->config);
+    for (const zt::nn::Parameter* parameter : handle->module->parameters()) {
+      ++handle->tensors;
+      handle->elements += zt::shape_numel(parameter->value.shape());
+    }
     *model = handle.release();
   });
 }
@@ -365,14 +374,8 @@ zt_status zt_model_create_builtin(const zt_config* config, zt_model** model) {
 zt_status zt_model_parameter_count(const zt_model* model, int64_t* tensors, int64_t* elements) {
   return guarded([&] {
     ZT_C_NOT_NULL("zt_model_parameter_count", model);
-    const std::vector<zt::nn::Parameter*> parameters = model->module->parameters();
-    if (tensors != nullptr) *tensors = static_cast<int64_t>(parameters.size());
-    if (elements != nullptr) {
-      int64_t total = 0;
-      for (const zt::nn::Parameter* parameter : parameters)
-        total += zt::shape_numel(parameter->value.shape());
-      *elements = total;
-    }
+    if (tensors != nullptr) *tensors = model->tensors;
+    if (elements != nullptr) *elements = model->elements;
   });
 }
 

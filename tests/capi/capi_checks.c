@@ -382,7 +382,12 @@ static void check_builtin_gpt(zt_runtime* runtime) {
   zt_engine* engine = NULL;
   REQUIRE_OK(zt_config_from_string(text, &config));
   REQUIRE_OK(zt_model_create_builtin(config, &model));
+  int64_t tensors = 0, elements = 0, after_tensors = 0, after_elements = 0;
+  EXPECT_OK(zt_model_parameter_count(model, &tensors, &elements));
   REQUIRE_OK(zt_engine_create(runtime, model, config, &engine));
+  EXPECT_OK(
+      zt_model_parameter_count(model, &after_tensors, &after_elements)); /* stage 3 released the values */
+  EXPECT(tensors > 4 && elements > 16 * 16 && after_tensors == tensors && after_elements == elements);
   int32_t tokens[2][8], targets[2][8];
   zt_tensor inputs = {.data = tokens, .dtype = ZT_DTYPE_INT32, .ndim = 2, .shape = {2, 8}};
   zt_tensor next = {.data = targets, .dtype = ZT_DTYPE_INT32, .ndim = 2, .shape = {2, 8}};
