@@ -1,7 +1,8 @@
 # The install.* ctests (tests/install/CMakeLists.txt): install this build into a fresh prefix, then
 # build outside projects against it as a user would and run them across MPI ranks.
 #   -DSTEP=install   -DBUILD_DIR= -DPREFIX=
-#       cmake --install BUILD_DIR into PREFIX (removed first).
+#       cmake --install BUILD_DIR into PREFIX-staging, then move that tree to PREFIX (both removed
+#       first): the consumers use an installed tree that has been moved, as a relocated one is.
 #   -DSTEP=cmake     -DPREFIX= -DPROJECT_DIR= -DWORK_DIR= -DLANGUAGES= -DPROGRAM= -DMPIEXEC="mpiexec;-n;2;..."
 #       configure PROJECT_DIR with find_package(zerotrain) and CMAKE_PREFIX_PATH=PREFIX, check that
 #       the project enabled exactly LANGUAGES (and zerotrain's config file no other), build, run
@@ -50,8 +51,10 @@ endfunction()
 require(STEP PREFIX)
 if(STEP STREQUAL "install")
   require(BUILD_DIR)
-  file(REMOVE_RECURSE ${PREFIX})
-  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
+  file(REMOVE_RECURSE ${PREFIX} ${PREFIX}-staging)
+  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX}-staging)
+  file(RENAME ${PREFIX}-staging ${PREFIX})
+  message(STATUS "moved the installed tree from ${PREFIX}-staging to ${PREFIX}")
 elseif(STEP STREQUAL "cmake")
   require(PROJECT_DIR WORK_DIR LANGUAGES PROGRAM MPIEXEC)
   if(NOT IS_DIRECTORY ${PREFIX})
