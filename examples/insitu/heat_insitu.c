@@ -434,9 +434,9 @@ static int run_analysis(MPI_Comm comm) {
   CHECK_MPI(MPI_Recv(summary, 2, MPI_DOUBLE, 0, kSummaryTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "summary");
   if (rank == 0) {
     printf(
-        "insitu: analysis on %d other ranks: pi ~ %.4f from %lld samples; the simulation reports step %.0f, "
+        "insitu: analysis on %d other rank%s: pi ~ %.4f from %lld samples; the simulation reports step %.0f, "
         "loss %.9e\n",
-        size, 4.0 * (double)inside / (double)total, total, summary[0], summary[1]);
+        size, size == 1 ? "" : "s", 4.0 * (double)inside / (double)total, total, summary[0], summary[1]);
   }
   return 0;
 }
