@@ -14,7 +14,8 @@
 #   -DSTEP=errors    -DPREFIX= -DWORK_DIR= [-DWITH_FORTRAN=ON]
 #       find_package(zerotrain) where it must fail, each with its reason: a project without C, CXX or
 #       Fortran, an unknown component, COMPONENTS Fortran in a project without Fortran; and where it
-#       must succeed: a project with all three languages, every target used.
+#       must succeed: a project with CMake 3.0's policies, a project with all three languages and
+#       every target used.
 # Output of every command goes to stdout, so that the ctest's EXPECT regexes see the programs' lines;
 # a command that fails stops the step with its output.
 cmake_minimum_required(VERSION 3.24)  # script mode: the policies of the project (IN_LIST)
@@ -84,7 +85,10 @@ elseif(STEP STREQUAL "errors")
   file(REMOVE_RECURSE ${WORK_DIR})
   # configure_project(<name> <expect: fail|succeed> <regex> <CMakeLists.txt body>)
   function(configure_project name expect regex body)
-    file(WRITE ${WORK_DIR}/${name}/CMakeLists.txt "cmake_minimum_required(VERSION 3.24)\n${body}\n")
+    if(NOT body MATCHES "^cmake_minimum_required")
+      set(body "cmake_minimum_required(VERSION 3.24)\n${body}")
+    endif()
+    file(WRITE ${WORK_DIR}/${name}/CMakeLists.txt "${body}\n")
     file(WRITE ${WORK_DIR}/${name}/main.c "int main(void) { return 0; }\n")
     execute_process(COMMAND ${CMAKE_COMMAND} -S ${WORK_DIR}/${name} -B ${WORK_DIR}/${name}/build
                             -DCMAKE_PREFIX_PATH=${PREFIX} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE out)
@@ -109,6 +113,9 @@ elseif(STEP STREQUAL "errors")
   endif()
   configure_project(fortran_component_without_fortran fail "the component Fortran is missing: ${reason}"
                     "project(x C)\nfind_package(zerotrain REQUIRED COMPONENTS Fortran)")
+  # The config file runs under the policies of the project that reads it, however old.
+  configure_project(old_policies succeed "Generating done"
+                    "cmake_minimum_required(VERSION 3.0)\nproject(x C)\nfind_package(zerotrain REQUIRED COMPONENTS C)")
   set(languages "C CXX")
   set(fortran_lines "")
   if(WITH_FORTRAN)
