@@ -30,3 +30,11 @@ function(zt_add_checked_test name)
     set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED: exit code ${ARG_SKIP_EXIT_CODE}")
   endif()
 endfunction()
+
+# zt_add_skipped_test(<name> <reason>): a ctest for a test that cannot be built here (a tool or an
+# optional part missing at configure time): it prints "SKIPPED: <reason>" and ctest reports it as
+# skipped, so the test shows with its reason instead of being silently absent. Set LABELS afterwards.
+function(zt_add_skipped_test name reason)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -E echo "SKIPPED: ${reason}")
+  set_tests_properties(${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED: ")
+endfunction()

@@ -20,6 +20,7 @@ class Zerotrain(CMakePackage, CudaPackage):
     variant("benchmarks", default=False, description="Build the benchmarks")
 
     depends_on("cmake@3.24:", type="build")
+    depends_on("pkgconfig", type="build")  # the build finds libaio and liburing with it
     depends_on("mpi")
     depends_on("hdf5+mpi")
     depends_on("nlohmann-json@3.10:")
