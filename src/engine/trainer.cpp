@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -214,10 +215,34 @@ class MetricsWriter {
 
 }  // namespace
 
+RuntimeOptions runtime_options_for(const Config& config, RuntimeOptions options) {
+  if (!config.comm.timeout_s) return options;
+  options.collective_timeout = std::chrono::duration<double>(*config.comm.timeout_s);
+  options.collective_timeout_source =
+      "comm.timeout_s in " + (config.source() == "<string>" ? std::string("the config string")
+                                                            : "config file '" + config.source() + "'");
+  return options;
+}
+
 TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options) {
   ZT_CHECK_AS(ConfigError, options.steps >= 0, "--steps must be >= 0, got ", options.steps);
   const bool leader = runtime.world_rank() == 0;
+  // The watchdog started with the runtime: a comm.timeout_s that did not reach it is said, not
+  // silently ignored.
+  if (const auto& timeout = config.comm.timeout_s;
+      leader && timeout && std::getenv("ZT_COLLECTIVE_TIMEOUT") == nullptr &&
+      runtime.collective_timeout_source().find("comm.timeout_s") == std::string::npos) {
+    std::fprintf(
+        stderr,
+        "zerotrain: warning: comm.timeout_s (%g s) is not in force: the watchdog runs with %g s from "
+        "%s; create the runtime with zt::runtime_options_for(config)\n",
+        *timeout, runtime.collective_timeout().count(), runtime.collective_timeout_source().c_str());
+  }
   check_engine_supports(config);
+  // Sizes that cannot fit fail here, naming their keys, not as "out of host memory" after the
+  // allocations have run for a while.
+  check_fits_host_memory(config, runtime.world_size(), runtime.local_size(),
+                         host_memory(runtime.local_size()));
   // Device memory counts too, from whatever this process held before the model.
   MemorySnapshot before_model = memory_snapshot(DeviceType::host);
   for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
@@ -244,6 +269,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const std::optional<std::string> save_dir = options.save_dir ? options.save_dir : cfg.checkpoint.save_dir;
   const std::int64_t save_interval = options.save_interval.value_or(cfg.checkpoint.save_interval);
   ZT_CHECK_AS(ConfigError, save_interval >= 0, "--save-interval must be >= 0, got ", save_interval);
+  ZT_CHECK_AS(ConfigError, options.keep_last.value_or(0) >= 0, "--keep-last must be >= 0 (0 keeps all), got ",
+              options.keep_last.value_or(0));
+  ZT_CHECK_AS(ConfigError, print_every >= 0, "--print-every must be >= 0 (0 prints no progress lines), got ",
+              print_every);
   auto save = [&](const char* why) {
     const auto began = Clock::now();
     SaveOptions save_options;
