@@ -301,10 +301,14 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
   if (stage_parameters < 1e15) {
     Config one_stage = config;
     one_stage.pipeline.stages = std::nullopt;
-    states = static_cast<double>(
-        estimate_model_state_memory(one_stage, data_parallel,
-                                    std::max<std::int64_t>(1, std::llround(stage_parameters)))
-            .resident());
+    try {
+      states = static_cast<double>(
+          estimate_model_state_memory(one_stage, data_parallel,
+                                      std::max<std::int64_t>(1, std::llround(stage_parameters)))
+              .resident());
+    } catch (const ConfigError&) {
+      // A config the engine refuses for other reasons: it says why, with its own message.
+    }
   }
   // Activations of a GPT, at least: one layer's attention probabilities or the logits of one
   // micro-batch, whichever is larger (both exist at once in every step).
