@@ -1,4 +1,6 @@
 // Text -> byte tokens, the text-file converter, and the built-in generated corpus.
+#include <sys/stat.h>
+
 #include <array>
 #include <cerrno>
 #include <fstream>
@@ -18,6 +20,18 @@ std::vector<std::uint32_t> tokenize_bytes(std::string_view text) {
 }
 
 ConvertStats convert_text_file(const std::filesystem::path& input, const std::filesystem::path& output) {
+  // The output replaces whatever is at its name: never the input itself, under any name (the same
+  // path, a symbolic or a hard link): compared by device and inode, as the kernel knows files.
+  struct stat input_info {};
+  struct stat output_info {};
+  if (::stat(input.c_str(), &input_info) == 0 && ::stat(output.c_str(), &output_info) == 0 &&
+      input_info.st_dev == output_info.st_dev && input_info.st_ino == output_info.st_ino) {
+    ZT_THROW_AS(IoError, "output '", output.string(), "' is the input file '", input.string(),
+                "' (the same file, through a link or the same path): converting would replace the text "
+                "with its tokens; choose another output path");
+  }
+  if (::stat(input.c_str(), &input_info) == 0 && S_ISDIR(input_info.st_mode))
+    ZT_THROW_AS(IoError, "input '", input.string(), "' is a directory; expected a text file");
   std::ifstream in(input, std::ios::binary);
   if (!in)
     ZT_THROW_AS(IoError, "cannot open text file '", input.string(),

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "base/text.hpp"
@@ -31,6 +32,11 @@ constexpr std::size_t kOffVocabSize = 20;
 constexpr std::size_t kOffTokenCount = 24;
 constexpr std::size_t kOffTokensCrc = 32;
 constexpr std::size_t kOffHeaderCrc = 36;  // CRC32C of bytes [0, 36)
+// The token range, in bytes that files written before it hold as zeros (and that their readers
+// ignore): min and max token, and a CRC32C of the two, which zeros never match.
+constexpr std::size_t kOffMinToken = 40;
+constexpr std::size_t kOffMaxToken = 44;
+constexpr std::size_t kOffRangeCrc = 48;  // CRC32C of bytes [40, 48)
 
 // Slicing-by-8 tables for the reflected Castagnoli polynomial.
 using CrcTables = std::array<std::array<std::uint32_t, 256>, 8>;
@@ -80,6 +86,12 @@ std::array<std::byte, kTokenFileHeaderSize> encode_header(const TokenFileHeader&
   store_le(bytes.data() + kOffTokenCount, header.token_count);
   store_le(bytes.data() + kOffTokensCrc, header.tokens_crc32c);
   store_le(bytes.data() + kOffHeaderCrc, crc32c(std::span(bytes.data(), kOffHeaderCrc)));
+  if (header.token_range_recorded) {
+    store_le(bytes.data() + kOffMinToken, header.min_token);
+    store_le(bytes.data() + kOffMaxToken, header.max_token);
+    store_le(bytes.data() + kOffRangeCrc,
+             crc32c(std::span(bytes.data() + kOffMinToken, kOffRangeCrc - kOffMinToken)));
+  }
   return bytes;
 }
 
@@ -111,8 +123,26 @@ class FileDescriptor {
 
 }  // namespace
 
+#if defined(__x86_64__)
+// SSE 4.2's crc32 instruction computes CRC32C (the same polynomial), 8 bytes per instruction:
+// several times the tables' speed, which matters since `zerotrain train` checksums its token
+// files at the start (docs/benchmarks.md, "Token files").
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(const std::byte* at, std::size_t left,
+                                                             std::uint32_t crc) {
+  std::uint64_t state = crc;
+  for (; left >= 8; left -= 8, at += 8) state = __builtin_ia32_crc32di(state, load_le<std::uint64_t>(at));
+  auto narrow = static_cast<std::uint32_t>(state);
+  for (; left > 0; --left, ++at) narrow = __builtin_ia32_crc32qi(narrow, std::to_integer<unsigned char>(*at));
+  return narrow;
+}
+#endif
+
 std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc) {
   crc = ~crc;
+#if defined(__x86_64__)
+  static const bool has_sse42 = __builtin_cpu_supports("sse4.2");
+  if (has_sse42) return ~crc32c_sse42(bytes.data(), bytes.size(), crc);
+#endif
   const std::byte* at = bytes.data();
   std::size_t left = bytes.size();
   while (left >= 8) {
@@ -140,6 +170,8 @@ TokenFileWriter::TokenFileWriter(std::filesystem::path path, std::uint32_t vocab
     : path_(std::move(path)) {
   header_.vocab_size = vocab_size;
   header_.token_width = token_width == 0 ? token_width_for_vocab(vocab_size) : token_width;
+  header_.token_range_recorded = true;
+  header_.min_token = std::numeric_limits<std::uint32_t>::max();  // no token yet: an empty range
   check_width(header_.token_width, header_.vocab_size, path_);
   // Same directory as the final name, so rename() is atomic (same file system).
   temporary_path_ = path_;
@@ -190,6 +222,8 @@ void TokenFileWriter::append(std::span<const std::uint32_t> tokens) {
       if (token >= header_.vocab_size)
         ZT_THROW_AS(IoError, "token file '", path_.string(), "': token ", header_.token_count + i, " is ",
                     token, ", expected < vocab size ", header_.vocab_size);
+      header_.min_token = std::min(header_.min_token, token);
+      header_.max_token = std::max(header_.max_token, token);
       if (header_.token_width == 2)
         store_le(staging_.data() + 2 * i, static_cast<std::uint16_t>(token));
       else
@@ -355,8 +389,21 @@ TokenDataset TokenDataset::open(const std::filesystem::path& path, bool verify_t
                 header.header_size, " + ", header.token_count, " tokens * ", header.token_width, " = ",
                 expected_file_size(header), " bytes");
 
+  const std::uint32_t stored_range_crc = load_le<std::uint32_t>(bytes + kOffRangeCrc);
+  header.token_range_recorded =
+      stored_range_crc == crc32c(std::span(bytes + kOffMinToken, kOffRangeCrc - kOffMinToken));
+  if (header.token_range_recorded) {
+    header.min_token = load_le<std::uint32_t>(bytes + kOffMinToken);
+    header.max_token = load_le<std::uint32_t>(bytes + kOffMaxToken);
+    if (header.token_count > 0 && header.max_token >= header.vocab_size)
+      ZT_THROW_AS(IoError, "token file '", name, "': holds tokens up to ", header.max_token,
+                  " (its header's range), expected every token < vocab size ", header.vocab_size);
+  }
+
   TokenDataset dataset(path, std::move(mapping), header);
-  if (verify_tokens) dataset.verify();
+  // verify() reads every token anyway; otherwise a file without a recorded range is read once here,
+  // so that a token >= vocab_size stops the run at its start, not hours into it.
+  if (verify_tokens || !header.token_range_recorded) dataset.verify(/*checksum=*/verify_tokens);
   return dataset;
 }
 
@@ -365,17 +412,49 @@ TokenView TokenDataset::view() const {
                    header_.vocab_size, path_string_);
 }
 
-void TokenDataset::verify() const {
+namespace {
+
+/// The smallest and largest of `count` little-endian tokens of type T: a loop the compiler
+/// vectorizes, a small fraction of the checksum's cost.
+template <typename T>
+std::pair<std::uint32_t, std::uint32_t> token_extremes(const std::byte* data, std::uint64_t count) {
+  T low = std::numeric_limits<T>::max();
+  T high = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const T token = load_le<T>(data + i * sizeof(T));  // memcpy: any header size, no aliasing
+    low = std::min(low, token);
+    high = std::max(high, token);
+  }
+  return {low, high};
+}
+
+}  // namespace
+
+void TokenDataset::verify(bool checksum) const {
   const TokenView tokens = view();
-  const std::uint32_t crc = crc32c(tokens.bytes());
-  if (crc != header_.tokens_crc32c)
-    ZT_THROW_AS(IoError, "token file '", path_string_, "': checksum mismatch, header says CRC32C ",
-                header_.tokens_crc32c, ", tokens give ", crc, "; the file is corrupt");
+  if (checksum) {
+    const std::uint32_t crc = crc32c(tokens.bytes());
+    if (crc != header_.tokens_crc32c)
+      ZT_THROW_AS(IoError, "token file '", path_string_, "': checksum mismatch, header says CRC32C ",
+                  header_.tokens_crc32c, ", tokens give ", crc, "; the file is corrupt");
+  }
+  if (tokens.size() == 0) return;
+  const auto [low, high] = tokens.token_width() == 2
+                               ? token_extremes<std::uint16_t>(tokens.bytes().data(), tokens.size())
+                               : token_extremes<std::uint32_t>(tokens.bytes().data(), tokens.size());
+  const bool outside_range =
+      header_.token_range_recorded && (low < header_.min_token || high > header_.max_token);
+  if (high < header_.vocab_size && !outside_range) return;
+  // Something is wrong: find the first token that says what, for the message.
   for (std::uint64_t i = 0; i < tokens.size(); ++i) {
     const std::uint32_t token = tokens[i];
     if (token >= header_.vocab_size)
       ZT_THROW_AS(IoError, "token file '", path_string_, "': token ", i, " is ", token,
                   ", expected < vocab size ", header_.vocab_size);
+    if (header_.token_range_recorded && (token < header_.min_token || token > header_.max_token))
+      ZT_THROW_AS(IoError, "token file '", path_string_, "': token ", i, " is ", token,
+                  ", outside the range its header records (", header_.min_token, "..", header_.max_token,
+                  "); the file is corrupt");
   }
 }
 

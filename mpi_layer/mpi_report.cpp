@@ -155,13 +155,12 @@ std::string watchdog_status(const Runtime& runtime) {
       return "off: this runtime over a sub-communicator is watched by the process's watchdog, and no "
              "zt::Runtime over MPI_COMM_WORLD runs one";
     }
-    return "off (ZT_COLLECTIVE_TIMEOUT=0 or RuntimeOptions::collective_timeout = 0)";
+    return "off: collective timeout 0 from " + runtime.collective_timeout_source();
   }
   const double timeout = runtime.collective_timeout().count();
   const auto settings = detail::WatchdogSettings::for_timeout(timeout);
   char text[160];
-  std::snprintf(text, sizeof text,
-                "on: collective timeout %.1f s, heartbeat timeout %.1f s (ZT_COLLECTIVE_TIMEOUT)", timeout,
+  std::snprintf(text, sizeof text, "on: collective timeout %.1f s, heartbeat timeout %.1f s", timeout,
                 settings.heartbeat_timeout_seconds);
   return text;
 }
@@ -207,6 +206,7 @@ Report mpi_report(const Runtime& runtime) {
                         ? "yes (no page-fault storm on large reductions; ZT_MALLOC_TUNING=0 to disable)"
                         : "no"});
   report.push_back({"mpi", "watchdog", watchdog_status(runtime)});
+  report.push_back({"mpi", "collective timeout from", runtime.collective_timeout_source()});
   return report;
 }
 

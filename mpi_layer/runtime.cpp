@@ -9,6 +9,8 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <string_view>
 #include <vector>
 
@@ -101,6 +103,7 @@ struct ProcessRuntimes {
   std::mutex mutex;
   bool watchdog_running = false;
   double watchdog_timeout_seconds = 0.0;
+  std::string watchdog_timeout_source;
   int sub_communicator_runtimes = 0;
   int device_holders = 0;  // live runtimes that bound `device`
   Device device{};
@@ -111,13 +114,37 @@ ProcessRuntimes& process_runtimes() {
   return instance;
 }
 
-/// ZT_COLLECTIVE_TIMEOUT, else the options' timeout; negative is a ConfigError.
-double requested_collective_timeout(const RuntimeOptions& options) {
-  const double requested =
-      detail::collective_timeout_from_environment().value_or(options.collective_timeout.count());
-  ZT_CHECK_AS(ConfigError, requested >= 0.0, "RuntimeOptions::collective_timeout is ", requested,
-              " s; expected 0 (off) or a positive number of seconds");
-  return requested;
+/// The collective timeout a runtime asks for, and where it comes from.
+struct RequestedTimeout {
+  double seconds = 0.0;
+  std::string source;  // Runtime::collective_timeout_source()
+};
+
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds;
+  return text.str();
+}
+
+/// ZT_COLLECTIVE_TIMEOUT, else the options' timeout (from comm.timeout_s or the caller); a value
+/// out of range is a ConfigError naming where it came from.
+RequestedTimeout requested_collective_timeout(const RuntimeOptions& options) {
+  const std::string options_source = options.collective_timeout_source.empty()
+                                         ? std::string("RuntimeOptions::collective_timeout")
+                                         : options.collective_timeout_source;
+  const double from_options = options.collective_timeout.count();
+  const std::string problem = collective_timeout_problem(from_options);
+  ZT_CHECK_AS(ConfigError, problem.empty(), options_source, ": ", problem);
+  const std::string options_text =
+      options_source + " (" + (from_options == 0.0 ? std::string("off") : seconds_text(from_options) + " s") +
+      (options.collective_timeout_source.empty() && from_options == kDefaultCollectiveTimeoutSeconds
+           ? ", the default)"
+           : ")");
+  if (const std::optional<double> from_environment = detail::collective_timeout_from_environment()) {
+    return {*from_environment, "ZT_COLLECTIVE_TIMEOUT=" + std::string(std::getenv("ZT_COLLECTIVE_TIMEOUT")) +
+                                   ", overriding " + options_text};
+  }
+  return {from_options, options_text + ", ZT_COLLECTIVE_TIMEOUT not set"};
 }
 
 /// Before MPI_Init where the runtime initializes MPI, so that MPI's own buffers follow the policy.
@@ -149,6 +176,7 @@ struct Runtime::Impl {
   std::string launcher;
   std::unique_ptr<Communicator> world;
   std::unique_ptr<detail::Watchdog> watchdog;  // when this runtime started the process's watchdog
+  std::string collective_timeout_source;       // what this runtime asked for, and from where
 
   /// Everything once MPI runs: ranks, node, hosts, device, the world communicator over `comm`, and
   /// the watchdog.
@@ -228,7 +256,9 @@ void Runtime::Impl::bind_device() {
 }
 
 void Runtime::Impl::start_watchdog(const RuntimeOptions& options, std::vector<std::string> host_of_rank) {
-  const double requested = requested_collective_timeout(options);
+  const RequestedTimeout request = requested_collective_timeout(options);
+  const double requested = request.seconds;
+  collective_timeout_source = request.source;
   ProcessRuntimes& process = process_runtimes();
   bool already_running = false;
   {
@@ -240,9 +270,11 @@ void Runtime::Impl::start_watchdog(const RuntimeOptions& options, std::vector<st
   double extremes[4] = {requested, -requested, running, -running};
   ZT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, extremes, 4, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD),
                "MPI_COMM_WORLD");
-  ZT_CHECK_AS(ConfigError, extremes[0] == -extremes[1], "the collective timeout differs between ranks (from ",
-              extremes[0], " s to ", -extremes[1],
-              " s); set ZT_COLLECTIVE_TIMEOUT and RuntimeOptions::collective_timeout alike on every rank");
+  ZT_CHECK_AS(
+      ConfigError, extremes[0] == -extremes[1], "the collective timeout differs between ranks (from ",
+      extremes[0], " s to ", -extremes[1],
+      " s); set ZT_COLLECTIVE_TIMEOUT, comm.timeout_s and RuntimeOptions::collective_timeout alike on "
+      "every rank");
   ZT_CHECK(extremes[2] == -extremes[3],
            "a watchdog runs in some processes of the job but not in others: create the zt::Runtime objects "
            "over MPI_COMM_WORLD in the same order on every rank");
@@ -257,15 +289,18 @@ void Runtime::Impl::start_watchdog(const RuntimeOptions& options, std::vector<st
     }
     return;
   }
-  watchdog = std::make_unique<detail::Watchdog>(detail::WatchdogSettings::for_timeout(requested),
-                                                std::move(host_of_rank));
+  watchdog = std::make_unique<detail::Watchdog>(
+      detail::WatchdogSettings::for_timeout(requested, request.source), std::move(host_of_rank));
   const std::lock_guard lock(process.mutex);
   process.watchdog_running = true;
   process.watchdog_timeout_seconds = requested;
+  process.watchdog_timeout_source = request.source;
 }
 
 void Runtime::Impl::join_process_watchdog(const RuntimeOptions& options) {
-  const double requested = requested_collective_timeout(options);
+  const RequestedTimeout request = requested_collective_timeout(options);
+  const double requested = request.seconds;
+  collective_timeout_source = request.source;
   ProcessRuntimes& process = process_runtimes();
   bool watched = false;
   {
@@ -365,6 +400,7 @@ Runtime::~Runtime() {
     const std::lock_guard lock(process.mutex);
     process.watchdog_running = false;
     process.watchdog_timeout_seconds = 0.0;
+    process.watchdog_timeout_source.clear();
   }
   impl.world.reset();
   if (impl.node_comm != MPI_COMM_NULL) MPI_Comm_free(&impl.node_comm);
@@ -430,6 +466,15 @@ std::chrono::duration<double> Runtime::collective_timeout() const {
   ProcessRuntimes& process = process_runtimes();
   const std::lock_guard lock(process.mutex);
   return std::chrono::duration<double>(process.watchdog_running ? process.watchdog_timeout_seconds : 0.0);
+}
+
+std::string Runtime::collective_timeout_source() const {
+  // A runtime over a sub-communicator is watched with the settings of the runtime that started the
+  // watchdog; its own request only says what it asked for.
+  ProcessRuntimes& process = process_runtimes();
+  const std::lock_guard lock(process.mutex);
+  if (process.watchdog_running && !impl_->watchdog) return process.watchdog_timeout_source;
+  return impl_->collective_timeout_source;
 }
 
 bool Runtime::watchdog_running() const {

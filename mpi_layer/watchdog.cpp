@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -33,11 +34,37 @@
 #include "zerotrain/error.hpp"
 #include "zerotrain/watchdog.hpp"
 
+namespace zt {
+
+std::string collective_timeout_problem(double seconds) {
+  if (seconds == 0.0) return {};
+  if (std::isfinite(seconds) && seconds >= kMinimumCollectiveTimeoutSeconds &&
+      seconds <= kMaximumCollectiveTimeoutSeconds)
+    return {};
+  std::ostringstream text;
+  if (std::isnan(seconds) || std::isinf(seconds)) {
+    text << seconds << " is not a number of seconds";
+  } else if (seconds < 0.0) {
+    text << seconds << " s is negative";
+  } else if (seconds < kMinimumCollectiveTimeoutSeconds) {
+    text << seconds << " s is below the minimum of " << kMinimumCollectiveTimeoutSeconds
+         << " s (a healthy job would be reported as hung)";
+  } else {
+    text << seconds << " s is above the maximum of " << kMaximumCollectiveTimeoutSeconds << " s";
+  }
+  text << "; expected 0 or \"off\" (no watchdog) or " << kMinimumCollectiveTimeoutSeconds << " to "
+       << kMaximumCollectiveTimeoutSeconds << " seconds";
+  return text.str();
+}
+
+}  // namespace zt
+
 namespace zt::detail {
 
-WatchdogSettings WatchdogSettings::for_timeout(double timeout_seconds) {
+WatchdogSettings WatchdogSettings::for_timeout(double timeout_seconds, std::string source) {
   WatchdogSettings settings;
   settings.timeout_seconds = timeout_seconds;
+  if (!source.empty()) settings.source = std::move(source);
   settings.heartbeat_timeout_seconds = std::max(3.0, std::min(timeout_seconds, 60.0));
   settings.heartbeat_interval_seconds = std::min(1.0, settings.heartbeat_timeout_seconds / 5.0);
   settings.reply_wait_seconds = std::min(5.0, std::max(1.0, timeout_seconds / 2.0));
@@ -48,11 +75,14 @@ WatchdogSettings WatchdogSettings::for_timeout(double timeout_seconds) {
 std::optional<double> collective_timeout_from_environment() {
   const char* text = std::getenv("ZT_COLLECTIVE_TIMEOUT");
   if (text == nullptr || *text == '\0') return std::nullopt;
+  if (std::string_view(text) == "off") return 0.0;
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
-  ZT_CHECK_AS(ConfigError, end != text && *end == '\0' && seconds >= 0.0 && seconds < 1e9,
-              "ZT_COLLECTIVE_TIMEOUT='", text,
-              "' is not a number of seconds; expected e.g. 600 or 30.5, or 0 to turn the watchdog off");
+  ZT_CHECK_AS(ConfigError, end != text && *end == '\0', "ZT_COLLECTIVE_TIMEOUT='", text,
+              "' is not a number of seconds; expected e.g. 600 or 30.5, or 0 or \"off\" to turn the watchdog "
+              "off");
+  const std::string problem = collective_timeout_problem(seconds);
+  ZT_CHECK_AS(ConfigError, problem.empty(), "ZT_COLLECTIVE_TIMEOUT='", text, "': ", problem);
   return seconds;
 }
 
@@ -618,9 +648,9 @@ class Watchdog::Loop {
                                   : "heartbeat timeout " + seconds_text(settings_.heartbeat_timeout_seconds) +
                                         " s = min(collective timeout, 60 s)";
     return "zerotrain watchdog: ending the job with exit code " + std::to_string(exit_code) + " (" + limit +
-           "; the collective timeout comes from ZT_COLLECTIVE_TIMEOUT or RuntimeOptions::collective_timeout, "
-           "0 "
-           "turns the watchdog off)\n";
+           "; the collective timeout comes from " + settings_.source +
+           "; ZT_COLLECTIVE_TIMEOUT overrides comm.timeout_s and RuntimeOptions::collective_timeout, 0 or "
+           "\"off\" turns the watchdog off)\n";
   }
 
   /// Print the report, tell every rank, then MPI_Abort. The notices matter where MPI_Abort ends

@@ -24,15 +24,16 @@ struct WatchdogSettings {
   double heartbeat_interval_seconds = 1.0;  // how often a rank tells its successor it lives
   double heartbeat_timeout_seconds = 60.0;  // no heartbeat for this long: the predecessor is lost
   double reply_wait_seconds = 5.0;          // how long a report waits for the other ranks' answers
+  std::string source = "RuntimeOptions::collective_timeout";  // where timeout_seconds came from
 
   /// The settings derived from one collective timeout: heartbeat timeout min(timeout, 60 s) but at
   /// least 3 s, five heartbeats per heartbeat timeout at most one second apart, replies awaited
   /// for min(5 s, max(1 s, timeout / 2)).
-  static WatchdogSettings for_timeout(double timeout_seconds);
+  static WatchdogSettings for_timeout(double timeout_seconds, std::string source = {});
 };
 
-/// ZT_COLLECTIVE_TIMEOUT in seconds, if set (0 = off); a malformed or negative value is a
-/// ConfigError naming the variable.
+/// ZT_COLLECTIVE_TIMEOUT in seconds, if set (0 or "off": no watchdog); a malformed value or one
+/// that collective_timeout_problem() refuses is a ConfigError naming the variable.
 std::optional<double> collective_timeout_from_environment();
 
 class Watchdog {

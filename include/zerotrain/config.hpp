@@ -221,6 +221,16 @@ struct DataConfig {
   DataFormat format = DataFormat::automatic;
 };
 
+/// "comm" (zerotrain): the watchdog's collective timeout (docs/fault-detection.md).
+struct CommConfig {
+  /// Seconds; 0 (or "off" in the file) turns the watchdog off; else kMinimumCollectiveTimeoutSeconds
+  /// to kMaximumCollectiveTimeoutSeconds (zerotrain/watchdog.hpp). nullopt: not given (the runtime's
+  /// default, 600 s). The environment variable ZT_COLLECTIVE_TIMEOUT overrides it; the runtime
+  /// starts the watchdog, so it reaches it through zt::runtime_options_for(config)
+  /// (zerotrain/trainer.hpp), as `zerotrain train` does.
+  std::optional<double> timeout_s;
+};
+
 // ---- the configuration ---------------------------------------------------------------------------
 
 /// The three batch values after applying DeepSpeed's rule for a data-parallel size.
@@ -309,6 +319,7 @@ class Config {
 
   std::optional<ModelConfig> model;  // zerotrain
   std::optional<DataConfig> data;    // zerotrain
+  CommConfig comm;                   // zerotrain
 
  private:
   friend class ConfigParser;

@@ -29,6 +29,12 @@ struct TokenFileHeader {
   std::uint32_t vocab_size = 0;   ///< every token is < vocab_size
   std::uint64_t token_count = 0;
   std::uint32_t tokens_crc32c = 0;  ///< CRC32C of the token bytes as stored (little-endian)
+  /// The smallest and largest token, recorded by writers since the range fields were added (in
+  /// bytes that older files hold as zeros: both read each other's files); false in older files,
+  /// whose range open() finds by reading the tokens once.
+  bool token_range_recorded = false;
+  std::uint32_t min_token = 0;
+  std::uint32_t max_token = 0;
 };
 
 /// CRC32C (Castagnoli polynomial 0x1EDC6F41, reflected), continuing from `crc` (0 to start).
@@ -106,11 +112,12 @@ class TokenView {
   std::string_view source_;
 };
 
-/// A token file mapped read-only into memory. open() checks everything that costs O(1): magic,
-/// version, header size and checksum, token width, vocab size, and that the file size is exactly
-/// header + count * width (a truncated file is an IoError naming the file, the expected and the
-/// actual size). verify() (or open(path, true)) additionally reads every token: checksum and
-/// token < vocab_size.
+/// A token file mapped read-only into memory. open() checks magic, version, header size and
+/// checksum, token width, vocab size, that the file size is exactly header + count * width (a
+/// truncated file is an IoError naming the file, the expected and the actual size), and that every
+/// token is < vocab_size: from the header's recorded range (O(1)), or, in files written before it
+/// was recorded, by reading the tokens once. verify() (or open(path, true)) additionally reads every
+/// token for the checksum (CRC32C of the token bytes); `zerotrain train` opens its token files so.
 class TokenDataset {
  public:
   static TokenDataset open(const std::filesystem::path& path, bool verify_tokens = false);
@@ -119,8 +126,9 @@ class TokenDataset {
   TokenDataset& operator=(TokenDataset&&) noexcept;
   ~TokenDataset();
 
-  /// Recomputes the CRC32C of the tokens and checks every token < vocab_size; IoError otherwise.
-  void verify() const;
+  /// Recomputes the CRC32C of the tokens (unless `checksum` is false) and checks every token
+  /// < vocab_size and within the header's recorded range; IoError naming the file otherwise.
+  void verify(bool checksum = true) const;
 
   [[nodiscard]] const TokenFileHeader& header() const { return header_; }
   [[nodiscard]] std::uint64_t size() const { return header_.token_count; }

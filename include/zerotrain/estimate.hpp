@@ -138,6 +138,26 @@ struct MemoryEstimate {
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
                                            std::int64_t parameters_count = 0, int pipeline_stage = 0);
 
+/// The memory one node's ranks may use together: the smallest of the physical memory (MemTotal),
+/// the cgroup's memory limit (memory.max, v2; memory.limit_in_bytes, v1) and the address-space
+/// limit of one process (RLIMIT_AS, `ulimit -v`, times the node's ranks); `what` names the one that
+/// decides ("23.4 GiB of physical memory (MemTotal)").
+struct HostMemory {
+  std::uint64_t node_bytes = 0;
+  std::string what;
+};
+/// This host's, for `ranks_on_node` processes of one job (RLIMIT_AS applies to each).
+HostMemory host_memory(int ranks_on_node);
+
+/// Refuses (ConfigError) a config whose built-in model cannot fit in `host`, before anything is
+/// allocated: `ranks_on_node` ranks of `world_size` each need at least their model states (the
+/// estimate of estimate_model_state_memory for the model's parameter count, over its pipeline
+/// stages and data-parallel ranks) and, for a GPT, one micro-batch's attention probabilities of one
+/// layer and its logits. The message names the config keys that drive the size and the memory limit
+/// that decides. O(1) in the model's sizes, so `zerotrain train` runs it first. Nothing without a
+/// "model" section.
+void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host);
+
 /// Number of parameters of the config's "model" section (without building it).
 std::int64_t model_parameter_count(const Config& config);
 /// Elements of the config's model's largest parameter tensor (0 without a "model" section).

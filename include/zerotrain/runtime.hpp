@@ -35,10 +35,15 @@ struct RuntimeOptions {
   /// Watchdog (docs/fault-detection.md): an operation on any communicator still in flight after
   /// this long ends the job with a report of the operation and of the ranks that have not arrived
   /// (exit code kWatchdogTimeoutExitCode); a rank without heartbeat for min(this, 60 s) ends it too
-  /// (kWatchdogRankLostExitCode). 0 turns the watchdog off. The environment variable
-  /// ZT_COLLECTIVE_TIMEOUT (seconds) overrides it. Needs MPI_THREAD_MULTIPLE. Applies to the runtime
-  /// that starts the process's watchdog (see Runtime).
+  /// (kWatchdogRankLostExitCode). 0 turns the watchdog off; otherwise at least
+  /// kMinimumCollectiveTimeoutSeconds (ConfigError). The environment variable ZT_COLLECTIVE_TIMEOUT
+  /// (seconds, or "off") overrides it. Needs MPI_THREAD_MULTIPLE. Applies to the runtime that starts
+  /// the process's watchdog (see Runtime). zt::runtime_options_for(config) sets it from the config's
+  /// comm.timeout_s.
   std::chrono::duration<double> collective_timeout{kDefaultCollectiveTimeoutSeconds};
+  /// Where collective_timeout came from, as `zerotrain report` and the watchdog's messages name it
+  /// (e.g. "comm.timeout_s in config file 'x.json'"); empty: "RuntimeOptions::collective_timeout".
+  std::string collective_timeout_source{};
 };
 
 /// The ranks a training runs on, and the process around them.
@@ -101,6 +106,11 @@ class Runtime {
   /// The collective timeout of the watchdog that watches this runtime's communicators (this
   /// process's one: see above); 0 when none runs.
   std::chrono::duration<double> collective_timeout() const;
+  /// Where the collective timeout in force comes from, and what it overrides: e.g.
+  /// "ZT_COLLECTIVE_TIMEOUT=3, overriding comm.timeout_s in config file 'x.json' (4 s)" or
+  /// "comm.timeout_s in config file 'x.json' (ZT_COLLECTIVE_TIMEOUT not set)". For this runtime's
+  /// request also when no watchdog runs (e.g. "ZT_COLLECTIVE_TIMEOUT=off").
+  std::string collective_timeout_source() const;
   /// Whether a watchdog watches this runtime's communicators (a timeout above 0 and
   /// MPI_THREAD_MULTIPLE, and for a runtime over a sub-communicator, a runtime over the world
   /// that started it).

@@ -11,10 +11,15 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/runtime.hpp"
 
 namespace zt {
 
-class Runtime;
+/// Runtime options with the config's comm.timeout_s as the watchdog's collective timeout (when
+/// given; ZT_COLLECTIVE_TIMEOUT still overrides it), named as its source in `zerotrain report` and
+/// in the watchdog's messages. The runtime starts the watchdog, so the config is read before it:
+///   zt::Runtime runtime(&argc, &argv, zt::runtime_options_for(config));
+RuntimeOptions runtime_options_for(const Config& config, RuntimeOptions options = {});
 
 /// Where a run's micro-batches come from. Rank-local: each rank loads its share of global batch k.
 class TrainingData {

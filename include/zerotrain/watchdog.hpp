@@ -8,6 +8,8 @@
 // lost) ends it with a report naming that rank. These are the job's exit codes then:
 #pragma once
 
+#include <string>
+
 namespace zt {
 
 /// An operation did not complete within the collective timeout.
@@ -20,4 +22,17 @@ inline constexpr int kWatchdogRankLostExitCode = 87;
 /// (PyTorch's default NCCL timeout is 30 minutes).
 inline constexpr double kDefaultCollectiveTimeoutSeconds = 600.0;
 
+/// The shortest collective timeout accepted (0, "off", is accepted too). Below it the watchdog's
+/// own granularity (100 ms ticks, replies awaited for at least 1 s) and the ordinary wait of one
+/// rank for another (a page-fault storm, a slow first step) would end healthy jobs as hung: 0.001 s
+/// did. 1e-300 would round every check to "not yet" and silently turn the watchdog off.
+inline constexpr double kMinimumCollectiveTimeoutSeconds = 1.0;
+/// The longest accepted (about 31 years): larger values are typos; 0 or "off" turns it off.
+inline constexpr double kMaximumCollectiveTimeoutSeconds = 1e9;
+
+/// Empty when `seconds` is a valid collective timeout: 0 (off) or kMinimumCollectiveTimeoutSeconds
+/// to kMaximumCollectiveTimeoutSeconds. Otherwise what is wrong with it and what is expected, for a
+/// message that names where the value came from (ZT_COLLECTIVE_TIMEOUT, comm.timeout_s,
+/// RuntimeOptions::collective_timeout). Rejects NaN, infinities and negative values.
+std::string collective_timeout_problem(double seconds);
 }  // namespace zt

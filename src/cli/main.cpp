@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,7 +35,9 @@ namespace {
 constexpr const char* kUsage =
     "usage: zerotrain <command> [options]\n"
     "commands:\n"
-    "  report                     MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine\n"
+    "  report [--config FILE]     MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine;\n"
+    "                             the watchdog's timeout, from ZT_COLLECTIVE_TIMEOUT or FILE's "
+    "comm.timeout_s\n"
     "  train --config FILE [--data PATH] [--steps N] [--metrics PATH] [--print-every N]\n"
     "                             train the model of the config's \"model\" section (run under mpirun/srun\n"
     "                             for data parallelism); --steps: train until global step N (default 100)\n"
@@ -87,13 +91,24 @@ class Flags {
     }
     return std::nullopt;
   }
-  std::optional<std::int64_t> take_integer(std::string_view name) {
+  /// --name N: the one parser of every numeric option, so that each is checked alike: a whole
+  /// number (no trailing text, no overflow) in [min, max], else a ConfigError naming the option.
+  std::optional<std::int64_t> take_integer(std::string_view name, std::int64_t min,
+                                           std::int64_t max = std::numeric_limits<std::int64_t>::max()) {
     const auto text = take(name);
     if (!text) return std::nullopt;
-    char* end = nullptr;
-    const long long value = std::strtoll(text->c_str(), &end, 10);
-    ZT_CHECK_AS(zt::ConfigError, end != text->c_str() && *end == '\0', "--", name,
-                " expects an integer, got '", *text, "'");
+    const std::string expected = max == std::numeric_limits<std::int64_t>::max()
+                                     ? "an integer >= " + std::to_string(min)
+                                     : "an integer in " + std::to_string(min) + ".." + std::to_string(max);
+    std::int64_t value = 0;
+    const char* end = text->data() + text->size();
+    const auto [stop, error] = std::from_chars(text->data(), end, value);
+    ZT_CHECK_AS(zt::ConfigError, error != std::errc::result_out_of_range, "--", name, " ", *text,
+                " is out of range: expected ", expected);
+    ZT_CHECK_AS(zt::ConfigError, error == std::errc() && stop == end && !text->empty(), "--", name,
+                " expects ", expected, ", got '", *text, "'");
+    ZT_CHECK_AS(zt::ConfigError, value >= min && value <= max, "--", name, " ", value,
+                " is out of range: expected ", expected);
     return value;
   }
   void require_all_used() const {
@@ -105,7 +120,15 @@ class Flags {
   std::vector<std::pair<std::string, std::string>> values_;
 };
 
-int report_command(zt::Runtime& runtime) {
+int report_command(zt::Runtime& runtime, int argc, char** argv) {
+  Flags flags(argc, argv, 2);
+  if (const auto config_path = flags.take("config")) {
+    // Parsed again for its errors: the parse before the runtime (runtime_options) keeps quiet.
+    zt::ConfigParseOptions parse;
+    if (runtime.world_rank() != 0) parse.warning_sink = {};
+    (void)zt::Config::from_file(*config_path, parse);
+  }
+  flags.require_all_used();
   zt::Report report;
   for (const zt::Report& part :
        {zt::build_report(), zt::mpi_report(runtime), zt::device_report(), zt::io_report()}) {
@@ -129,13 +152,13 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   ZT_CHECK_AS(zt::ConfigError, config_path.has_value(),
               "zerotrain train needs --config FILE (examples/configs/)");
   zt::TrainOptions options;
-  options.steps = flags.take_integer("steps").value_or(options.steps);
+  options.steps = flags.take_integer("steps", 0).value_or(options.steps);
   options.data_path = flags.take("data");
   options.metrics_path = flags.take("metrics");
-  options.print_every = flags.take_integer("print-every");
+  options.print_every = flags.take_integer("print-every", 0);
   options.save_dir = flags.take("save-dir");
-  options.save_interval = flags.take_integer("save-interval");
-  options.keep_last = flags.take_integer("keep-last");
+  options.save_interval = flags.take_integer("save-interval", 0);
+  options.keep_last = flags.take_integer("keep-last", 0);
   options.resume = flags.take("resume");
   options.resume_job_id = flags.take("resume-job");
   ZT_CHECK_AS(zt::ConfigError, !options.resume_job_id || options.resume == "auto",
@@ -159,9 +182,9 @@ int estimate_command(zt::Runtime& runtime, int argc, char** argv) {
   Flags flags(argc, argv, 2);
   const auto config_path = flags.take("config");
   ZT_CHECK_AS(zt::ConfigError, config_path.has_value(), "zerotrain estimate needs --config FILE");
-  const auto world_size = flags.take_integer("world-size");
+  const auto world_size = flags.take_integer("world-size", 1, std::numeric_limits<int>::max());
   ZT_CHECK_AS(zt::ConfigError, world_size.has_value(), "zerotrain estimate needs --world-size N");
-  const std::int64_t parameters = flags.take_integer("params").value_or(0);
+  const std::int64_t parameters = flags.take_integer("params", 0).value_or(0);
   flags.require_all_used();
   zt::ConfigParseOptions parse;
   if (runtime.world_rank() != 0) parse.warning_sink = {};
@@ -426,6 +449,25 @@ void hold_before_mpi_init() {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
 }
 
+/// The runtime's options: for `train` and `report`, the watchdog's timeout from the comm.timeout_s
+/// of --config FILE (the runtime starts the watchdog, so the config is read before it). A config
+/// that does not parse gives the defaults here; the command parses it again once the runtime is
+/// up and reports the error there, on rank 0 and with the job's exit code.
+zt::RuntimeOptions runtime_options(int argc, char** argv) {
+  const std::string_view command = argc > 1 ? argv[1] : "";
+  if (command != "train" && command != "report") return {};
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::string_view(argv[i]) != "--config") continue;
+    try {
+      return zt::runtime_options_for(
+          zt::Config::from_file(argv[i + 1], zt::ConfigParseOptions{.warning_sink = {}}));
+    } catch (const std::exception&) {
+      return {};
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -436,7 +478,7 @@ int main(int argc, char** argv) {
     stop_signals.emplace();
     hold_before_mpi_init();
   }
-  zt::Runtime runtime(&argc, &argv);
+  zt::Runtime runtime(&argc, &argv, runtime_options(argc, argv));
   return zt::run_and_report([&]() -> int {
     const std::string_view command = argc > 1 ? argv[1] : "help";
     // `zerotrain train --help` and friends: the usage, not an "unexpected argument" abort.
@@ -447,7 +489,7 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
-    if (command == "report") return report_command(runtime);
+    if (command == "report") return report_command(runtime, argc, argv);
     if (command == "train") return train_command(runtime, argc, argv);
     if (command == "estimate") return estimate_command(runtime, argc, argv);
     if (command == "data") return data_command(runtime, argc, argv);

@@ -12,6 +12,7 @@
 #include "base/text.hpp"
 #include "src/config/json_reader.hpp"
 #include "src/config/zero_partitioning.hpp"
+#include "zerotrain/watchdog.hpp"
 
 namespace zt {
 
@@ -161,7 +162,7 @@ class ConfigParser {
     parse_pipeline(config, top.child("pipeline"));
     parse_model(config, top.child("model"));
     parse_data(config, top.child("data"));
-    parse_comm(top.child("comm"));
+    parse_comm(config, top.child("comm"));
     check_across_sections(config, top);
     parse_data_types(config, top.child("data_types"));  // after fp16/bf16 are known to agree
     top.finish();
@@ -854,15 +855,17 @@ class ConfigParser {
     c.data = d;
   }
 
-  /// zerotrain's "comm" section is read by nothing: its defaults are accepted (older example
-  /// configs and the configs stored in checkpoints have them), other values refused.
-  static void parse_comm(Section s) {
-    if (const double timeout = s.number("timeout_s", 600.0, kNonNegativeNumber); timeout != 600.0) {
-      s.fail("timeout_s",
-             render(*s.find("timeout_s")) +
-                 " is not supported: the config does not set the watchdog; set the environment "
-                 "variable ZT_COLLECTIVE_TIMEOUT (or RuntimeOptions::collective_timeout) instead, "
-                 "docs/fault-detection.md; remove the key or set it to 600");
+  /// zerotrain's "comm" section: the watchdog's collective timeout (the runtime applies it, see
+  /// CommConfig); "backend" is accepted at its default only (older configs have it).
+  static void parse_comm(Config& c, Section s) {
+    if (const json* value = s.find("timeout_s"); value != nullptr && value->is_string()) {
+      if (value->get_ref<const std::string&>() != "off")
+        s.type_error("timeout_s", *value, "a number of seconds, or \"off\"");
+      c.comm.timeout_s = 0.0;
+    } else if (const std::optional<double> seconds = s.optional_number("timeout_s", kNonNegativeNumber)) {
+      if (const std::string problem = collective_timeout_problem(*seconds); !problem.empty())
+        s.fail("timeout_s", problem);
+      c.comm.timeout_s = *seconds;
     }
     const std::string_view backend =
         s.choice<std::string_view>("backend", "auto", {{"auto", "auto"}, {"mpi", "mpi"}, {"nccl", "nccl"}});
@@ -909,6 +912,7 @@ Config ConfigParser::parse_text(std::string_view text, std::string source,
   };
   json document;
   try {
+    config_detail::check_document_shape(text, context);
     document = json::parse(text.begin(), text.end(), /*callback=*/nullptr, /*allow_exceptions=*/true,
                            /*ignore_comments=*/true);
   } catch (const json::parse_error& error) {
@@ -918,6 +922,9 @@ Config ConfigParser::parse_text(std::string_view text, std::string source,
       message.erase(0, end + 2);
     }
     ZT_THROW_AS(ConfigError, context.source, ": invalid JSON: ", message);
+  } catch (const json::exception& error) {
+    // Anything else the JSON library refuses (check_document_shape reports what it knows first).
+    ZT_THROW_AS(ConfigError, context.source, ": invalid JSON: ", error.what());
   }
   Config config;
   try {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zerotrain/config.hpp"
+#include "zerotrain/watchdog.hpp"
 
 namespace zt {
 
@@ -284,6 +285,7 @@ std::string Config::to_json_string(int indent) const {
   } else {
     j["data"] = nullptr;
   }
+  j["comm"] = {{"timeout_s", comm.timeout_s.value_or(kDefaultCollectiveTimeoutSeconds)}, {"backend", "auto"}};
   return j.dump(indent);
 }
 

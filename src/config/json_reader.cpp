@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <iterator>
+#include <map>
 #include <sstream>
 
 #include "zerotrain/error.hpp"
@@ -26,7 +28,155 @@ std::string format_number(double value) {
 constexpr std::string_view kAutoHint =
     " ('auto' is a placeholder of the Hugging Face Trainer integration; zerotrain needs a value)";
 
+/// Iterates over the text like a plain pointer and records how far the JSON library has read, so
+/// that the SAX events below know where they are in the text.
+class TrackedCursor {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+
+  TrackedCursor(const char* at, const char** read_up_to) : at_(at), read_up_to_(read_up_to) {}
+  reference operator*() const { return *at_; }
+  TrackedCursor& operator++() {
+    *read_up_to_ = ++at_;
+    return *this;
+  }
+  TrackedCursor operator++(int) {
+    TrackedCursor before = *this;
+    ++*this;
+    return before;
+  }
+  bool operator==(const TrackedCursor& other) const { return at_ == other.at_; }
+
+ private:
+  const char* at_;
+  const char** read_up_to_;
+};
+
+/// SAX handler of check_document_shape: tracks the path and the keys of every open object.
+class ShapeChecker {
+ public:
+  ShapeChecker(std::string_view text, const char* const* read_up_to, const ParseContext& context)
+      : text_(text), read_up_to_(read_up_to), context_(context) {}
+
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(json::number_integer_t) { return value(); }
+  bool number_unsigned(json::number_unsigned_t) { return value(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return value(); }
+  bool string(json::string_t&) { return value(); }
+  bool binary(json::binary_t&) { return value(); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& name) {
+    Frame& frame = frames_.back();
+    const std::size_t at = key_start();
+    const auto [previous, inserted] = frame.keys.emplace(name, at);
+    frame.key = name;
+    if (!inserted) {
+      context_.fail(path(), "duplicate key '" + name + "' at " + position(at) + " (first at " +
+                                position(previous->second) +
+                                "); JSON keeps only the last one silently: give each key once");
+    }
+    return true;
+  }
+  /// Syntax errors are left to the parser that builds the document (its message has the position);
+  /// other failures of the JSON library (a number too large for a double: 1e400) are reported here,
+  /// where the position is known.
+  bool parse_error(std::size_t at, const std::string&, const json::exception& error) {
+    if (dynamic_cast<const json::parse_error*>(&error) != nullptr) return false;
+    std::string message = error.what();
+    if (const auto end = message.find("] ");
+        message.starts_with("[json.exception") && end != std::string::npos)
+      message.erase(0, end + 2);
+    ZT_THROW_AS(ConfigError, context_.source, ": invalid JSON: ", message, " at ",
+                position(std::min(at, text_.size())));
+  }
+
+ private:
+  struct Frame {
+    bool object = false;
+    std::map<std::string, std::size_t> keys;  // key -> offset of its opening quote
+    std::string key;                          // the current member's key
+    std::int64_t index = -1;                  // the current element's index
+  };
+
+  std::size_t offset() const { return static_cast<std::size_t>(*read_up_to_ - text_.data()); }
+  /// The key's opening quote: the JSON library has just read its closing one, and the first quote
+  /// before it that no backslash escapes opens it.
+  std::size_t key_start() const {
+    std::size_t at = offset() - 1;
+    while (at > 0) {
+      --at;
+      if (text_[at] != '"') continue;
+      std::size_t backslashes = 0;
+      while (at > backslashes && text_[at - 1 - backslashes] == '\\') ++backslashes;
+      if (backslashes % 2 == 0) break;
+    }
+    return at;
+  }
+  std::string position(std::size_t at) const {
+    const std::string_view before = text_.substr(0, at);
+    const std::size_t line = 1 + static_cast<std::size_t>(std::count(before.begin(), before.end(), '\n'));
+    const std::size_t line_start = before.rfind('\n');
+    const std::size_t column = at + 1 - (line_start == std::string_view::npos ? 0 : line_start + 1);
+    return "line " + std::to_string(line) + ", column " + std::to_string(column);
+  }
+  std::string path() const {
+    std::string text;
+    for (const Frame& frame : frames_) {
+      if (frame.object) {
+        if (frame.key.empty() && text.empty()) continue;
+        if (!text.empty()) text.push_back('.');
+        text.append(frame.key);
+      } else if (frame.index >= 0) {
+        text.push_back('[');
+        text.append(std::to_string(frame.index));
+        text.push_back(']');
+      }
+    }
+    return text.empty() ? std::string("<document>") : text;
+  }
+  bool value() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  bool open(bool object) {
+    value();
+    if (static_cast<int>(frames_.size()) >= kMaxConfigDepth) {
+      std::string where = path();
+      if (where.size() > 40) where = where.substr(0, 40) + "...";
+      context_.fail(where, "nesting deeper than " + std::to_string(kMaxConfigDepth) + " levels at " +
+                               position(offset() - 1) + "; a configuration is a few levels deep");
+    }
+    frames_.push_back(Frame{.object = object, .keys = {}, .key = {}, .index = -1});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return true;
+  }
+
+  std::string_view text_;
+  const char* const* read_up_to_;
+  const ParseContext& context_;
+  std::vector<Frame> frames_;
+};
+
 }  // namespace
+
+void check_document_shape(std::string_view text, const ParseContext& context) {
+  const char* read_up_to = text.data();
+  ShapeChecker checker(text, &read_up_to, context);
+  json::sax_parse(TrackedCursor(text.data(), &read_up_to),
+                  TrackedCursor(text.data() + text.size(), &read_up_to), &checker, json::input_format_t::json,
+                  /*strict=*/true, /*ignore_comments=*/true);
+}
 
 void ParseContext::fail(std::string_view path, std::string_view message) const {
   ZT_THROW_AS(ConfigError, source, ": ", path, ": ", message);

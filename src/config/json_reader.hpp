@@ -54,6 +54,18 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 std::optional<std::string> closest_match(std::string_view word,
                                          const std::set<std::string, std::less<>>& candidates);
 
+/// Deepest nesting of objects and arrays a configuration may have. ds_config files are 4 levels
+/// deep; far deeper documents are not configurations, and the JSON library's recursive serializer
+/// (Config::raw_json, messages) would overflow the stack on them.
+inline constexpr int kMaxConfigDepth = 64;
+
+/// Checks the document's shape before it is built, with positions (line and column, 1-based):
+/// nesting at most kMaxConfigDepth levels, and no object that repeats a key (JSON parsers keep
+/// the last one silently: a second "zero_optimization" would replace the first whole). Throws
+/// ConfigError "<source>: <path>: ..." naming both positions of a repeated key. Malformed JSON is
+/// left to the parser, which reports it with its own position.
+void check_document_shape(std::string_view text, const ParseContext& context);
+
 /// Short rendering of a JSON value for messages: "\"two\"", "1.5", "[1,2]" (truncated).
 std::string render(const json& value);
 

@@ -3,8 +3,14 @@
 #include "zerotrain/estimate.hpp"
 #include "src/engine/estimate_table.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
 #include <sstream>
 #include <variant>
 
@@ -207,6 +213,142 @@ std::string MemoryEstimate::table() const {
          "   stages 2-3's transient full gradients and the allocator's slack come on top.)\n";
   if (activations) out << activations->table();
   return out.str();
+}
+
+// ---- does the model fit this host? -----------------------------------------------------------
+
+namespace {
+
+std::string gib_text(double bytes) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+/// A number from the first line of a file ("max" and unreadable files: none).
+std::optional<double> number_in_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(word.c_str(), &end);
+  if (end == word.c_str() || value <= 0.0) return std::nullopt;
+  return value;
+}
+
+/// This process's cgroup limit: v2 (memory.max of its cgroup, from /proc/self/cgroup), else v1.
+std::optional<double> cgroup_memory_limit() {
+  std::ifstream cgroups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cgroups, line)) {
+    if (!line.starts_with("0::")) continue;
+    if (auto limit = number_in_file("/sys/fs/cgroup" + line.substr(3) + "/memory.max")) return limit;
+  }
+  if (auto limit = number_in_file("/sys/fs/cgroup/memory.max")) return limit;
+  const auto v1 = number_in_file("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+  if (v1 && *v1 < 0x7FFFFFFFFFFFF000 / 2.0) return v1;  // v1 writes ~2^63 for "no limit"
+  return std::nullopt;
+}
+
+}  // namespace
+
+HostMemory host_memory(int ranks_on_node) {
+  HostMemory host;
+  double best = 0.0;
+  const auto consider = [&](double bytes, std::string what) {
+    if (bytes <= 0.0 || (best > 0.0 && bytes >= best)) return;
+    best = bytes;
+    host.what = gib_text(bytes) + " " + what;
+  };
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0.0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemTotal:") {
+      consider(kib * 1024.0, "of physical memory (MemTotal in /proc/meminfo)");
+      break;
+    }
+  }
+  if (const auto limit = cgroup_memory_limit()) consider(*limit, "(the cgroup's memory limit)");
+  rlimit address_space{};
+  if (::getrlimit(RLIMIT_AS, &address_space) == 0 && address_space.rlim_cur != RLIM_INFINITY) {
+    consider(static_cast<double>(address_space.rlim_cur) * std::max(ranks_on_node, 1),
+             "(the address-space limit RLIMIT_AS, `ulimit -v`, x " + std::to_string(ranks_on_node) +
+                 " ranks on this node)");
+  }
+  host.node_bytes = static_cast<std::uint64_t>(std::min(best, 1.8e19));
+  return host;
+}
+
+void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host) {
+  if (!config.model.has_value() || host.node_bytes == 0 || world_size < 1) return;
+  const int stages = static_cast<int>(std::max<std::int64_t>(1, config.pipeline.stage_count()));
+  const int data_parallel = std::max(1, world_size / stages);
+  const std::vector<engine_detail::ParameterCountTerm> terms =
+      engine_detail::parameter_count_terms_of_config(config);
+  double parameters = 0.0;
+  const engine_detail::ParameterCountTerm* largest = &terms.front();
+  for (const auto& term : terms) {
+    parameters += term.count;
+    if (term.count > largest->count) largest = &term;
+  }
+  // The largest stage holds at least the average.
+  const double stage_parameters = parameters / stages;
+  const double element = static_cast<double>(dtype_size(compute_dtype_of(config)));
+  // Model states: the engine's own estimate for that many parameters, where the numbers cannot
+  // overflow; beyond that (far beyond any host), the gradients alone (element x Ψ / N at least).
+  double states = element * stage_parameters / data_parallel;
+  if (stage_parameters < 1e15) {
+    Config one_stage = config;
+    one_stage.pipeline.stages = std::nullopt;
+    try {
+      states = static_cast<double>(
+          estimate_model_state_memory(one_stage, data_parallel,
+                                      std::max<std::int64_t>(1, std::llround(stage_parameters)))
+              .resident());
+    } catch (const ConfigError&) {
+      // A config the engine refuses for other reasons: it says why, with its own message.
+    }
+  }
+  // Activations of a GPT, at least: one layer's attention probabilities or the logits of one
+  // micro-batch, whichever is larger (both exist at once in every step).
+  double activations = 0.0;
+  std::string activation_keys;
+  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
+    Config batch_config = config;
+    double micro = 1.0;
+    try {
+      micro = static_cast<double>(batch_config.resolve_batch(data_parallel).train_micro_batch_size_per_gpu);
+    } catch (const ConfigError&) {
+      // the engine reports the batch sizes; one sample per micro-batch is still a lower bound
+    }
+    const double seq = static_cast<double>(gpt->seq_len);
+    const double attention = micro * seq * static_cast<double>(gpt->n_head) * seq * element;
+    const double logits = micro * seq * static_cast<double>(gpt->vocab_size) * element;
+    activations = std::max(attention, logits);
+    activation_keys = attention >= logits
+                          ? "train_micro_batch_size_per_gpu x model.n_head x model.seq_len^2 (one layer's "
+                            "attention probabilities)"
+                          : "train_micro_batch_size_per_gpu x model.seq_len x model.vocab_size (the logits)";
+  }
+  const double per_rank = states + activations;
+  const double node = per_rank * std::max(ranks_on_node, 1);
+  if (node <= static_cast<double>(host.node_bytes)) return;
+  std::ostringstream message;
+  char count[32];
+  std::snprintf(count, sizeof count, "%.3g", parameters);
+  message << "the model cannot fit in this host's memory: each of the " << ranks_on_node
+          << " rank(s) on this node needs at least " << gib_text(per_rank) << " (" << gib_text(node)
+          << " together), but the node has " << host.what << ". Model states " << gib_text(states) << ": "
+          << count << " parameters, most from " << largest->keys << ", ZeRO stage "
+          << config.zero_optimization.stage << " over " << data_parallel << " data-parallel rank(s)"
+          << (stages > 1 ? " per pipeline stage" : "");
+  if (activations > 0.0)
+    message << "; activations at least " << gib_text(activations) << ": " << activation_keys;
+  message << ". Reduce " << (states >= activations ? largest->keys : activation_keys)
+          << ", or spread the model over more ranks or nodes (a higher zero_optimization.stage, offload)";
+  ZT_THROW_AS(ConfigError, message.str());
 }
 
 }  // namespace zt

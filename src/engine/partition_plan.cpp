@@ -346,6 +346,27 @@ std::vector<PlannedParameter> planned_parameters_of_config(const Config& config)
   return planned;
 }
 
+std::vector<ParameterCountTerm> parameter_count_terms_of_config(const Config& config) {
+  ZT_CHECK_AS(ConfigError, config.model.has_value(), "the config has no \"model\" section");
+  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
+    // The shapes of planned_layers_of_config: wte and (untied) lm_head [V, C], wpe [T, C]; per block
+    // ln1, ln2 (2C each), qkv 3C^2 + 3C, proj C^2 + C, fc 4C^2 + 4C, mlp.proj 4C^2 + C; ln_f 2C.
+    const double C = static_cast<double>(gpt->d_model);
+    return {
+        {"model.vocab_size x model.d_model" + std::string(gpt->tie_embeddings ? "" : " (twice, untied)"),
+         static_cast<double>(gpt->vocab_size) * C * (gpt->tie_embeddings ? 1.0 : 2.0)},
+        {"model.seq_len x model.d_model", static_cast<double>(gpt->seq_len) * C},
+        {"model.n_layer x 12 model.d_model^2", static_cast<double>(gpt->n_layer) * (12.0 * C * C + 13.0 * C)},
+        {"model.d_model (ln_f)", 2.0 * C},
+    };
+  }
+  const auto& sizes = std::get<MlpModelConfig>(*config.model).sizes;
+  double count = 0.0;
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i)
+    count += static_cast<double>(sizes[i + 1]) * (static_cast<double>(sizes[i]) + 1.0);
+  return {{"model.sizes", count}};
+}
+
 std::vector<PlannedParameter> planned_parameters_of_stage(const Config& config, int stage) {
   std::vector<std::vector<PlannedParameter>> layers = planned_layers_of_config(config);
   const std::vector<std::int64_t> boundaries = stage_boundaries_of_config(config);

@@ -222,6 +222,15 @@ std::vector<PlannedParameter> planned_parameters(const std::vector<nn::Parameter
 /// The parameters of the config's "model" section without building it (same names, shapes and
 /// order as zt::build_model's model; a test holds the two together).
 std::vector<PlannedParameter> planned_parameters_of_config(const Config& config);
+/// The parameter count of the config's model in closed form, term by term, each with the keys that
+/// drive it ("model.n_layer x model.d_model^2"): O(1) whatever the sizes (planned_parameters_of_config
+/// lists every tensor), in doubles so that absurd sizes cannot overflow. The terms sum to the
+/// count of planned_parameters_of_config (a test holds the two together).
+struct ParameterCountTerm {
+  std::string keys;
+  double count = 0.0;
+};
+std::vector<ParameterCountTerm> parameter_count_terms_of_config(const Config& config);
 /// The parameters of pipeline stage `stage` of the config's model (pipeline.stages and
 /// pipeline.partition) without building it: those of zt::build_model(config, stage), in its order,
 /// a tied copy included (a test holds the two together).

@@ -240,6 +240,15 @@ int StopSignalScope::received() {
   return stop_signal_received;
 }
 
+RuntimeOptions runtime_options_for(const Config& config, RuntimeOptions options) {
+  if (!config.comm.timeout_s) return options;
+  options.collective_timeout = std::chrono::duration<double>(*config.comm.timeout_s);
+  options.collective_timeout_source =
+      "comm.timeout_s in " + (config.source() == "<string>" ? std::string("the config string")
+                                                            : "config file '" + config.source() + "'");
+  return options;
+}
+
 TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options) {
   ZT_CHECK_AS(ConfigError, options.steps >= 0, "--steps must be >= 0, got ", options.steps);
   // Before anything slow: a signal while the model is built or a checkpoint loads stops the run
@@ -247,7 +256,22 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   // before MPI starts).
   StopSignalScope stop_signals;
   const bool leader = runtime.world_rank() == 0;
+  // The watchdog started with the runtime: a comm.timeout_s that did not reach it is said, not
+  // silently ignored.
+  if (const auto& timeout = config.comm.timeout_s;
+      leader && timeout && std::getenv("ZT_COLLECTIVE_TIMEOUT") == nullptr &&
+      runtime.collective_timeout_source().find("comm.timeout_s") == std::string::npos) {
+    std::fprintf(
+        stderr,
+        "zerotrain: warning: comm.timeout_s (%g s) is not in force: the watchdog runs with %g s from "
+        "%s; create the runtime with zt::runtime_options_for(config)\n",
+        *timeout, runtime.collective_timeout().count(), runtime.collective_timeout_source().c_str());
+  }
   check_engine_supports(config);
+  // Sizes that cannot fit fail here, naming their keys, not as "out of host memory" after the
+  // allocations have run for a while.
+  check_fits_host_memory(config, runtime.world_size(), runtime.local_size(),
+                         host_memory(runtime.local_size()));
   // Device memory counts too, from whatever this process held before the model.
   MemorySnapshot before_model = memory_snapshot(DeviceType::host);
   for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {
@@ -278,6 +302,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const char* job_variable = std::getenv("SLURM_JOB_ID");
   const std::string slurm_job_id =
       engine_detail::broadcast_string(runtime.world(), leader && job_variable ? job_variable : "");
+  ZT_CHECK_AS(ConfigError, options.keep_last.value_or(0) >= 0, "--keep-last must be >= 0 (0 keeps all), got ",
+              options.keep_last.value_or(0));
+  ZT_CHECK_AS(ConfigError, print_every >= 0, "--print-every must be >= 0 (0 prints no progress lines), got ",
+              print_every);
   auto save = [&](const char* why) {
     const auto began = Clock::now();
     SaveOptions save_options;

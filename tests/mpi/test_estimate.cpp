@@ -173,7 +173,47 @@ TEST(Estimate, PlansTheModelTheConfigBuilds) {
       EXPECT_EQ(planned[i].shape, built[i]->value.shape()) << built[i]->name;
     }
     EXPECT_EQ(zt::model_parameter_count(config), model->parameter_count());
+    // The closed form the host-memory check uses, term by term, sums to the same count.
+    double terms = 0.0;
+    for (const auto& term : zt::engine_detail::parameter_count_terms_of_config(config)) terms += term.count;
+    EXPECT_EQ(terms, static_cast<double>(model->parameter_count()));
   }
+}
+
+/// A model that cannot fit in the host's memory is refused before anything is allocated, naming
+/// the keys that drive its size and the limit; one that fits passes.
+TEST(Estimate, HostMemoryCheckNamesTheKeys) {
+  const zt::HostMemory host{.node_bytes = 8ull << 30, .what = "8.0 GiB (a test's limit)"};
+  const zt::Config tiny = parse(gpt_config(2, 1, "", kAdamW, kGptModel));
+  EXPECT_NO_THROW(zt::check_fits_host_memory(tiny, 2, 2, host));
+  const auto refusal = [&](const char* model_section, int ranks_on_node) {
+    try {
+      zt::check_fits_host_memory(parse(gpt_config(2, 1, "", kAdamW, model_section)), 2, ranks_on_node, host);
+    } catch (const zt::ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no ConfigError");
+  };
+  const std::string layers = refusal(
+      R"({"type": "gpt", "n_layer": 1000000, "n_head": 4, "d_model": 128, "seq_len": 64, "vocab_size": 256})",
+      2);
+  EXPECT_NE(layers.find("the model cannot fit in this host's memory: each of the 2 rank(s) on this node"),
+            std::string::npos)
+      << layers;
+  EXPECT_NE(layers.find("most from model.n_layer x 12 model.d_model^2"), std::string::npos) << layers;
+  EXPECT_NE(layers.find("but the node has 8.0 GiB (a test's limit)"), std::string::npos) << layers;
+  const std::string attention = refusal(
+      R"({"type": "gpt", "n_layer": 2, "n_head": 4, "d_model": 16, "seq_len": 100000, "vocab_size": 256})",
+      1);
+  EXPECT_NE(attention.find("Reduce train_micro_batch_size_per_gpu x model.n_head x model.seq_len^2"),
+            std::string::npos)
+      << attention;
+  const std::string mlp = refusal(R"({"type": "mlp", "sizes": [100000, 100000, 10]})", 1);
+  EXPECT_NE(mlp.find("most from model.sizes"), std::string::npos) << mlp;
+  // This machine's limit is a real, positive number of bytes with its origin.
+  const zt::HostMemory here = zt::host_memory(2);
+  EXPECT_GT(here.node_bytes, 0u);
+  EXPECT_NE(here.what.find("GiB"), std::string::npos) << here.what;
 }
 
 /// Each pipeline stage's plan, made without building it, is the built stage's: same names, shapes

@@ -144,6 +144,30 @@ TEST(Watchdog, ReadsTheTimeoutFromTheEnvironment) {
     setenv("ZT_COLLECTIVE_TIMEOUT", bad, 1);
     EXPECT_THROW(zt::detail::collective_timeout_from_environment(), zt::ConfigError) << bad;
   }
+  setenv("ZT_COLLECTIVE_TIMEOUT", "off", 1);
+  EXPECT_EQ(zt::detail::collective_timeout_from_environment(), 0.0);
+  // Below the minimum (0.001 ended a healthy job; 1e-300 turned the watchdog off without a word),
+  // not numbers, negative, above the maximum: refused, naming the variable and the bound.
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"0.001", "ZT_COLLECTIVE_TIMEOUT='0.001': 0.001 s is below the minimum of 1 s"},
+      {"1e-300", "ZT_COLLECTIVE_TIMEOUT='1e-300': 1e-300 s is below the minimum of 1 s"},
+      {"nan", "ZT_COLLECTIVE_TIMEOUT='nan': nan is not a number of seconds"},
+      {"inf", "ZT_COLLECTIVE_TIMEOUT='inf': inf is not a number of seconds"},
+      {"-5", "ZT_COLLECTIVE_TIMEOUT='-5': -5 s is negative"},
+      {"1e300", "ZT_COLLECTIVE_TIMEOUT='1e300': 1e+300 s is above the maximum of 1e+09 s"},
+  };
+  for (const auto& [bad, message] : refused) {
+    setenv("ZT_COLLECTIVE_TIMEOUT", bad.c_str(), 1);
+    try {
+      (void)zt::detail::collective_timeout_from_environment();
+      ADD_FAILURE() << "no ConfigError for ZT_COLLECTIVE_TIMEOUT=" << bad;
+    } catch (const zt::ConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find(message), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find("expected 0 or \"off\" (no watchdog) or 1 to 1e+09 seconds"),
+                std::string::npos)
+          << error.what();
+    }
+  }
   unsetenv("ZT_COLLECTIVE_TIMEOUT");
   EXPECT_EQ(zt::detail::collective_timeout_from_environment(), std::nullopt);
   if (saved) setenv("ZT_COLLECTIVE_TIMEOUT", saved->c_str(), 1);

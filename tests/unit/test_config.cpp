@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "zerotrain/config.hpp"
+#include "zerotrain/watchdog.hpp"
 
 namespace {
 
@@ -636,9 +638,6 @@ TEST(ConfigIgnoredKeys, ValuesThatWouldChangeTheTrainingAreRefused) {
       {R"({"fp16": {"enabled": true}, "data_types": {"buffer_dtype": "bf16"}})",
        "data_types.buffer_dtype: \"bf16\" is not supported by zerotrain: parameters, gradients and their "
        "accumulation are all in the compute dtype, fp16 here"},
-      {R"({"comm": {"timeout_s": 30}})",
-       "comm.timeout_s: 30 is not supported: the config does not set the watchdog; set the environment "
-       "variable ZT_COLLECTIVE_TIMEOUT"},
       {R"({"comm": {"backend": "nccl"}})",
        "comm.backend: \"nccl\" is not supported: the config does not choose the communication backend"},
   };
@@ -1078,3 +1077,80 @@ TEST(ConfigFile, ExampleConfigsParseWithoutWarnings) {
 }
 
 }  // namespace
+
+// ---- the document's shape: depth and repeated keys ---------------------------------------------
+
+TEST(ConfigDocumentShape, DeepNestingIsAnErrorNotACrash) {
+  // 200000 nested arrays overflowed the stack in the JSON library's recursive serializer.
+  const std::string arrays = std::string(200000, '[') + std::string(200000, ']');
+  EXPECT_CONTAINS(parse_error(arrays), "nesting deeper than 64 levels at line 1, column 65");
+  std::string objects;
+  for (int i = 0; i < 100000; ++i) objects += R"({"a": )";
+  objects += "1" + std::string(100000, '}');
+  EXPECT_CONTAINS(parse_error(objects), "config string: a.a.a.a.a.a.a.a");
+  EXPECT_CONTAINS(parse_error(objects), "...: nesting deeper than 64 levels");
+  // 64 levels are accepted (the top-level object and 63 arrays; an unknown key, a warning).
+  const Config deepest = parse(R"({"x": )" + std::string(63, '[') + std::string(63, ']') + "}");
+  EXPECT_EQ(deepest.warnings().size(), 1u);
+  EXPECT_CONTAINS(parse_error(R"({"x": )" + std::string(64, '[') + std::string(64, ']') + "}"),
+                  "config string: x[0][0]");
+}
+
+TEST(ConfigDocumentShape, NumbersBeyondDoubleAreConfigErrors) {
+  // The JSON library throws out_of_range for them, which escaped as a fatal non-config error.
+  EXPECT_CONTAINS(parse_error("{\n  \"train_batch_size\": 1e400}"),
+                  "config string: invalid JSON: number overflow parsing '1e400' at line 2, column");
+}
+
+TEST(ConfigDocumentShape, RepeatedKeysAreErrorsNamingBothPositions) {
+  EXPECT_CONTAINS(parse_error("{\n  \"zero_optimization\": {\"stage\": 2},\n  \"train_batch_size\": 4,\n"
+                              "  \"zero_optimization\": {\"stage\": 0}\n}\n"),
+                  "config string: zero_optimization: duplicate key 'zero_optimization' at line 4, column 3 "
+                  "(first at line 2, column 3)");
+  EXPECT_CONTAINS(
+      parse_error(R"({"optimizer": {"type": "Adam", "params": {"lr": 1, "l\"r": 2, "lr": 3}}})"),
+      "optimizer.params.lr: duplicate key 'lr' at line 1, column 63 (first at line 1, column 43)");
+  EXPECT_CONTAINS(parse_error(R"({"pipeline": {"stages": 1}, "x": [{"k": 1}, {"k": 2, "k": 3}]})"),
+                  "x[1].k: duplicate key 'k'");
+  // The same key in different objects, or in the elements of an array, is no repetition.
+  EXPECT_NO_THROW(
+      parse(R"({"fp16": {"enabled": false}, "bf16": {"enabled": false}, "x": [{"k": 1}, {"k": 2}]})"));
+}
+
+// ---- comm.timeout_s: the watchdog's collective timeout -----------------------------------------
+
+TEST(ConfigComm, TimeoutIsReadAndRoundTrips) {
+  EXPECT_FALSE(parse("{}").comm.timeout_s.has_value());
+  EXPECT_EQ(parse(R"({"comm": {"timeout_s": 4}})").comm.timeout_s, 4.0);
+  EXPECT_EQ(parse(R"({"comm": {"timeout_s": 2.5}})").comm.timeout_s, 2.5);
+  EXPECT_EQ(parse(R"({"comm": {"timeout_s": 0}})").comm.timeout_s, 0.0);
+  EXPECT_EQ(parse(R"({"comm": {"timeout_s": "off"}})").comm.timeout_s, 0.0);
+  const Config four = parse(R"({"comm": {"timeout_s": 4}})");
+  EXPECT_EQ(parse(four.to_json_string()).comm.timeout_s, 4.0);
+  EXPECT_TRUE(parse(four.to_json_string()).warnings().empty());
+}
+
+TEST(ConfigComm, TimeoutOutOfRangeIsRefusedNamingTheBound) {
+  EXPECT_CONTAINS(
+      parse_error(R"({"comm": {"timeout_s": 0.001}})"),
+      "comm.timeout_s: 0.001 s is below the minimum of 1 s (a healthy job would be reported as hung); "
+      "expected 0 or \"off\" (no watchdog) or 1 to 1e+09 seconds");
+  EXPECT_CONTAINS(parse_error(R"({"comm": {"timeout_s": 1e-300}})"),
+                  "comm.timeout_s: 1e-300 s is below the minimum of 1 s");
+  EXPECT_CONTAINS(parse_error(R"({"comm": {"timeout_s": 1e300}})"),
+                  "comm.timeout_s: 1e+300 s is above the maximum of 1e+09 s");
+  EXPECT_CONTAINS(parse_error(R"({"comm": {"timeout_s": "never"}})"),
+                  "comm.timeout_s: expected a number of seconds, or \"off\", got \"never\"");
+  EXPECT_CONTAINS(parse_error(R"({"comm": {"timeout_s": true}})"), "comm.timeout_s: expected a number >= 0");
+}
+
+TEST(ConfigComm, TimeoutBoundIsTheWatchdogs) {
+  EXPECT_EQ(zt::collective_timeout_problem(0.0), "");
+  EXPECT_EQ(zt::collective_timeout_problem(zt::kMinimumCollectiveTimeoutSeconds), "");
+  EXPECT_EQ(zt::collective_timeout_problem(zt::kMaximumCollectiveTimeoutSeconds), "");
+  for (double bad :
+       {0.5, -1.0, 1e-300, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+        -std::numeric_limits<double>::infinity(), 2e9}) {
+    EXPECT_NE(zt::collective_timeout_problem(bad), "") << bad;
+  }
+}

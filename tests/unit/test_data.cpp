@@ -189,21 +189,60 @@ TEST_F(DataFiles, HeaderFieldsAreValidated) {
 }
 
 TEST_F(DataFiles, TokenOutsideVocabularyIsFound) {
-  // Written with vocab 1000, then the header claims 256: token 3 (value 300) is out of range.
+  // Written with vocab 1000, then the header claims 256: token 3 (value 300) is out of range. The
+  // range the header records says so at open, before any training reads the tokens.
   std::vector<std::uint32_t> tokens = {1, 2, 3, 300, 4};
   zt::write_token_file(file("v.tok"), tokens, 1000);
   patch_header_u32(file("v.tok"), 20, 256);
-  const auto dataset = zt::TokenDataset::open(file("v.tok"));  // O(1) checks pass
-  expect_io_error([&] { dataset.verify(); },
-                  {file("v.tok").string(), "token 3 is 300", "expected < vocab size 256"});
-  expect_io_error([&] { (void)zt::TokenDataset::open(file("v.tok"), true); },
-                  {file("v.tok").string(), "token 3"});
+  expect_io_error([&] { (void)zt::TokenDataset::open(file("v.tok")); },
+                  {file("v.tok").string(), "holds tokens up to 300 (its header's range)",
+                   "expected every token < vocab size 256"});
+  // A file written before the range was recorded (bytes 40-63 zero) is read once at open.
+  std::vector<char> bytes = read_bytes(file("v.tok"));
+  std::fill(bytes.begin() + 40, bytes.begin() + 64, '\0');
+  write_bytes(file("old.tok"), bytes);
+  expect_io_error([&] { (void)zt::TokenDataset::open(file("old.tok")); },
+                  {file("old.tok").string(), "token 3 is 300", "expected < vocab size 256"});
+  expect_io_error([&] { (void)zt::TokenDataset::open(file("old.tok"), true); },
+                  {file("old.tok").string(), "token 3"});
   // The loader catches it too when it reads the window.
+  const std::vector<std::uint16_t> narrow = {1, 2, 3, 300, 4};
   std::vector<std::int32_t> out(5);
-  expect_io_error([&] { dataset.view().copy_to(0, out); }, {file("v.tok").string(), "token 3 is 300"});
+  expect_io_error([&] { zt::TokenView(std::span(narrow), 256, "memory").copy_to(0, out); },
+                  {"memory", "token 3 is 300"});
   // And the writer refuses to write one.
   expect_io_error([&] { zt::write_token_file(file("w.tok"), tokens, 256); },
                   {file("w.tok").string(), "token 3 is 300", "expected < vocab size 256"});
+}
+
+TEST_F(DataFiles, TokenRangeIsRecordedAndReadCompatibly) {
+  const zt::TokenFileHeader written = zt::write_token_file(file("r.tok"), {{7, 3, 250, 9}}, 256);
+  EXPECT_TRUE(written.token_range_recorded);
+  EXPECT_EQ(written.min_token, 3u);
+  EXPECT_EQ(written.max_token, 250u);
+  const zt::TokenDataset dataset = zt::TokenDataset::open(file("r.tok"));
+  EXPECT_TRUE(dataset.header().token_range_recorded);
+  EXPECT_EQ(dataset.header().min_token, 3u);
+  EXPECT_EQ(dataset.header().max_token, 250u);
+  // The range sits in bytes older readers ignore; older files (zeros there) open as before.
+  std::vector<char> bytes = read_bytes(file("r.tok"));
+  std::fill(bytes.begin() + 40, bytes.begin() + 64, '\0');
+  write_bytes(file("old.tok"), bytes);
+  const zt::TokenDataset old = zt::TokenDataset::open(file("old.tok"), true);
+  EXPECT_FALSE(old.header().token_range_recorded);
+  EXPECT_EQ(old.size(), 4u);
+  // A range that the tokens contradict is found by the checksum pass (a range consistent with
+  // itself but not with the tokens: the file was altered after it was written).
+  zt::write_token_file(file("forged.tok"), {{7, 3, 250, 9}}, 256);
+  std::vector<char> forged = read_bytes(file("forged.tok"));
+  const std::uint32_t max_token = 100;
+  std::memcpy(forged.data() + 44, &max_token, sizeof max_token);
+  const std::uint32_t range_crc = zt::crc32c(std::as_bytes(std::span(forged.data() + 40, 8)));
+  std::memcpy(forged.data() + 48, &range_crc, sizeof range_crc);
+  write_bytes(file("forged.tok"), forged);
+  expect_io_error(
+      [&] { (void)zt::TokenDataset::open(file("forged.tok"), true); },
+      {file("forged.tok").string(), "token 2 is 250, outside the range its header records (3..100)"});
 }
 
 TEST_F(DataFiles, ChecksumMismatchIsFound) {
@@ -278,6 +317,23 @@ TEST_F(DataFiles, ConvertTextFile) {
   expect_io_error([&] { zt::convert_text_file(file("absent.txt"), file("o2.tok")); },
                   {file("absent.txt").string(), "cannot open"});
   EXPECT_FALSE(fs::exists(file("o2.tok")));
+}
+
+TEST_F(DataFiles, ConvertRefusesToOverwriteItsInput) {
+  const std::vector<char> text = {'h', 'e', 'l', 'l', 'o', '\n'};
+  write_bytes(file("a.txt"), text);
+  fs::create_symlink(file("a.txt"), file("link.txt"));
+  fs::create_hard_link(file("a.txt"), file("hard.txt"));
+  for (const char* output : {"a.txt", "link.txt", "hard.txt"}) {
+    expect_io_error([&] { zt::convert_text_file(file("a.txt"), file(output)); },
+                    {file(output).string(), "is the input file", file("a.txt").string()});
+    EXPECT_EQ(read_bytes(file("a.txt")), text) << output;  // the text is still there
+  }
+  // The input through a link, the output the file itself.
+  expect_io_error([&] { zt::convert_text_file(file("link.txt"), file("a.txt")); }, {"is the input file"});
+  EXPECT_EQ(read_bytes(file("a.txt")), text);
+  expect_io_error([&] { zt::convert_text_file(dir_, file("d.tok")); },
+                  {"is a directory; expected a text file"});
 }
 
 // ---- sample windows and the loader -------------------------------------------------------------
