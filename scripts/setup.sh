@@ -17,6 +17,7 @@ packages=(
   nlohmann-json3-dev                  # ds_config parsing
   libgtest-dev libgmock-dev           # tests
   fio                                 # the anchor of the NVMe swap benchmark (bench/run_swap_vs_fio.sh)
+  shellcheck                          # tests: slurm.script lints jobscripts/slurm.sbatch
 )
 packages=($(printf '%s\n' "${packages[@]}" | sed 's/#.*//' | xargs -n1))
 
