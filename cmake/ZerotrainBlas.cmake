@@ -40,5 +40,9 @@ if(BLAS_LIBRARIES MATCHES "openblas" AND NOT ZT_BLAS_HAS_OPENBLAS_SET_NUM_THREAD
   message(FATAL_ERROR "the BLAS found is OpenBLAS (${BLAS_LIBRARIES}) but openblas_set_num_threads "
                       "does not link: see CMakeFiles/CMakeError.log")
 endif()
-message(STATUS "zerotrain: BLAS ${BLAS_LIBRARIES} ${ZT_CBLAS_LIBRARY}"
-               " (openblas_set_num_threads: ${ZT_BLAS_HAS_OPENBLAS_SET_NUM_THREADS})")
+if(ZT_BLAS_HAS_OPENBLAS_SET_NUM_THREADS)
+  set(zt_blas_threads "OpenBLAS, run single-threaded")
+else()
+  set(zt_blas_threads "no openblas_set_num_threads: threads as the BLAS decides (docs/spack.md, BLAS)")
+endif()
+message(STATUS "zerotrain: BLAS ${BLAS_LIBRARIES} ${ZT_CBLAS_LIBRARY} (${zt_blas_threads})")

@@ -32,6 +32,9 @@ class Zerotrain(CMakePackage, CudaPackage):
     # Releases: one line per tag, printed by `Spack/checksum-release.sh v0.1.0` (docs/spack.md), e.g.
     # version("0.1.0", sha256="<sha256 of zerotrain-0.1.0.tar.gz>")
 
+    # No nccl variant (the CUDA build always uses NCCL: a dependency of +cuda), no cudnn (unused),
+    # no kokkos (the CMake code has no such option), no shared (the library is shared only: the C
+    # API's symbol versions and the Fortran module rely on it). docs/spack.md, "The recipe".
     variant("uring", default=True, description="io_uring (liburing) for NVMe offload I/O")
     variant("fortran", default=False, description="Build the Fortran module (mpi_f08 based)")
     variant("tests", default=False, description="Build the test suite (run with spack install --test=root)")
