@@ -13,6 +13,9 @@
 #       installed prefix with a walltime that ends in a few seconds: mpirun gets SIGUSR1, the ranks
 #       save and exit 75, the script tries to resubmit itself; run again, it resumes from that
 #       checkpoint and trains to the end.
+#   check_jobscripts.sh binding WORK_DIR SOURCE_DIR
+#       pbs.sh's mpirun line on this machine with a stand-in zerotrain that prints its CPU mask:
+#       2 ranks of 1 core get a core each, 1 rank of 2 cores gets both.
 # Prints "PASS: <mode>"; exits 77 after "SKIPPED: ..." where a tool is missing.
 set -euo pipefail
 mode=$1
@@ -175,6 +178,35 @@ installed | pbs_stop)
   expect "$second" "no walltime known: no stop signal" "second run"
   expect "$second" "zerotrain train: resumed from .* at step $step " "resumed from the saved step $step"
   expect "$second" "the run exited 0" "second run's end"
+  printf -- '--- the stopped run:\n%s\n--- the resumed run:\n%s\n' "$first" "$second"
+  ;;
+binding)
+  # pbs.sh's launch line run by the real mpirun, with a stand-in `zerotrain` that prints the CPU
+  # mask it gets: PE=T must give each rank T cores of its own.
+  work=$2 source_dir=$3
+  [ "$(nproc)" -ge 2 ] || {
+    echo "SKIPPED: needs 2 cores for 2 ranks of 1 core or 1 rank of 2 (nproc: $(nproc))"
+    exit 77
+  }
+  rm -rf "$work"
+  mkdir -p "$work/bin"
+  cd "$work"
+  # shellcheck disable=SC2016  # expanded by the stand-in when it runs
+  printf '#!/bin/sh\necho "rank mask: $(grep Cpus_allowed_list /proc/self/status | cut -f2) threads $OMP_NUM_THREADS"\n' >bin/zerotrain
+  chmod +x bin/zerotrain
+  masks() { # LINES_IN_NODEFILE NCPUS
+    yes localhost | head -n "$1" >nodefile
+    env "${clean_env[@]}" PBS_O_WORKDIR="$work" PBS_NODEFILE="$work/nodefile" NCPUS="$2" ZT_BIN="$work/bin" \
+      bash "$source_dir/jobscripts/pbs.sh" 2>&1 | sed -n 's/^rank mask: //p' | sort
+  }
+  two=$(masks 2 2)
+  [ "$(wc -l <<<"$two")" = 2 ] || fail "2 ranks: expected two masks, got: $two"
+  grep -Eq '^[0-9]+ threads 1$' <<<"$two" || fail "2 ranks of 1 core: each one core, 1 thread: $two"
+  [ "$(cut -d ' ' -f 1 <<<"$two" | sort -u | wc -l)" = 2 ] || fail "2 ranks share a core: $two"
+  if grep -Evq '^[0-9]+ threads 1$' <<<"$two"; then fail "2 ranks of 1 core: $two"; fi
+  one=$(masks 1 2)
+  grep -Eq '^[0-9]+[-,][0-9]+ threads 2$' <<<"$one" || fail "1 rank of 2 cores: expected a 2-core mask: $one"
+  echo "masks: 2 ranks x 1 core: $(tr '\n' ';' <<<"$two") 1 rank x 2 cores: $one"
   ;;
 *)
   fail "unknown mode '$mode'"
