@@ -1,5 +1,4 @@
-// Row-major GEMM for every floating dtype on top of OpenBLAS; 16-bit inputs accumulate in fp32.
-#include <cblas.h>
+// Row-major GEMM for every floating dtype on top of CBLAS; 16-bit inputs accumulate in fp32.
 #include <omp.h>
 
 #include <algorithm>
@@ -47,13 +46,17 @@ constexpr std::int64_t kParallelGemmWork = 1 << 18;
 
 /// OpenBLAS's own threads (a pthread pool) and our OpenMP team would fight over the same cores
 /// (measured: 7x slower on 2 cores). So OpenBLAS runs single-threaded and we split C into blocks
-/// over OpenMP; calls from inside a parallel region (attention heads) run as they are.
+/// over OpenMP; calls from inside a parallel region (attention heads) run as they are. Other BLAS
+/// libraries have no such call: an OpenMP-threaded one (MKL, BLIS) runs single-threaded inside our
+/// parallel regions by itself, since OpenMP does not nest by default (docs/spack.md, "BLAS").
 void use_single_threaded_blas() {
+#ifdef ZT_BLAS_HAS_OPENBLAS_SET_NUM_THREADS
   static const bool done = [] {
     openblas_set_num_threads(1);
     return true;
   }();
   (void)done;
+#endif
 }
 
 template <typename T>

@@ -3,7 +3,15 @@
 // counter-based random numbers.
 #pragma once
 
+// The CBLAS interface of whichever BLAS the build found (cmake/ZerotrainBlas.cmake): cblas.h from
+// OpenBLAS, BLIS, FlexiBLAS or netlib; oneMKL names it mkl_cblas.h.
+#if __has_include(<cblas.h>)
 #include <cblas.h>
+#elif __has_include(<mkl_cblas.h>)
+#include <mkl_cblas.h>
+#else
+#error "no CBLAS header (cblas.h or mkl_cblas.h) on the include path: install the BLAS's development files"
+#endif
 
 #include <algorithm>
 #include <bit>
