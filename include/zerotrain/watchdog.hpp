@@ -8,6 +8,9 @@
 // lost) ends it with a report naming that rank. These are the job's exit codes then:
 #pragma once
 
+#include <functional>
+#include <string>
+
 namespace zt {
 
 /// An operation did not complete within the collective timeout.
@@ -19,5 +22,11 @@ inline constexpr int kWatchdogRankLostExitCode = 87;
 /// step on the other ranks, short enough that a hung job does not burn an allocation for hours
 /// (PyTorch's default NCCL timeout is 30 minutes).
 inline constexpr double kDefaultCollectiveTimeoutSeconds = 600.0;
+
+/// Called on the rank that reports, on the watchdog's thread, with the report it printed and the
+/// exit code, just before it ends the job (zt::train sends it to the metrics file as an alert).
+/// It must return within a second or two and never block on MPI. An empty function removes it.
+using WatchdogReportListener = std::function<void(const std::string& report, int exit_code)>;
+void set_watchdog_report_listener(WatchdogReportListener listener);
 
 }  // namespace zt

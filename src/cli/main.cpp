@@ -4,14 +4,19 @@
 //   zerotrain data convert IN OUT            text file -> byte-token file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
 //   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
+//   zerotrain plot RUN.jsonl... --out DIR    PNGs of metrics (runs the zerotrain-plot script)
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 #include "base/text.hpp"
 #include "zerotrain/checkpoint.hpp"
@@ -58,6 +63,10 @@ constexpr const char* kUsage =
     "                             unreadable checkpoint or failed write, 2 bad arguments, 3 not found\n"
     "  swap list|clean NVME_PATH  the swap files in NVME_PATH (with their host and process); clean\n"
     "                             removes those a killed job left on this host (process gone)\n"
+    "  plot RUN.jsonl [MORE.jsonl ...] --out DIR [--label NAME ...]\n"
+    "                             PNGs of loss, lr, tokens/s, memory by category and communication wait,\n"
+    "                             the runs compared in each (the zerotrain-plot script next to this\n"
+    "                             executable; needs Python and matplotlib)\n"
     "  help                       this text\n";
 
 /// Command-line flags of the form --name VALUE.
@@ -399,7 +408,22 @@ int checkpoint_command(zt::Runtime& runtime, int argc, char** argv) {
 
 }  // namespace
 
+/// `zerotrain plot ...`: the zerotrain-plot script installed next to this executable takes over
+/// the process (no MPI). Returns only when it cannot be started.
+int exec_plot_script(char** argv) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::string script = (self.parent_path() / "zerotrain-plot").string();
+  std::vector<char*> arguments = {const_cast<char*>(script.c_str())};
+  for (char** arg = argv + 2; *arg != nullptr; ++arg) arguments.push_back(*arg);
+  arguments.push_back(nullptr);
+  execv(script.c_str(), arguments.data());
+  std::fprintf(stderr, "zerotrain plot: cannot run '%s': %s\n", script.c_str(), std::strerror(errno));
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "plot") return exec_plot_script(argv);
   zt::Runtime runtime(&argc, &argv);
   return zt::run_and_report([&]() -> int {
     const std::string_view command = argc > 1 ? argv[1] : "help";
