@@ -1,7 +1,7 @@
 """The GPT that zerotrain's nn::Gpt implements, in torch.nn, shared by the PyTorch anchors in bench/.
 
 Same model as zerotrain's nn::Gpt (and tests/python/gpt_reference.py): learned positions, pre-LayerNorm
-blocks (eps 1e-5), fused qkv Linear(C, 3C), causal softmax attention, tanh GELU, tied lm_head, no
+blocks (eps 1e-5), fused qkv Linear(C, 3C), causal softmax attention, tanh GELU, tied (or untied) lm_head, no
 dropout, fp32, GPT-2 initialization (normal(0, 0.02), residual projections 0.02/sqrt(2 n_layer),
 biases 0, LayerNorm 1/0).
 
@@ -33,27 +33,40 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
 
+class Mlp(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
 class Block(nn.Module):
     def __init__(self, d_model, n_head, seq_len):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
         self.attn = CausalSelfAttention(d_model, n_head, seq_len)
         self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
-        self.fc = nn.Linear(d_model, 4 * d_model)
-        self.mlp_proj = nn.Linear(4 * d_model, d_model)
+        self.mlp = Mlp(d_model)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return x + self.mlp(self.ln2(x))
 
 
 class Gpt(nn.Module):
-    def __init__(self, n_layer, n_head, d_model, seq_len, vocab):
+    """Parameter names are zerotrain's (wte.weight, h.0.attn.qkv.weight, h.0.mlp.fc.weight, ...,
+    lm_head.weight when untied), so a `zerotrain checkpoint export` loads with load_state_dict."""
+
+    def __init__(self, n_layer, n_head, d_model, seq_len, vocab, tie_embeddings=True):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(seq_len, d_model)
         self.h = nn.ModuleList(Block(d_model, n_head, seq_len) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
+        self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab, bias=False)
         # GPT-2 initialization, as zerotrain's.
         residual_std = 0.02 / math.sqrt(2 * n_layer)
         for name, parameter in self.named_parameters():
@@ -62,7 +75,7 @@ class Gpt(nn.Module):
                 continue
             if ".ln" in name or name.startswith("ln_f"):
                 continue
-            std = residual_std if name.endswith("attn.proj.weight") or name.endswith("mlp_proj.weight") else 0.02
+            std = residual_std if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight") else 0.02
             torch.nn.init.normal_(parameter, 0.0, std)
 
     def forward(self, tokens):
@@ -70,7 +83,8 @@ class Gpt(nn.Module):
         x = self.wte(tokens) + self.wpe.weight[:T]
         for block in self.h:
             x = block(x)
-        return self.ln_f(x) @ self.wte.weight.T  # tied head
+        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return self.ln_f(x) @ head.T
 
 
 def adamw(model):

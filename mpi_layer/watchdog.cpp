@@ -57,9 +57,33 @@ std::string collective_timeout_problem(double seconds) {
   return text.str();
 }
 
+namespace {
+std::mutex report_listener_mutex;
+WatchdogReportListener report_listener;  // guarded by report_listener_mutex
+}  // namespace
+
+void set_watchdog_report_listener(WatchdogReportListener listener) {
+  const std::lock_guard lock(report_listener_mutex);
+  report_listener = std::move(listener);
+}
 }  // namespace zt
 
 namespace zt::detail {
+namespace {
+/// The report goes to the listener too (the metrics file); its failure must not stop the ending.
+void notify_report_listener(const std::string& report, int exit_code) {
+  WatchdogReportListener listener;
+  {
+    const std::lock_guard lock(report_listener_mutex);
+    listener = report_listener;
+  }
+  if (!listener) return;
+  try {
+    listener(report, exit_code);
+  } catch (...) {
+  }
+}
+}  // namespace
 
 WatchdogSettings WatchdogSettings::for_timeout(double timeout_seconds, std::string source) {
   WatchdogSettings settings;
@@ -658,6 +682,7 @@ class Watchdog::Loop {
   [[noreturn]] void end_job(const std::string& report, int exit_code) {
     std::fputs(report.c_str(), stderr);
     std::fflush(stderr);
+    if (!report.empty()) notify_report_listener(report, exit_code);
     std::thread([exit_code] {
       std::this_thread::sleep_for(Seconds(kAbortFallbackSeconds));
       std::_Exit(exit_code);

@@ -12,6 +12,8 @@ packages=(
   openmpi-bin libopenmpi-dev          # MPI (Open MPI 4.1, UCX transport built in)
   libhdf5-openmpi-dev hdf5-tools      # parallel HDF5 and h5dump
   python3-h5py                        # tests: checkpoints and exports read without zerotrain
+  python3-torch                       # tests: an export loaded into PyTorch gives zerotrain's loss
+  python3-matplotlib                  # zerotrain plot (scripts/zerotrain-plot) and its test
   liburing-dev libaio-dev             # asynchronous I/O for NVMe offload
   libopenblas-dev                     # host GEMM
   nlohmann-json3-dev                  # ds_config parsing

@@ -146,6 +146,24 @@ struct AioConfig {
   bool use_gds = false;
 };
 
+/// "tensorboard" and "csv_monitor" (DeepSpeed's monitor sections, docs/metrics.md): rank 0 writes
+/// the step scalars under output_path/job_name/ (DeepSpeed's layout) when enabled.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;                    // "": the working directory
+  std::string job_name = "DeepSpeedJobName";  // DeepSpeed's default
+  /// output_path/job_name, the directory the files go to.
+  std::string directory() const;
+};
+
+/// "alerts" (zerotrain, docs/metrics.md): a warning and an `alert` metrics event when a rank's
+/// memory passes `memory_fraction` of its limit (memory_limit bytes, else the cgroup's limit or
+/// the physical memory, whichever is smaller).
+struct AlertsConfig {
+  std::optional<std::int64_t> memory_limit;  // bytes; nullopt: the cgroup's or physical limit
+  double memory_fraction = 0.95;
+};
+
 /// "checkpoint": zerotrain's keys (DeepSpeed's are accepted and ignored, or refused).
 struct CheckpointConfig {
   std::optional<std::string> save_dir;  // nullopt: the engine saves only where asked
@@ -316,6 +334,9 @@ class Config {
   CheckpointConfig checkpoint;
   PipelineConfig pipeline;
   ActivationCheckpointingConfig activation_checkpointing;
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
+  AlertsConfig alerts;  // zerotrain
 
   std::optional<ModelConfig> model;  // zerotrain
   std::optional<DataConfig> data;    // zerotrain

@@ -8,6 +8,7 @@
 // lost) ends it with a report naming that rank. These are the job's exit codes then:
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace zt {
@@ -35,4 +36,11 @@ inline constexpr double kMaximumCollectiveTimeoutSeconds = 1e9;
 /// message that names where the value came from (ZT_COLLECTIVE_TIMEOUT, comm.timeout_s,
 /// RuntimeOptions::collective_timeout). Rejects NaN, infinities and negative values.
 std::string collective_timeout_problem(double seconds);
+
+/// Called on the rank that reports, on the watchdog's thread, with the report it printed and the
+/// exit code, just before it ends the job (zt::train sends it to the metrics file as an alert).
+/// It must return within a second or two and never block on MPI. An empty function removes it.
+using WatchdogReportListener = std::function<void(const std::string& report, int exit_code)>;
+void set_watchdog_report_listener(WatchdogReportListener listener);
+
 }  // namespace zt

@@ -4,13 +4,16 @@
 //   zerotrain data convert IN OUT            text file -> byte-token file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
 //   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
+//   zerotrain plot RUN.jsonl... --out DIR    PNGs of metrics (runs the zerotrain-plot script)
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -18,6 +21,8 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "base/text.hpp"
 #include "zerotrain/checkpoint.hpp"
@@ -68,6 +73,10 @@ constexpr const char* kUsage =
     "                             unreadable checkpoint or failed write, 2 bad arguments, 3 not found\n"
     "  swap list|clean NVME_PATH  the swap files in NVME_PATH (with their host and process); clean\n"
     "                             removes those a killed job left on this host (process gone)\n"
+    "  plot RUN.jsonl [MORE.jsonl ...] --out DIR [--label NAME ...]\n"
+    "                             PNGs of loss, lr, tokens/s, memory by category and communication wait,\n"
+    "                             the runs compared in each (the zerotrain-plot script next to this\n"
+    "                             executable; needs Python and matplotlib)\n"
     "  help                       this text\n";
 
 /// Command-line flags of the form --name VALUE.
@@ -470,7 +479,22 @@ zt::RuntimeOptions runtime_options(int argc, char** argv) {
 
 }  // namespace
 
+/// `zerotrain plot ...`: the zerotrain-plot script installed next to this executable takes over
+/// the process (no MPI). Returns only when it cannot be started.
+int exec_plot_script(char** argv) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::string script = (self.parent_path() / "zerotrain-plot").string();
+  std::vector<char*> arguments = {const_cast<char*>(script.c_str())};
+  for (char** arg = argv + 2; *arg != nullptr; ++arg) arguments.push_back(*arg);
+  arguments.push_back(nullptr);
+  execv(script.c_str(), arguments.data());
+  std::fprintf(stderr, "zerotrain plot: cannot run '%s': %s\n", script.c_str(), std::strerror(errno));
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == "plot") return exec_plot_script(argv);
   // `zerotrain train` records SIGTERM/SIGUSR1 from its first instruction: a preemption while MPI
   // starts or a checkpoint loads then ends in exit 75 (requeue), not in a killed job.
   std::optional<zt::StopSignalScope> stop_signals;

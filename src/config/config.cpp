@@ -162,6 +162,9 @@ class ConfigParser {
     parse_pipeline(config, top.child("pipeline"));
     parse_model(config, top.child("model"));
     parse_data(config, top.child("data"));
+    parse_monitor(config.tensorboard, top.child("tensorboard"));
+    parse_monitor(config.csv_monitor, top.child("csv_monitor"));
+    parse_alerts(config, top.child("alerts"));
     parse_comm(config, top.child("comm"));
     check_across_sections(config, top);
     parse_data_types(config, top.child("data_types"));  // after fp16/bf16 are known to agree
@@ -234,9 +237,7 @@ class ConfigParser {
             {"memory_breakdown", Policy::ignore_with_warning, "DeepSpeed's memory prints"},
             {"dump_state", Policy::ignore_with_warning, "DeepSpeed's print of its engine state"},
             {"disable_allgather", Policy::ignore_with_warning, "parameters are always allgathered"},
-            {"tensorboard", Policy::ignore_with_warning, "monitoring backend"},
             {"wandb", Policy::ignore_with_warning, "monitoring backend"},
-            {"csv_monitor", Policy::ignore_with_warning, "monitoring backend"},
             {"comet", Policy::ignore_with_warning, "monitoring backend"},
             {"flops_profiler", Policy::ignore_with_warning, "profiler"},
             {"comms_logger", Policy::ignore_with_warning, "communication logger"},
@@ -855,6 +856,21 @@ class ConfigParser {
     c.data = d;
   }
 
+  /// DeepSpeed's monitor sections (TensorBoardConfig, CSVConfig): enabled, output_path, job_name.
+  static void parse_monitor(MonitorConfig& m, Section s) {
+    m.enabled = s.boolean("enabled", false);
+    m.output_path = s.string("output_path", "");
+    m.job_name = s.string("job_name", "DeepSpeedJobName");
+    if (m.job_name.empty()) s.fail("job_name", "expected a directory name, got \"\"");
+    s.finish();
+  }
+
+  static void parse_alerts(Config& c, Section s) {
+    c.alerts.memory_limit = s.optional_integer("memory_limit", kPositive);
+    c.alerts.memory_fraction = s.number("memory_fraction", 0.95, {0.0, 1.0, true, false});
+    s.finish();
+  }
+
   /// zerotrain's "comm" section: the watchdog's collective timeout (the runtime applies it, see
   /// CommConfig); "backend" is accepted at its default only (older configs have it).
   static void parse_comm(Config& c, Section s) {
@@ -972,6 +988,11 @@ Config Config::from_file(const std::filesystem::path& path, int data_parallel_si
   Config config = from_file(path, options);
   config.resolve_batch(data_parallel_size);
   return config;
+}
+
+std::string MonitorConfig::directory() const {
+  // As DeepSpeed's os.path.join(output_path, job_name): "" is the working directory.
+  return (std::filesystem::path(output_path) / job_name).string();
 }
 
 std::int64_t Config::activation_checkpoint_interval_for(std::int64_t layers) const {

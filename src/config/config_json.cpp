@@ -260,6 +260,14 @@ std::string Config::to_json_string(int indent) const {
               {"single_submit", aio.single_submit},
               {"overlap_events", aio.overlap_events},
               {"use_gds", aio.use_gds}};
+  for (const auto& [key, monitor] :
+       {std::pair{"tensorboard", &tensorboard}, std::pair{"csv_monitor", &csv_monitor}}) {
+    j[key] = {{"enabled", monitor->enabled},
+              {"output_path", monitor->output_path},
+              {"job_name", monitor->job_name}};
+  }
+  j["alerts"] = {{"memory_limit", optional_value(alerts.memory_limit)},
+                 {"memory_fraction", alerts.memory_fraction}};
   j["checkpoint"] = {{"save_dir", optional_value(checkpoint.save_dir)},
                      {"save_interval", checkpoint.save_interval},
                      {"keep_last", checkpoint.keep_last},

@@ -6,6 +6,7 @@
 
 #include "io/hdf5_file.hpp"
 #include "zerotrain/checkpoint.hpp"
+#include "zerotrain/config.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt {
@@ -119,6 +120,40 @@ void verify_checkpoint(const std::string& path) {
   }
 }
 
+namespace {
+
+/// The model's config as attributes of the export's root, every key needed to rebuild the model
+/// without zerotrain (docs/checkpoint-format.md, "Export"), under zerotrain's names and, for a GPT,
+/// GPT-2's (n_embd, n_positions) too; `config` keeps the whole effective config (JSON).
+void write_model_attributes(io::H5File& exported, const std::string& config_json) {
+  exported.set_attribute("", "config", config_json);
+  const Config config = Config::from_string(config_json, ConfigParseOptions{.warning_sink = {}});
+  if (!config.model) return;  // the application's own model: only it knows how to rebuild it
+  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
+    exported.set_attribute("", "model_type", std::string("gpt"));
+    for (const auto& [key, value] :
+         {std::pair{"n_layer", gpt->n_layer}, std::pair{"n_head", gpt->n_head},
+          std::pair{"d_model", gpt->d_model}, std::pair{"n_embd", gpt->d_model},
+          std::pair{"seq_len", gpt->seq_len}, std::pair{"n_positions", gpt->seq_len},
+          std::pair{"vocab_size", gpt->vocab_size},
+          std::pair{"tie_embeddings", std::int64_t{gpt->tie_embeddings}}}) {
+      exported.set_attribute("", key, value);
+    }
+    exported.set_attribute("", "dropout", gpt->dropout);
+    exported.set_attribute("", "layer_norm_epsilon", 1e-5);                      // nn::Gpt's LayerNorms
+    exported.set_attribute("", "activation_function", std::string("gelu_new"));  // tanh GELU, GPT-2's name
+  } else {
+    const auto& mlp = std::get<MlpModelConfig>(*config.model);
+    exported.set_attribute("", "model_type", std::string("mlp"));
+    std::string sizes = "[";
+    for (std::int64_t size : mlp.sizes) sizes += (sizes.size() > 1 ? ", " : "") + std::to_string(size);
+    exported.set_attribute("", "sizes", sizes + "]");
+    exported.set_attribute("", "activation", std::string(to_string(mlp.activation)));
+  }
+}
+
+}  // namespace
+
 void export_checkpoint(const std::string& path, const std::string& out, DType dtype) {
   ZT_CHECK_AS(ConfigError, dtype == DType::fp32 || dtype == DType::bf16,
               "export: --dtype must be fp32 or bf16, got ", dtype_name(dtype));
@@ -148,6 +183,17 @@ void export_checkpoint(const std::string& path, const std::string& out, DType dt
     exported.set_attribute("", "tag", summary.tag);
     exported.set_attribute("", "global_steps", summary.global_steps);
     exported.set_attribute("", "dtype", std::string(dtype_name(dtype)));
+    // A stored config that today's parser refuses (an older zerotrain's) costs the model
+    // attributes, not the weights: say so and export the tensors.
+    try {
+      write_model_attributes(exported, file.string_attribute("engine", "config"));
+    } catch (const ConfigError& error) {
+      std::fprintf(
+          stderr,
+          "zerotrain checkpoint export: warning: the stored config of '%s' (/engine attribute 'config') "
+          "does not parse (%s); the export has no model attributes\n",
+          path.c_str(), error.what());
+    }
     exported.close();
   } catch (...) {
     std::error_code ignored;

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "src/engine/metrics.hpp"
 #include "src/engine/model_layers.hpp"
 #include "src/engine/partition_plan.hpp"
 #include "src/engine/pipeline_schedule.hpp"
@@ -22,6 +23,7 @@
 #include "zerotrain/estimate.hpp"
 #include "zerotrain/runtime.hpp"
 #include "zerotrain/trainer.hpp"
+#include "zerotrain/watchdog.hpp"
 
 namespace zt {
 namespace {
@@ -192,24 +194,89 @@ void check_resume_job(Runtime& runtime, const std::string& path, const std::stri
   ZT_CHECK_AS(ConfigError, refusal.empty(), refusal);
 }
 
-class MetricsWriter {
+/// The watchdog's report (a lost rank, a hung collective) goes to the metrics file as an alert
+/// while the run trains, when this rank writes metrics and reports.
+class WatchdogReportsToMetrics {
  public:
-  explicit MetricsWriter(const std::optional<std::string>& path) {
-    if (!path) return;
-    out_.open(*path, std::ios::out | std::ios::trunc);
-    ZT_CHECK_AS(IoError, out_.good(), "cannot write metrics to '", *path, "'");
-    path_ = *path;
+  WatchdogReportsToMetrics(engine_detail::MetricsWriter& metrics, int rank) {
+    if (!metrics.active()) return;
+    installed_ = true;
+    set_watchdog_report_listener([&metrics, rank](const std::string& report, int exit_code) {
+      const bool lost = exit_code == kWatchdogRankLostExitCode;
+      // The job ends right after: wait briefly for a step being written, never for long.
+      (void)metrics.try_write(
+          {{"event", "alert"},
+           {"kind", lost ? "rank_lost" : "collective_timeout"},
+           {"rank", rank},
+           {"exit_code", exit_code},
+           {"message", lost ? "the watchdog lost a rank; the job ends"
+                            : "a collective did not complete within the timeout; the job ends"},
+           {"report", report}},
+          1.0);
+    });
   }
-  void write(const nlohmann::json& line) {
-    if (!out_.is_open()) return;
-    out_ << line.dump() << '\n';
-    out_.flush();  // a run killed midway still leaves every finished step on disk
-    ZT_CHECK_AS(IoError, out_.good(), "writing metrics to '", path_, "' failed");
+  ~WatchdogReportsToMetrics() {
+    if (installed_) set_watchdog_report_listener({});
+  }
+  WatchdogReportsToMetrics(const WatchdogReportsToMetrics&) = delete;
+  WatchdogReportsToMetrics& operator=(const WatchdogReportsToMetrics&) = delete;
+
+ private:
+  bool installed_ = false;
+};
+
+/// A warning and an alert once each time the rank with the fullest memory passes the configured
+/// fraction of its limit (re-armed when it falls below). Collective over `world` every step.
+class MemoryAlerts {
+ public:
+  explicit MemoryAlerts(const AlertsConfig& alerts)
+      : fraction_(alerts.memory_fraction), limit_(engine_detail::host_memory_limit(alerts)) {}
+
+  void check(Communicator& world, engine_detail::MetricsWriter& metrics, std::int64_t step) {
+    // This rank's use: what it holds now, or what it allocated at the step's peak if more.
+    const std::int64_t used =
+        std::max(engine_detail::resident_bytes(),
+                 static_cast<std::int64_t>(memory_snapshot(DeviceType::host).total.peak));
+    const std::int64_t parts_per_million =
+        limit_.bytes > 0 ? static_cast<std::int64_t>(std::min(
+                               1e6 * static_cast<double>(used) / static_cast<double>(limit_.bytes), 1e11))
+                         : 0;
+    // One integer per rank, the largest wins: parts per million in the high bits (at most 1e11 <
+    // 2^37, so the key stays below 2^61), the rank below.
+    constexpr int kRankBits = 24;
+    std::int64_t key = (parts_per_million << kRankBits) | world.rank();
+    world.all_reduce(&key, &key, 1, DType::int64, ReduceOp::max);
+    const double worst = static_cast<double>(key >> kRankBits) / 1e6;
+    const int worst_rank = static_cast<int>(key & ((std::int64_t{1} << kRankBits) - 1));
+    if (worst < fraction_) {
+      active_ = false;
+      return;
+    }
+    if (active_) return;
+    active_ = true;
+    // The fullest rank's numbers, for the message.
+    std::int64_t numbers[2] = {used, limit_.bytes};
+    world.broadcast(numbers, 2, DType::int64, worst_rank);
+    char message[256];
+    std::snprintf(message, sizeof message,
+                  "memory of rank %d passed %.0f %% of its limit at step %lld: %.1f MiB of %.1f MiB (%s)",
+                  worst_rank, 100.0 * fraction_, static_cast<long long>(step),
+                  static_cast<double>(numbers[0]) / (1 << 20), static_cast<double>(numbers[1]) / (1 << 20),
+                  limit_.source.c_str());
+    if (world.rank() == 0) {
+      engine_detail::raise_alert(metrics, worst_rank, "memory", message,
+                                 {{"step", step},
+                                  {"bytes", numbers[0]},
+                                  {"limit_bytes", numbers[1]},
+                                  {"limit", limit_.source},
+                                  {"fraction", worst}});
+    }
   }
 
  private:
-  std::ofstream out_;
-  std::string path_;
+  double fraction_;
+  engine_detail::MemoryLimit limit_;
+  bool active_ = false;
 };
 
 int stop_scope_depth = 0;
@@ -291,7 +358,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const BatchSizes& batch = engine.batch();
   const std::int64_t print_every = options.print_every.value_or(cfg.steps_per_print.value_or(10));
 
-  MetricsWriter metrics(leader ? options.metrics_path : std::nullopt);
+  engine_detail::MetricsWriter metrics =
+      leader ? engine_detail::MetricsWriter(options.metrics_path, cfg) : engine_detail::MetricsWriter();
+  const WatchdogReportsToMetrics watchdog_reports(metrics, runtime.world_rank());
+  MemoryAlerts memory_alerts(cfg.alerts);
   TrainSummary summary;
 
   // Checkpoints: the flags win over the config's "checkpoint" section.
@@ -445,6 +515,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                     static_cast<long long>(pipeline.stage_parameters[s]));
       }
     }
+    for (const std::string& destination : metrics.destinations())
+      std::printf("  metrics: %s\n", destination.c_str());
     if (placement.device != OffloadDevice::none)
       std::printf("  optimizer states (rank 0): %s\n", placement.describe().c_str());
     if (parameters.device != OffloadDevice::none)
@@ -501,6 +573,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     }
     if (stages > 1) step_line["pipeline"] = pipeline_step;
     metrics.write(step_line);
+    memory_alerts.check(runtime.world(), metrics, report.step);
     if (leader && print_every > 0 &&
         (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
       char bubble[64] = "";

@@ -742,15 +742,50 @@ TEST(ConfigWarnings, ThreadCountIsTheOldNameOfIntraOpParallelism) {
 }
 
 TEST(ConfigWarnings, UnsupportedFeaturesThatDoNotChangeResults) {
-  const Config c =
-      parse(R"({"tensorboard": {"enabled": true, "output_path": "/tmp"}, "sparse_gradients": true,
+  const Config c = parse(R"({"wandb": {"enabled": true, "project": "p"}, "sparse_gradients": true,
                              "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 8},
                              "optimizer": {"type": "Adam", "params": {"torch_adam": true}}})");
   ASSERT_EQ(c.warnings().size(), 4u);
   EXPECT_CONTAINS(c.warnings()[0], "sparse_gradients: DeepSpeed feature not supported by zerotrain; ignored");
-  EXPECT_CONTAINS(c.warnings()[1], "tensorboard: DeepSpeed feature not supported by zerotrain; ignored");
+  EXPECT_CONTAINS(c.warnings()[1], "wandb: DeepSpeed feature not supported by zerotrain; ignored");
   EXPECT_CONTAINS(c.warnings()[2], "optimizer.params.torch_adam: ignored");
   EXPECT_CONTAINS(c.warnings()[3], "zero_optimization.zero_hpz_partition_size");
+}
+
+// ---- monitors and alerts (docs/metrics.md) --------------------------------------------------------
+
+TEST(ConfigMonitors, DeepSpeedSectionsAndDefaults) {
+  const Config defaults = parse("{}");
+  EXPECT_FALSE(defaults.tensorboard.enabled);
+  EXPECT_FALSE(defaults.csv_monitor.enabled);
+  EXPECT_EQ(defaults.csv_monitor.job_name, "DeepSpeedJobName");  // DeepSpeed's default
+  EXPECT_EQ(defaults.csv_monitor.directory(), "DeepSpeedJobName");
+  EXPECT_FALSE(defaults.alerts.memory_limit.has_value());
+  EXPECT_DOUBLE_EQ(defaults.alerts.memory_fraction, 0.95);
+
+  const Config c = parse(R"({"tensorboard": {"enabled": true, "output_path": "out/tb", "job_name": "run1"},
+                             "csv_monitor": {"enabled": true, "output_path": "/tmp/csv"},
+                             "alerts": {"memory_limit": 1048576, "memory_fraction": 0.5}})");
+  EXPECT_TRUE(c.warnings().empty());
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.directory(), "out/tb/run1");
+  EXPECT_EQ(c.csv_monitor.directory(), "/tmp/csv/DeepSpeedJobName");
+  EXPECT_EQ(c.alerts.memory_limit, 1048576);
+  EXPECT_DOUBLE_EQ(c.alerts.memory_fraction, 0.5);
+  const Config again = parse(c.to_json_string());
+  EXPECT_EQ(again.to_json_string(), c.to_json_string());
+  EXPECT_EQ(again.tensorboard.directory(), "out/tb/run1");
+}
+
+TEST(ConfigMonitors, Errors) {
+  EXPECT_CONTAINS(parse_error(R"({"tensorboard": {"enabled": "yes"}})"), "tensorboard.enabled");
+  EXPECT_CONTAINS(parse_error(R"({"csv_monitor": {"job_name": ""}})"), "csv_monitor.job_name");
+  EXPECT_CONTAINS(parse_error(R"({"alerts": {"memory_limit": 0}})"), "alerts.memory_limit");
+  EXPECT_CONTAINS(parse_error(R"({"alerts": {"memory_fraction": 0}})"), "alerts.memory_fraction");
+  EXPECT_CONTAINS(parse_error(R"({"alerts": {"memory_fraction": 1.5}})"), "alerts.memory_fraction");
+  const Config typo = parse(R"({"csv_monitor": {"enabled": true, "outputpath": "x"}})");
+  ASSERT_EQ(typo.warnings().size(), 1u);
+  EXPECT_CONTAINS(typo.warnings()[0], "csv_monitor.outputpath: unknown key; did you mean 'output_path'?");
 }
 
 TEST(ConfigWarnings, DeprecatedForms) {
