@@ -298,7 +298,8 @@ std::vector<std::pair<std::string, H5File::ObjectKind>> H5File::objects() const 
                        const ObjectKind kind = info->type == H5O_TYPE_DATASET ? ObjectKind::dataset
                                                : info->type == H5O_TYPE_GROUP ? ObjectKind::group
                                                                               : ObjectKind::other;
-                       static_cast<std::vector<std::pair<std::string, ObjectKind>>*>(out)->emplace_back(name, kind);
+                       static_cast<std::vector<std::pair<std::string, ObjectKind>>*>(out)->emplace_back(name,
+                                                                                                        kind);
                        return 0;
                      },
                      &found, H5O_INFO_BASIC),
@@ -322,7 +323,9 @@ H5File::DatasetLayout H5File::dataset_layout(const std::string& name) const {
   const Hid space(checked(H5Dget_space(dataset.get()), path_, "dataspace of '" + name + "'"));
   const H5S_class_t space_class = H5Sget_simple_extent_type(space.get());
   ZT_CHECK_AS(IoError, space_class == H5S_SIMPLE, where, " has a ",
-              space_class == H5S_SCALAR ? "scalar (0-d)" : space_class == H5S_NULL ? "null" : "unknown",
+              space_class == H5S_SCALAR ? "scalar (0-d)"
+              : space_class == H5S_NULL ? "null"
+                                        : "unknown",
               " dataspace; expected an array of rank >= 1");
   const int rank = H5Sget_simple_extent_ndims(space.get());
   ZT_CHECK_AS(IoError, rank >= 1 && rank <= H5S_MAX_RANK, where, " has rank ", rank, "; expected >= 1");
@@ -350,9 +353,8 @@ H5File::DatasetLayout H5File::dataset_layout(const std::string& name) const {
     ZT_THROW_AS(IoError, where, " has elements of HDF5 class ", static_cast<int>(type_class),
                 "; expected integers or floats");
   }
-  ZT_CHECK_AS(IoError,
-              layout.element_size == 2 || layout.element_size == 4 || layout.element_size == 8, where,
-              " has elements of ", layout.element_size, " bytes; expected 2, 4 or 8");
+  ZT_CHECK_AS(IoError, layout.element_size == 2 || layout.element_size == 4 || layout.element_size == 8,
+              where, " has elements of ", layout.element_size, " bytes; expected 2, 4 or 8");
   const Hid create(checked(H5Dget_create_plist(dataset.get()), path_, "properties of '" + name + "'"));
   const H5D_layout_t storage = H5Pget_layout(create.get());
   ZT_CHECK_AS(IoError, storage == H5D_CONTIGUOUS || storage == H5D_COMPACT, where,
@@ -362,14 +364,16 @@ H5File::DatasetLayout H5File::dataset_layout(const std::string& name) const {
               " keeps its data in external files; a checkpoint must hold its data itself");
   const hsize_t stored = H5Dget_storage_size(dataset.get());
   const auto expected = static_cast<std::uint64_t>(layout.count) * layout.element_size;
-  ZT_CHECK_AS(IoError, layout.count <= std::numeric_limits<std::int64_t>::max() / 8 && stored == expected,
-              where, " holds ", stored, " bytes of storage, but its shape ", [&] {
-                std::string text = "[";
-                for (std::size_t i = 0; i < layout.shape.size(); ++i)
-                  text += (i ? ", " : "") + std::to_string(layout.shape[i]);
-                return text + "]";
-              }(),
-              " needs ", expected, ": the file is truncated or damaged");
+  ZT_CHECK_AS(
+      IoError, layout.count <= std::numeric_limits<std::int64_t>::max() / 8 && stored == expected, where,
+      " holds ", stored, " bytes of storage, but its shape ",
+      [&] {
+        std::string text = "[";
+        for (std::size_t i = 0; i < layout.shape.size(); ++i)
+          text += (i ? ", " : "") + std::to_string(layout.shape[i]);
+        return text + "]";
+      }(),
+      " needs ", expected, ": the file is truncated or damaged");
   return layout;
 }
 
@@ -583,7 +587,8 @@ class Fnv1a64 {
   /// A field: its length as 8 little-endian bytes, then its bytes.
   void field(const void* data, std::size_t size) {
     unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(size) >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      length[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(size) >> (8 * i));
     bytes(length, sizeof length);
     bytes(data, size);
   }
@@ -681,7 +686,8 @@ std::uint64_t H5File::attributes_checksum(const std::string& excluded_root_key) 
           return -1;
         }
         hsize_t index = 0;
-        return H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_INC, &index, hash_attribute, out) < 0 ? -1 : 0;
+        return H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_INC, &index, hash_attribute, out) < 0 ? -1
+                                                                                                      : 0;
       },
       &walk, H5O_INFO_BASIC);
   if (!walk.failure.empty()) {

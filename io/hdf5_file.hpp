@@ -106,8 +106,8 @@ class H5File {
   /// the file and the dataset otherwise.
   struct DatasetLayout {
     std::vector<std::int64_t> shape;
-    std::int64_t count = 0;       // elements
-    char kind = 'f';              // 'f' float, 'i' signed integer, 'u' unsigned integer
+    std::int64_t count = 0;        // elements
+    char kind = 'f';               // 'f' float, 'i' signed integer, 'u' unsigned integer
     std::size_t element_size = 0;  // bytes
   };
   DatasetLayout dataset_layout(const std::string& name) const;

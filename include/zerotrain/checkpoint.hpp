@@ -98,8 +98,8 @@ struct CheckpointSummary {
   std::string compute_dtype;
   std::string optimizer;
   std::int64_t optimizer_step = 0;
-  std::int64_t parameters = 0;  // elements of the model's parameters
-  std::string client_state;     // the JSON text given to save_checkpoint
+  std::int64_t parameters = 0;                // elements of the model's parameters
+  std::string client_state;                   // the JSON text given to save_checkpoint
   std::optional<DataPosition> data_position;  // when the save was given one
   std::uint64_t file_bytes = 0;
   std::vector<CheckpointDataset> datasets;

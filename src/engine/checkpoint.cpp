@@ -199,7 +199,8 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
     prepare_checkpoint_directory(directory, options.dir_mode);
     // This job holds the directory from its first save (the trainer from its start) to its end: no
     // other job writes here, so temporaries of other writers are of dead jobs.
-    std::shared_ptr<CheckpointDirectoryLock> lock = CheckpointDirectoryLock::acquire(directory, options.file_mode);
+    std::shared_ptr<CheckpointDirectoryLock> lock =
+        CheckpointDirectoryLock::acquire(directory, options.file_mode);
     if (std::find(directory_locks_.begin(), directory_locks_.end(), lock) == directory_locks_.end())
       directory_locks_.push_back(lock);
     remove_dead_temporaries(directory, lock->held());
@@ -334,7 +335,8 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
       update.set_attribute("", kAttributesChecksumKey, update.attributes_checksum(kAttributesChecksumKey));
       update.close();
     }
-    if ((options.file_mode & 0200) == 0) ::chmod(temporary.c_str(), options.file_mode);  // see create_temporary
+    if ((options.file_mode & 0200) == 0)
+      ::chmod(temporary.c_str(), options.file_mode);  // see create_temporary
     fsync_path(temporary, false);
     fs::rename(temporary, final_path);
     unpublished.path.clear();
@@ -379,15 +381,17 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
       ZT_CHECK_AS(IoError, file.kind(name) == io::H5File::ObjectKind::dataset, "checkpoint '", path,
                   "' has no dataset '", name, "': it was saved from another model");
       const std::vector<std::int64_t> stored = file.shape(name);
-      ZT_CHECK_AS(IoError, stored == parameter.shape, "checkpoint '", path, "' dataset '", name, "' has shape ",
-                  base::shape_text(stored), " but the model's parameter has ", base::shape_text(parameter.shape));
+      ZT_CHECK_AS(IoError, stored == parameter.shape, "checkpoint '", path, "' dataset '", name,
+                  "' has shape ", base::shape_text(stored), " but the model's parameter has ",
+                  base::shape_text(parameter.shape));
     }
     ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == global_parameter_count_, "checkpoint '",
-                path, "' holds ", file.int_attribute("model", "parameters"), " parameter elements, the model ",
-                global_parameter_count_, ": it was saved from another model");
+                path, "' holds ", file.int_attribute("model", "parameters"),
+                " parameter elements, the model ", global_parameter_count_,
+                ": it was saved from another model");
     // ...and the same model settings (shapes alike, n_head different is another model).
-    const std::vector<std::string> differences = model_config_differences(
-        file.string_attribute("engine", "config"), state.config.to_json_string(0));
+    const std::vector<std::string> differences =
+        model_config_differences(file.string_attribute("engine", "config"), state.config.to_json_string(0));
     if (!differences.empty()) {
       std::string listed;
       for (const std::string& difference : differences) listed += (listed.empty() ? "" : "; ") + difference;
@@ -395,12 +399,13 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
                   ". Resume with the model it was saved from");
     }
     if (load_optimizer) {
-      ZT_CHECK_AS(IoError, optimizer.state_names().empty() || file.kind("optimizer") == io::H5File::ObjectKind::group,
-                  "checkpoint '", path, "' has no optimizer state; load it with load_optimizer_states = false");
+      ZT_CHECK_AS(
+          IoError, optimizer.state_names().empty() || file.kind("optimizer") == io::H5File::ObjectKind::group,
+          "checkpoint '", path, "' has no optimizer state; load it with load_optimizer_states = false");
       if (file.kind("optimizer") == io::H5File::ObjectKind::group) {
         const std::string saved = file.string_attribute("optimizer", "type");
-        ZT_CHECK_AS(IoError, saved == optimizer.name(), "checkpoint '", path, "' holds the state of optimizer '",
-                    saved, "' but the engine runs '", optimizer.name(),
+        ZT_CHECK_AS(IoError, saved == optimizer.name(), "checkpoint '", path,
+                    "' holds the state of optimizer '", saved, "' but the engine runs '", optimizer.name(),
                     "'; load with load_optimizer_states = false to start the optimizer afresh");
       }
       for (std::string_view state_name : optimizer.state_names()) {

@@ -84,8 +84,8 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
 
   const fs::path path = directory / kCheckpointLockFile;
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, file_mode);
-  ZT_CHECK_AS(IoError, fd >= 0, "cannot open the checkpoint directory's lock file '", path.string(), "': ",
-              base::errno_text(errno),
+  ZT_CHECK_AS(IoError, fd >= 0, "cannot open the checkpoint directory's lock file '", path.string(),
+              "': ", base::errno_text(errno),
               errno == ELOOP ? " (it is a symbolic link; remove it)" : " (is the directory writable?)");
   struct stat status {};
   if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
@@ -98,12 +98,13 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
     if (saved == EWOULDBLOCK || saved == EAGAIN || saved == EINTR) {
       const std::string holder = read_small_file(fd);
       ::close(fd);
-      ZT_THROW_AS(IoError, "checkpoint directory '", directory.string(), "' is in use by another job: its lock ",
-                  path.string(), " is held by ",
-                  holder.empty() ? std::string("a process that has not written its name yet") : printable(holder),
-                  ". Two jobs saving into one directory would overwrite and delete each other's "
-                  "checkpoints: give this job its own --save-dir (checkpoint.save_dir), or wait for that "
-                  "job to end (a job that died holds no lock)");
+      ZT_THROW_AS(
+          IoError, "checkpoint directory '", directory.string(), "' is in use by another job: its lock ",
+          path.string(), " is held by ",
+          holder.empty() ? std::string("a process that has not written its name yet") : printable(holder),
+          ". Two jobs saving into one directory would overwrite and delete each other's "
+          "checkpoints: give this job its own --save-dir (checkpoint.save_dir), or wait for that "
+          "job to end (a job that died holds no lock)");
     }
     if (saved != ENOLCK && saved != ENOSYS && saved != EOPNOTSUPP && saved != EINVAL) {
       ::close(fd);
@@ -122,9 +123,10 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
   }
   if (held) {
     // Who holds it, for the message of the next job that tries; the lock, not this text, decides.
-    const std::string owner = "host " + base::host_name() + " pid " + std::to_string(::getpid()) + " (since " +
-                              now_text() + ")\n";
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, owner.data(), owner.size(), 0) != static_cast<ssize_t>(owner.size())) {
+    const std::string owner =
+        "host " + base::host_name() + " pid " + std::to_string(::getpid()) + " (since " + now_text() + ")\n";
+    if (::ftruncate(fd, 0) != 0 ||
+        ::pwrite(fd, owner.data(), owner.size(), 0) != static_cast<ssize_t>(owner.size())) {
       const int saved = errno;
       ::close(fd);
       ZT_THROW_AS(IoError, "cannot write the checkpoint directory's lock file '", path.string(),
@@ -150,7 +152,8 @@ void prepare_checkpoint_directory(const fs::path& dir, std::uint32_t dir_mode) {
   std::error_code error;
   if (!fs::exists(dir, error)) {
     fs::create_directories(dir, error);
-    ZT_CHECK_AS(IoError, !error, "cannot create checkpoint directory '", dir.string(), "': ", error.message());
+    ZT_CHECK_AS(IoError, !error, "cannot create checkpoint directory '", dir.string(),
+                "': ", error.message());
     ::chmod(dir.c_str(), dir_mode);
   }
   ZT_CHECK_AS(IoError, fs::is_directory(dir), "checkpoint directory '", dir.string(), "' is not a directory");
@@ -176,14 +179,14 @@ void check_checkpoint_modes(std::uint32_t file_mode, std::uint32_t dir_mode) {
 
 fs::path create_temporary(const fs::path& dir, const std::string& final_name, std::uint32_t mode) {
   static std::atomic<std::uint64_t> counter{0};
-  const std::string stem = "." + final_name + kTemporaryMarker + base::host_name() + "-" +
-                           std::to_string(::getpid()) + "-";
+  const std::string stem =
+      "." + final_name + kTemporaryMarker + base::host_name() + "-" + std::to_string(::getpid()) + "-";
   for (int attempt = 0;; ++attempt) {
     const fs::path path = dir / (stem + std::to_string(counter.fetch_add(1)));
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0777);
     if (fd < 0 && errno == EEXIST && attempt < 100) continue;  // a name left by an earlier process
-    ZT_CHECK_AS(IoError, fd >= 0, "cannot create the temporary file '", path.string(), "': ",
-                base::errno_text(errno));
+    ZT_CHECK_AS(IoError, fd >= 0, "cannot create the temporary file '", path.string(),
+                "': ", base::errno_text(errno));
     const int status = ::fchmod(fd, mode | 0200);
     const int saved = errno;
     ::close(fd);
@@ -212,7 +215,8 @@ std::vector<std::string> remove_dead_temporaries(const fs::path& dir, bool direc
     std::string host;
     long pid = -1;
     const std::size_t last = writer.rfind('-');
-    const std::size_t before = last == std::string::npos || last == 0 ? std::string::npos : writer.rfind('-', last - 1);
+    const std::size_t before =
+        last == std::string::npos || last == 0 ? std::string::npos : writer.rfind('-', last - 1);
     if (before != std::string::npos && is_number(writer.substr(last + 1)) &&
         is_number(writer.substr(before + 1, last - before - 1))) {
       host = writer.substr(0, before);

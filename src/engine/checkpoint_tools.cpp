@@ -1,9 +1,9 @@
 // Checkpoint files without an engine: where they are, what they hold, are they intact, export.
 #include <algorithm>
-#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "io/hdf5_file.hpp"
 #include "src/engine/checkpoint_validation.hpp"
@@ -19,7 +19,8 @@ std::string checkpoint_file(const std::string& dir, const std::string& tag) {
 
 bool is_checkpoint_tag(const std::string& tag) {
   return !tag.empty() && tag.size() <= 200 && tag.front() != '.' && tag != "latest" &&
-         std::all_of(tag.begin(), tag.end(), [](char c) { return c > 0x20 && c < 0x7f && c != '/' && c != '\\'; });
+         std::all_of(tag.begin(), tag.end(),
+                     [](char c) { return c > 0x20 && c < 0x7f && c != '/' && c != '\\'; });
 }
 
 std::optional<std::string> latest_checkpoint_tag(const std::string& dir) {
@@ -52,8 +53,8 @@ std::vector<std::string> checkpoint_tags_newest_first(const std::string& dir) {
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_symlink() || !entry.is_regular_file() || name.front() == '.' || entry.path().extension() != ".h5" ||
-        !is_checkpoint_tag(entry.path().stem().string()))
+    if (entry.is_symlink() || !entry.is_regular_file() || name.front() == '.' ||
+        entry.path().extension() != ".h5" || !is_checkpoint_tag(entry.path().stem().string()))
       continue;
     std::int64_t steps = -1;  // unreadable files sort last; verification decides about them
     try {
@@ -119,14 +120,14 @@ CheckpointSummary inspect_checkpoint(const std::string& path) {
     summary.optimizer_step = file.int_attribute("optimizer", "step");
   }
   if (file.int_attribute("engine", "has_data_position") != 0) {
-    summary.data_position =
-        DataPosition{file.uint_attribute("engine", "data_seed"), file.uint_attribute("engine", "data_num_samples"),
-                     file.uint_attribute("engine", "data_epoch"), file.uint_attribute("engine", "data_offset")};
+    summary.data_position = DataPosition{
+        file.uint_attribute("engine", "data_seed"), file.uint_attribute("engine", "data_num_samples"),
+        file.uint_attribute("engine", "data_epoch"), file.uint_attribute("engine", "data_offset")};
   }
   for (const std::string& name : file.datasets()) {
     const io::H5File::DatasetLayout layout = file.dataset_layout(name);
-    summary.datasets.push_back({name, layout.shape, file.uint_attribute(name, "checksum"),
-                                layout.kind == 'f' ? "fp32" : "int64"});
+    summary.datasets.push_back(
+        {name, layout.shape, file.uint_attribute(name, "checksum"), layout.kind == 'f' ? "fp32" : "int64"});
   }
   return summary;
 }

@@ -87,13 +87,14 @@ std::int64_t check_checkpoint_file(const io::H5File& file) {
       continue;
     }
     if (layout.kind != 'f' || layout.element_size != 4)
-      fail("dataset '", name, "' holds ", layout.element_size, "-byte ", layout.kind == 'f' ? "floats" : "integers",
-           "; expected fp32");
+      fail("dataset '", name, "' holds ", layout.element_size, "-byte ",
+           layout.kind == 'f' ? "floats" : "integers", "; expected fp32");
     if (top == "model") {
       model[rest] = layout.shape;
     } else {
       const std::size_t state_slash = rest.find('/');
-      if (rest.find('/', state_slash + 1) != std::string::npos) fail("holds an unexpected dataset '", name, "'");
+      if (rest.find('/', state_slash + 1) != std::string::npos)
+        fail("holds an unexpected dataset '", name, "'");
       states[rest.substr(0, state_slash)][rest.substr(state_slash + 1)] = layout.shape;
     }
   }
@@ -123,7 +124,8 @@ std::int64_t check_checkpoint_file(const io::H5File& file) {
     if (version >= kFirstFormatWithAttributeChecksum) {
       const std::vector<std::string> listed = lines_of(file.string_attribute("optimizer", "states"));
       for (const std::string& state : listed) {
-        if (!states.count(state)) fail("has no optimizer state group '/optimizer/", state, "' (/optimizer lists it)");
+        if (!states.count(state))
+          fail("has no optimizer state group '/optimizer/", state, "' (/optimizer lists it)");
       }
       for (const auto& [state, names] : states) {
         if (std::find(listed.begin(), listed.end(), state) == listed.end())
@@ -191,7 +193,8 @@ std::vector<std::string> model_config_differences(const std::string& saved_confi
     const std::string old_value = before->contains(key) ? (*before)[key].dump() : "absent";
     const std::string new_value = now->contains(key) ? (*now)[key].dump() : "absent";
     if (old_value != new_value)
-      differences.push_back("model." + key + ": " + old_value + " in the checkpoint, " + new_value + " in this run");
+      differences.push_back("model." + key + ": " + old_value + " in the checkpoint, " + new_value +
+                            " in this run");
   }
   return differences;
 }

@@ -1,5 +1,6 @@
 // Strings across the ranks of an MPI-backend communicator: one from rank 0 to every rank (tags,
-// paths, errors, the outcome of work rank 0 does alone), or every rank's to all (parameter names of pipeline stages). Internal to the engine.
+// paths, errors, the outcome of work rank 0 does alone), or every rank's to all (parameter names of pipeline
+// stages). Internal to the engine.
 #pragma once
 
 #include <mpi.h>

@@ -227,13 +227,15 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   }
   // The save directory, checked and locked before anything costly: a second job on it, or a
   // directory that cannot be written, fails now instead of at the first save hours later.
-  const std::optional<std::string> save_dir = options.save_dir ? options.save_dir : config.checkpoint.save_dir;
+  const std::optional<std::string> save_dir =
+      options.save_dir ? options.save_dir : config.checkpoint.save_dir;
   std::shared_ptr<engine_detail::CheckpointDirectoryLock> directory_lock;  // rank 0's, for the run
   if (save_dir) {
     engine_detail::check_checkpoint_modes(config.checkpoint.file_mode, config.checkpoint.dir_mode);
     engine_detail::on_rank0_everywhere(runtime.world(), [&] {
       engine_detail::prepare_checkpoint_directory(*save_dir, config.checkpoint.dir_mode);
-      directory_lock = engine_detail::CheckpointDirectoryLock::acquire(*save_dir, config.checkpoint.file_mode);
+      directory_lock =
+          engine_detail::CheckpointDirectoryLock::acquire(*save_dir, config.checkpoint.file_mode);
     });
   }
   // With pipeline stages each rank builds only its stage; the engine makes the pipeline x data grid.
@@ -282,11 +284,12 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   // the engine's global samples end (global batch k starts at stream position k * B).
   const auto check_data_position = [](const CheckpointSummary& checkpoint) {
     if (!checkpoint.data_position) return;
-    ZT_CHECK_AS(IoError,
-                checkpoint.data_position->stream_position() == static_cast<std::uint64_t>(checkpoint.global_samples),
-                "its data position (epoch ", checkpoint.data_position->epoch, ", offset ",
-                checkpoint.data_position->offset, " of ", checkpoint.data_position->num_samples,
-                " samples) is not where its ", checkpoint.global_samples, " global samples end");
+    ZT_CHECK_AS(
+        IoError,
+        checkpoint.data_position->stream_position() == static_cast<std::uint64_t>(checkpoint.global_samples),
+        "its data position (epoch ", checkpoint.data_position->epoch, ", offset ",
+        checkpoint.data_position->offset, " of ", checkpoint.data_position->num_samples,
+        " samples) is not where its ", checkpoint.global_samples, " global samples end");
   };
   if (options.resume) {
     std::string dir;
@@ -300,8 +303,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       if (leader && std::filesystem::is_directory(dir)) {
         found = newest_valid_checkpoint(dir, check_data_position).value_or("");
         const std::vector<std::string> tags = checkpoint_tags_newest_first(dir);
-        if (found.empty() && (!tags.empty() || std::filesystem::exists(std::filesystem::path(dir) / "latest"))) {
-          refusal = "--resume auto: none of the " + std::to_string(tags.size()) + " checkpoint(s) in '" + dir +
+        if (found.empty() &&
+            (!tags.empty() || std::filesystem::exists(std::filesystem::path(dir) / "latest"))) {
+          refusal = "--resume auto: none of the " + std::to_string(tags.size()) + " checkpoint(s) in '" +
+                    dir +
                     "' is valid (the reasons are above); refusing to start from step 0 over them. Repair or "
                     "move them away to start afresh, or --resume DIR/TAG.h5 to load one regardless of "
                     "its verification";
@@ -322,11 +327,13 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       load_options.tag = tag;
       const LoadResult loaded = engine.load_checkpoint(dir, load_options);
       if (loaded.data_position) {
-        ZT_CHECK_AS(IoError, loaded.data_position->stream_position() == static_cast<std::uint64_t>(engine.global_samples()),
-                    "checkpoint '", loaded.path, "': its data position (epoch ", loaded.data_position->epoch,
-                    ", offset ", loaded.data_position->offset, " of ", loaded.data_position->num_samples,
-                    " samples) is not where ", engine.global_samples(),
-                    " global samples end; the file is damaged or was edited");
+        ZT_CHECK_AS(
+            IoError,
+            loaded.data_position->stream_position() == static_cast<std::uint64_t>(engine.global_samples()),
+            "checkpoint '", loaded.path, "': its data position (epoch ", loaded.data_position->epoch,
+            ", offset ", loaded.data_position->offset, " of ", loaded.data_position->num_samples,
+            " samples) is not where ", engine.global_samples(),
+            " global samples end; the file is damaged or was edited");
         data->restore(*loaded.data_position);
       }
       summary.resumed_from_step = engine.global_steps();
