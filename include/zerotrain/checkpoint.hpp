@@ -8,7 +8,9 @@
 // The file holds the global, logical state: every parameter by name and shape (fp32 master),
 // the optimizer's state per parameter, the engine's counters, scaler, schedule, every rank's RNG
 // streams, the sampler position, the config and the client's JSON. Each dataset carries a checksum
-// that does not depend on how ranks split it; loads verify it.
+// that does not depend on how ranks split it, and one checksum covers every attribute; every reader
+// checks the file's structure before it reads data, and loads verify the checksums. A save locks
+// the directory for the saving job (docs/checkpoint-format.md, "The directory lock").
 #pragma once
 
 #include <cstdint>

@@ -83,9 +83,13 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
   if (auto held = locks.by_directory[directory.string()].lock()) return held;
 
   const fs::path path = directory / kCheckpointLockFile;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, file_mode);
-  ZT_CHECK_AS(IoError, fd >= 0, "cannot open the checkpoint directory's lock file '", path.string(),
-              "': ", base::errno_text(errno),
+  // The owner may always write it; another user of the group (a shared project directory) opens
+  // it read-only, which flock(2) accepts: the lock works, only the holder's name is not written.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, file_mode | 0200);
+  bool writable = fd >= 0;
+  if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  ZT_CHECK_AS(IoError, fd >= 0, "cannot open the checkpoint directory's lock file '", path.string(), "': ",
+              base::errno_text(errno),
               errno == ELOOP ? " (it is a symbolic link; remove it)" : " (is the directory writable?)");
   struct stat status {};
   if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
@@ -121,7 +125,7 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
                    directory.c_str(), base::errno_text(saved).c_str());
     });
   }
-  if (held) {
+  if (held && writable) {
     // Who holds it, for the message of the next job that tries; the lock, not this text, decides.
     const std::string owner =
         "host " + base::host_name() + " pid " + std::to_string(::getpid()) + " (since " + now_text() + ")\n";
@@ -157,8 +161,8 @@ void prepare_checkpoint_directory(const fs::path& dir, std::uint32_t dir_mode) {
     ::chmod(dir.c_str(), dir_mode);
   }
   ZT_CHECK_AS(IoError, fs::is_directory(dir), "checkpoint directory '", dir.string(), "' is not a directory");
-  // access(2) says yes to root on a read-only mount's directory only when the mount is writable, and
-  // to root on a 0555 directory always: the real test is creating a file there.
+  // access(2) answers yes to root whatever the mode bits say (and some file systems refuse files
+  // it allows): the real test is creating one there.
   ZT_CHECK_AS(IoError, ::access(dir.c_str(), W_OK | X_OK) == 0, "checkpoint directory '", dir.string(),
               "' is not writable: ", base::errno_text(errno));
   const fs::path probe = create_temporary(dir, "write-test", 0600);

@@ -72,8 +72,8 @@ killsave)
   ls -a "$work/ck" | grep -q '^\.global_step3\.h5\.tmp-' || fail "no temporary left: the kill did not come mid-save"
   # The temporary had the final mode from its creation (0640), not the umask's 0644 (issue 16).
   temporary=$(ls -a "$work/ck" | grep '^\.global_step3\.h5\.tmp-' | head -1)
-  mode=$(stat -c %a "$work/ck/$temporary")
-  [ "$mode" = 640 ] || fail "the half-written temporary has mode $mode, expected 640 (umask $(umask))"
+  temporary_mode=$(stat -c %a "$work/ck/$temporary")
+  [ "$temporary_mode" = 640 ] || fail "the half-written temporary has mode $temporary_mode, expected 640 (umask $(umask))"
   train -n 2 "$zt" train --config "$config" --steps 3 --save-dir "$work/ck" --resume auto >"$work/run3.txt" 2>&1 ||
     fail "resuming after the killed save failed"
   grep -q "resumed from $work/ck/global_step2.h5 at step 2" "$work/run3.txt" || fail "did not resume from global_step2"
