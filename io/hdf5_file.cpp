@@ -308,6 +308,14 @@ std::vector<std::pair<std::string, H5File::ObjectKind>> H5File::objects() const 
 }
 
 Hid H5File::open_dataset(const std::string& name) const {
+  if (parallel_) {
+    // A file opened in parallel was checked serially by its readers first (hard links only, every
+    // object's kind: src/engine/checkpoint_validation.cpp); H5Lget_info on it failed on rank 1 of a
+    // pipelined load (HDF5 1.10, independent metadata reads), so it is opened by name.
+    ZT_CHECK_AS(IoError, exists(name), "checkpoint '", path_, "' has no dataset '", name, "'");
+    return Hid(
+        checked(H5Dopen2(file_.get(), name.c_str(), H5P_DEFAULT), path_, "opening dataset '" + name + "'"));
+  }
   const ObjectKind found = kind(name);
   ZT_CHECK_AS(IoError, found != ObjectKind::missing, "checkpoint '", path_, "' has no dataset '", name, "'");
   ZT_CHECK_AS(IoError, found == ObjectKind::dataset, "checkpoint '", path_, "': '", name, "' is ",

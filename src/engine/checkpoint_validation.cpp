@@ -149,11 +149,17 @@ std::int64_t check_checkpoint_file(const io::H5File& file) {
   }
   if (!has_rng) fail("has no dataset 'engine/rng_streams'");
   const std::vector<std::int64_t> rng = file.shape("engine/rng_streams");
-  const std::int64_t world_size = file.int_attribute("engine", "world_size");
+  // One row per rank of the grid that saved it: data x tensor x pipeline ranks.
+  std::int64_t ranks = file.int_attribute("engine", "world_size");
+  for (const char* key : {"tensor_parallel_size", "pipeline_parallel_size"}) {
+    if (file.has_attribute("engine", key)) ranks *= file.int_attribute("engine", key);
+  }
   const std::int64_t dropouts = file.int_attribute("engine", "dropout_streams");
-  if (world_size < 1 || dropouts < 0 || rng[0] != world_size || rng[1] != std::max<std::int64_t>(1, dropouts))
-    fail("dataset 'engine/rng_streams' has shape ", base::shape_text(rng), "; expected [world_size, max(1, ",
-         "dropout_streams)] = [", world_size, ", ", std::max<std::int64_t>(1, dropouts), "]");
+  if (ranks < 1 || dropouts < 0 || rng[0] != ranks || rng[1] != std::max<std::int64_t>(1, dropouts))
+    fail("dataset 'engine/rng_streams' has shape ", base::shape_text(rng),
+         "; expected [world_size x tensor_parallel_size x pipeline_parallel_size, max(1, dropout_streams)] = "
+         "[",
+         ranks, ", ", std::max<std::int64_t>(1, dropouts), "]");
 
   // Counters and the data position in range.
   for (const char* key : {"global_steps", "global_samples", "skipped_steps"}) {
