@@ -58,6 +58,8 @@ class H5File {
   static H5File open_parallel(const std::string& path, MPI_Comm comm);
   /// Open or create on one process (the tools).
   static H5File open_serial(const std::string& path);
+  /// Open `path` on one process for reading and writing (the attribute checksum after a save).
+  static H5File open_serial_for_update(const std::string& path);
   static H5File create_serial(const std::string& path);
 
   const std::string& path() const { return path_; }
@@ -91,12 +93,41 @@ class H5File {
   /// Every dataset's path, depth-first in name order.
   std::vector<std::string> datasets() const;
 
+  /// What a name is in the file, without following any link.
+  enum class ObjectKind { missing, dataset, group, other };
+  ObjectKind kind(const std::string& name) const;
+  /// Every object below the root reached through hard links ("engine", "engine/rng_streams", ...),
+  /// depth-first in name order, with its kind.
+  std::vector<std::pair<std::string, ObjectKind>> objects() const;
+  /// The layout of a dataset, checked so that reading it cannot go wrong: a simple dataspace of
+  /// rank >= 1 (not a scalar, not a null dataspace), dimensions whose element count fits in int64, an
+  /// integer or float element type, contiguous storage inside the file (no external raw files, no
+  /// virtual or chunked layouts) of exactly count x element size bytes. Throws zt::IoError naming
+  /// the file and the dataset otherwise.
+  struct DatasetLayout {
+    std::vector<std::int64_t> shape;
+    std::int64_t count = 0;        // elements
+    char kind = 'f';               // 'f' float, 'i' signed integer, 'u' unsigned integer
+    std::size_t element_size = 0;  // bytes
+  };
+  DatasetLayout dataset_layout(const std::string& name) const;
+  /// Throws zt::IoError unless every link in the file is a hard link (no soft links, no external
+  /// links to other files, no user-defined links): a checkpoint is one self-contained file.
+  void check_only_hard_links() const;
+  /// The layout-free checksum of every attribute of every object (names, kinds and values), except
+  /// the root attribute `excluded_root_key` (where it is stored): FNV-1a 64 over a canonical byte
+  /// stream, docs/checkpoint-format.md. Attributes must be scalars of integer, float or
+  /// fixed-length string type (what set_attribute writes); anything else throws zt::IoError.
+  std::uint64_t attributes_checksum(const std::string& excluded_root_key) const;
+
  private:
   H5File(Hid file, std::string path, bool parallel)
       : file_(std::move(file)), path_(std::move(path)), parallel_(parallel) {}
   Hid open_object(const std::string& object) const;
   void transfer(const std::string& name, std::int64_t first, std::int64_t count, void* data, DType dtype,
                 bool write) const;
+  /// The dataset `name`, opened after checking that it is one (no link followed).
+  Hid open_dataset(const std::string& name) const;
 
   Hid file_;
   std::string path_;

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "base/process.hpp"
 #include "io/swap_naming.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/swap.hpp"
@@ -18,9 +19,7 @@ namespace zt {
 namespace detail {
 
 std::string swap_host_name() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) != 0) return "host";
-  return host;
+  return base::host_name();
 }
 
 }  // namespace detail
@@ -35,19 +34,7 @@ long parse_number(std::string_view text) {
   return std::strtol(std::string(text).c_str(), nullptr, 10);
 }
 
-/// Whether process `pid` runs on this machine (EPERM: it does, owned by someone else). A zombie
-/// (exited, not yet reaped: common in containers without an init process) does not run.
-bool process_runs(long pid) {
-  if (pid <= 0) return true;  // not a process we can reason about
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  // pid (comm) state ...: the state follows the last ')', comm may hold spaces and parentheses.
-  const std::size_t close = line.rfind(')');
-  const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 'R';
-  return state != 'Z' && state != 'X';
-}
+using base::process_runs;
 
 }  // namespace
 

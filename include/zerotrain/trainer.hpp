@@ -11,6 +11,7 @@
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/error.hpp"
 #include "zerotrain/runtime.hpp"
 
 namespace zt {
@@ -72,6 +73,18 @@ class StopSignalScope {
   bool outermost_ = false;
 };
 
+/// What `zerotrain train --resume auto` exits with when the save directory holds checkpoints but
+/// none of them is valid (EX_IOERR): starting from step 0 over them would silently throw the run
+/// away, and a requeue loop would go on doing so (docs/checkpoint-format.md, "Resuming").
+inline constexpr int kNoValidCheckpointExitCode = 74;
+
+/// Thrown by train() on every rank for kNoValidCheckpointExitCode; the message lists each
+/// checkpoint and why it was refused.
+class NoValidCheckpointError : public IoError {
+ public:
+  using IoError::IoError;
+};
+
 struct TrainOptions {
   std::int64_t steps = 100;                 // train until the global optimizer step reaches this
   std::optional<std::string> data_path;     // overrides the config's data.path
@@ -80,12 +93,15 @@ struct TrainOptions {
   /// Checkpoints: directory (default: the config's checkpoint.save_dir), interval in optimizer
   /// steps (default: checkpoint.save_interval; 0 = only at the end and on a signal) and how many
   /// to keep (default: checkpoint.keep_last; 0 = all). With a directory the run also saves when it
-  /// reaches `steps`, and when SIGTERM or SIGUSR1 arrives (after finishing the current step).
+  /// reaches `steps`, and when SIGTERM or SIGUSR1 arrives (after finishing the current step). The
+  /// directory is created and locked at the start (one job at a time; a second fails at once).
   std::optional<std::string> save_dir;
   std::optional<std::int64_t> save_interval;
   std::optional<std::int64_t> keep_last;
-  /// "auto": the newest checkpoint in save_dir that verifies (none: start afresh); otherwise a
-  /// checkpoint directory to load (its latest tag) or DIR/TAG.h5.
+  /// "auto": the newest checkpoint in save_dir that verifies (no checkpoint there at all: start
+  /// afresh; checkpoints there but none valid: NoValidCheckpointError); otherwise a checkpoint
+  /// directory to load (its latest tag) or DIR/TAG.h5. Either way the data position must agree
+  /// with the engine's global samples.
   std::optional<std::string> resume;
   /// With resume "auto": the Slurm job id the checkpoint must have been saved by (each save records
   /// SLURM_JOB_ID); one saved by another job, or outside Slurm, is refused with both ids named.

@@ -183,8 +183,13 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   zt::ConfigParseOptions parse;
   if (runtime.world_rank() != 0) parse.warning_sink = {};
   zt::Config config = zt::Config::from_file(*config_path, parse);
-  const zt::TrainSummary summary = zt::train(runtime, std::move(config), options);
-  return summary.preempted ? zt::kPreemptedExitCode : 0;
+  try {
+    const zt::TrainSummary summary = zt::train(runtime, std::move(config), options);
+    return summary.preempted ? zt::kPreemptedExitCode : 0;
+  } catch (const zt::NoValidCheckpointError& error) {  // thrown on every rank alike: no abort needed
+    if (runtime.world_rank() == 0) std::fprintf(stderr, "zerotrain train: %s\n", error.what());
+    return zt::kNoValidCheckpointExitCode;
+  }
 }
 
 int estimate_command(zt::Runtime& runtime, int argc, char** argv) {
@@ -301,7 +306,7 @@ std::string resolve_checkpoint(const std::string& dir, const std::optional<std::
   const std::vector<std::string> tags = zt::checkpoint_tags_newest_first(dir);
   std::string chosen;
   if (tag) {
-    ZT_CHECK_AS(zt::ConfigError, !tag->empty() && tag->find('/') == std::string::npos, "--tag '", *tag,
+    ZT_CHECK_AS(zt::ConfigError, zt::is_checkpoint_tag(*tag), "--tag '", *tag,
                 "': expected a tag name (the file name without .h5), not a path");
     chosen = *tag;
   } else {
@@ -326,7 +331,10 @@ void print_summary(const zt::CheckpointSummary& summary, const std::string& dir)
   row("file", summary.path + " (" + byte_size_text(summary.file_bytes) + ", " +
                   std::to_string(summary.file_bytes) + " B)");
   std::string tag = summary.tag;
-  if (fs::is_directory(dir) && zt::latest_checkpoint_tag(dir) == summary.tag) tag += " (latest)";
+  try {
+    if (fs::is_directory(dir) && zt::latest_checkpoint_tag(dir) == summary.tag) tag += " (latest)";
+  } catch (const zt::IoError&) {  // a `latest` that names no tag names not this one
+  }
   row("tag", tag);
   row("format", std::string(zt::kCheckpointFormat) + " version " + std::to_string(summary.format_version));
   row("global steps", std::to_string(summary.global_steps));

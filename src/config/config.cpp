@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "base/permission_bits.hpp"
 #include "base/text.hpp"
 #include "src/config/json_reader.hpp"
 #include "src/config/zero_partitioning.hpp"
@@ -118,7 +119,12 @@ std::uint32_t read_permission_bits(Section& section, std::string_view key, std::
       !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '7'; })) {
     section.type_error(key, *value, expected);
   }
-  return static_cast<std::uint32_t>(std::stoul(text, nullptr, 8));
+  const auto mode = static_cast<std::uint32_t>(std::stoul(text, nullptr, 8));
+  const std::string problem = base::permission_bits_problem(mode, key == "dir_mode");
+  if (!problem.empty())
+    section.fail(key, render(*value) + " " + problem +
+                          "; expected permission bits such as \"0640\" (files) or \"0750\" (directories)");
+  return mode;
 }
 
 // ---- keys without a Config member ----------------------------------------------------------------

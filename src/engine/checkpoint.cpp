@@ -16,6 +16,8 @@
 #include <sstream>
 #include "base/text.hpp"
 #include "io/hdf5_file.hpp"
+#include "src/engine/checkpoint_directory.hpp"
+#include "src/engine/checkpoint_validation.hpp"
 #include "src/engine/checkpointer.hpp"
 #include "src/engine/string_broadcast.hpp"
 #include "zerotrain/error.hpp"
@@ -49,53 +51,20 @@ void wait_for_all_ranks(MPI_Comm comm, const char* operation) {
   }
 }
 
-/// Run `work` on rank 0 only; if it throws, every rank throws the same error (so that no rank goes
-/// on into a collective the others left).
-template <typename Work>
-void on_rank0_everywhere(Communicator& communicator, Work&& work) {
-  std::string failure;
-  if (communicator.rank() == 0) {
-    try {
-      work();
-    } catch (const std::exception& error) {
-      failure = error.what();
-      if (failure.empty()) failure = "unknown error";
-    }
-  }
-  failure = broadcast_string(communicator, failure);
-  if (!failure.empty()) ZT_THROW_AS(IoError, failure);
-}
-
-void fsync_path(const fs::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  ZT_CHECK_AS(IoError, fd >= 0, "cannot open '", path.string(), "' to sync it: ", base::errno_text(errno));
-  const int status = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  ZT_CHECK_AS(IoError, status == 0, "fsync of '", path.string(), "' failed: ", base::errno_text(saved));
-}
-
-/// Write `text` to `path` atomically: a temporary next to it, synced, renamed over it.
-void write_file_atomically(const fs::path& path, const std::string& text, std::uint32_t mode) {
-  const fs::path temporary = path.parent_path() / ("." + path.filename().string() + ".tmp");
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    out.close();
-    ZT_CHECK_AS(IoError, out.good(), "cannot write '", temporary.string(), "'");
-  }
-  ::chmod(temporary.c_str(), mode);
-  fsync_path(temporary, O_RDONLY);
-  fs::rename(temporary, path);
-  fsync_path(path.parent_path(), O_RDONLY | O_DIRECTORY);
-}
-
 void check_tag(const std::string& tag) {
-  ZT_CHECK_AS(ConfigError,
-              !tag.empty() && tag.find('/') == std::string::npos && tag.front() != '.' && tag != "latest",
-              "checkpoint tag '", tag,
-              "': expected a non-empty name without '/', not starting with '.', not 'latest'");
+  ZT_CHECK_AS(ConfigError, is_checkpoint_tag(tag), "checkpoint tag '", tag,
+              "': expected a non-empty name of printable characters without '/', '\\' or spaces, not "
+              "starting with '.', not 'latest'");
 }
+
+/// Rank 0 removes the temporary of a save that failed before it was published.
+struct UnpublishedTemporary {
+  fs::path path;
+  ~UnpublishedTemporary() {
+    std::error_code ignored;
+    if (!path.empty()) fs::remove(path, ignored);
+  }
+};
 
 std::vector<nn::Dropout*> dropouts_of(nn::Module& model) {
   std::vector<nn::Dropout*> result;
@@ -222,27 +191,22 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
   ZT_CHECK(mismatch == 0, "save_checkpoint: the ranks passed different tags (rank 0: '", agreed_tag,
            "', rank ", everyone.rank(), ": '", tag, "')");
 
+  check_checkpoint_modes(options.file_mode, options.dir_mode);
   const fs::path directory(dir);
   const fs::path final_path = checkpoint_file(dir, tag);
-  fs::path temporary;
+  UnpublishedTemporary unpublished;  // rank 0's
   on_rank0_everywhere(everyone, [&] {
-    std::error_code error;
-    if (!fs::exists(directory)) {
-      fs::create_directories(directory, error);
-      ZT_CHECK_AS(IoError, !error, "cannot create checkpoint directory '", dir, "': ", error.message());
-      ::chmod(directory.c_str(), options.dir_mode);
-    }
-    ZT_CHECK_AS(IoError, fs::is_directory(directory), "checkpoint directory '", dir, "' is not a directory");
-    ZT_CHECK_AS(IoError, ::access(directory.c_str(), W_OK) == 0, "checkpoint directory '", dir,
-                "' is not writable: ", base::errno_text(errno));
-    // Temporaries of saves that died half-way (a killed job) are garbage: no save of this job runs.
-    for (const fs::directory_entry& entry : fs::directory_iterator(directory)) {
-      const std::string name = entry.path().filename().string();
-      if (name.front() == '.' && name.find(".h5.tmp-") != std::string::npos) fs::remove(entry.path(), error);
-    }
+    prepare_checkpoint_directory(directory, options.dir_mode);
+    // This job holds the directory from its first save (the trainer from its start) to its end: no
+    // other job writes here, so temporaries of other writers are of dead jobs.
+    std::shared_ptr<CheckpointDirectoryLock> lock =
+        CheckpointDirectoryLock::acquire(directory, options.file_mode);
+    if (std::find(directory_locks_.begin(), directory_locks_.end(), lock) == directory_locks_.end())
+      directory_locks_.push_back(lock);
+    remove_dead_temporaries(directory, lock->held());
+    unpublished.path = create_temporary(directory, tag + ".h5", options.file_mode);
   });
-  temporary = broadcast_string(everyone,
-                               (directory / ("." + tag + ".h5.tmp-" + std::to_string(::getpid()))).string());
+  const fs::path temporary = broadcast_string(everyone, unpublished.path.string());
 
   {
     io::H5File file = io::H5File::create_parallel(temporary.string(), comm);
@@ -355,15 +319,29 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
       file.set_attribute("optimizer", "step", optimizer.step_count());
     }
     file.set_attribute("model", "parameters", global_parameter_count_);
+    file.set_attribute("model", "tensors", static_cast<std::int64_t>(global_.size()));
+    if (file.exists("optimizer")) {
+      std::string listed;
+      for (std::string_view state_name : state_names) listed += std::string(state_name) + "\n";
+      file.set_attribute("optimizer", "states", listed);
+    }
     file.close();
   }
 
-  // Publish: sync the data, give it its name, then point latest at it.
+  // Publish: checksum every attribute (whatever was written above), sync the data, give it its
+  // name, then point latest at it.
   on_rank0_everywhere(everyone, [&] {
-    ::chmod(temporary.c_str(), options.file_mode);
-    fsync_path(temporary, O_RDONLY);
+    {
+      io::H5File update = io::H5File::open_serial_for_update(temporary.string());
+      update.set_attribute("", kAttributesChecksumKey, update.attributes_checksum(kAttributesChecksumKey));
+      update.close();
+    }
+    if ((options.file_mode & 0200) == 0)
+      ::chmod(temporary.c_str(), options.file_mode);  // see create_temporary
+    fsync_path(temporary, false);
     fs::rename(temporary, final_path);
-    fsync_path(directory, O_RDONLY | O_DIRECTORY);
+    unpublished.path.clear();
+    fsync_path(directory, true);
     write_file_atomically(directory / "latest", tag + "\n", options.file_mode);
     if (options.keep_last > 0) {
       const std::vector<std::string> tags = checkpoint_tags_newest_first(dir);
@@ -379,9 +357,14 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
   Communicator& everyone = parallel_.everyone();
   const MPI_Comm comm = parallel_.everyone_comm();
   wait_for_all_ranks(comm, "load_checkpoint");
+  const bool load_optimizer = options.load_optimizer_states && !options.load_module_only;
+  Optimizer& optimizer = states_.optimizer();
   std::string tag;
+  // Rank 0 checks the whole file against this model before any rank reads a byte of data: a file
+  // that does not fit is refused here, with the reason, on every rank.
   on_rank0_everywhere(everyone, [&] {
     if (options.tag) {
+      check_tag(*options.tag);
       tag = *options.tag;
     } else {
       const std::optional<std::string> latest = latest_checkpoint_tag(dir);
@@ -389,8 +372,54 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
                   "/latest' (pass a tag, or save first)");
       tag = *latest;
     }
-    ZT_CHECK_AS(IoError, fs::exists(checkpoint_file(dir, tag)), "checkpoint file '",
-                checkpoint_file(dir, tag), "' does not exist");
+    const std::string path = checkpoint_file(dir, tag);
+    ZT_CHECK_AS(IoError, fs::is_regular_file(path), "checkpoint file '", path, "' does not exist");
+    const io::H5File file = io::H5File::open_serial(path);
+    check_checkpoint_file(file);
+    // The model must match the checkpoint: the same parameter names and global shapes...
+    for (const GlobalParameter& parameter : global_) {
+      const std::string name = "model/" + parameter.name;
+      ZT_CHECK_AS(IoError, file.kind(name) == io::H5File::ObjectKind::dataset, "checkpoint '", path,
+                  "' has no dataset '", name, "': it was saved from another model");
+      const std::vector<std::int64_t> stored = file.shape(name);
+      ZT_CHECK_AS(IoError, stored == parameter.shape, "checkpoint '", path, "' dataset '", name,
+                  "' has shape ", base::shape_text(stored), " but the model's parameter has ",
+                  base::shape_text(parameter.shape));
+    }
+    ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == global_parameter_count_, "checkpoint '",
+                path, "' holds ", file.int_attribute("model", "parameters"),
+                " parameter elements, the model ", global_parameter_count_,
+                ": it was saved from another model");
+    // ...and the same model settings (shapes alike, n_head different is another model).
+    const std::vector<std::string> differences =
+        model_config_differences(file.string_attribute("engine", "config"), state.config.to_json_string(0));
+    if (!differences.empty()) {
+      std::string listed;
+      for (const std::string& difference : differences) listed += (listed.empty() ? "" : "; ") + difference;
+      ZT_THROW_AS(IoError, "checkpoint '", path, "' was saved from another model configuration: ", listed,
+                  ". Resume with the model it was saved from");
+    }
+    if (load_optimizer) {
+      ZT_CHECK_AS(
+          IoError, optimizer.state_names().empty() || file.kind("optimizer") == io::H5File::ObjectKind::group,
+          "checkpoint '", path, "' has no optimizer state; load it with load_optimizer_states = false");
+      if (file.kind("optimizer") == io::H5File::ObjectKind::group) {
+        const std::string saved = file.string_attribute("optimizer", "type");
+        ZT_CHECK_AS(IoError, saved == optimizer.name(), "checkpoint '", path,
+                    "' holds the state of optimizer '", saved, "' but the engine runs '", optimizer.name(),
+                    "'; load with load_optimizer_states = false to start the optimizer afresh");
+      }
+      for (std::string_view state_name : optimizer.state_names()) {
+        for (const GlobalParameter& parameter : global_) {
+          const std::string name = "optimizer/" + std::string(state_name) + "/" + parameter.name;
+          ZT_CHECK_AS(IoError, file.kind(name) == io::H5File::ObjectKind::dataset, "checkpoint '", path,
+                      "' has no dataset '", name, "'");
+          ZT_CHECK_AS(IoError, file.shape(name) == parameter.shape, "checkpoint '", path, "' dataset '", name,
+                      "' has shape ", base::shape_text(file.shape(name)), " but the model's parameter has ",
+                      base::shape_text(parameter.shape));
+        }
+      }
+    }
   });
   tag = broadcast_string(everyone, tag);
   LoadResult result;
@@ -399,30 +428,10 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
 
   io::H5File file = io::H5File::open_parallel(result.path, comm);
   const std::string& path = result.path;
-  ZT_CHECK_AS(IoError,
-              file.has_attribute("", "format") && file.string_attribute("", "format") == kCheckpointFormat,
-              "'", path, "' is not a zerotrain checkpoint (no format attribute '", kCheckpointFormat, "')");
-  const std::int64_t version = file.int_attribute("", "format_version");
-  ZT_CHECK_AS(IoError, version <= kCheckpointFormatVersion, "checkpoint '", path, "' has format version ",
-              version, "; this zerotrain reads up to ", kCheckpointFormatVersion);
   result.client_state = file.string_attribute("", "client_state");
   result.saved_world_size = file.int_attribute("engine", "world_size");
   result.saved_zero_stage = static_cast<int>(file.int_attribute("engine", "zero_stage"));
-
-  // The model must match the checkpoint: same parameter names and global shapes.
   const std::vector<FlatParameter>& layout = plan_.layout();
-  for (std::size_t i = 0; i < layout.size(); ++i) {
-    const std::string name = "model/" + layout[i].name;
-    ZT_CHECK_AS(IoError, file.exists(name), "checkpoint '", path, "' has no dataset '", name,
-                "': it was saved from another model");
-    const std::vector<std::int64_t> stored = file.shape(name);
-    const std::vector<std::int64_t> expected = global_shape(i);
-    ZT_CHECK_AS(IoError, stored == expected, "checkpoint '", path, "' dataset '", name, "' has shape ",
-                base::shape_text(stored), " but the model's parameter has ", base::shape_text(expected));
-  }
-  ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == global_parameter_count_, "checkpoint '",
-              path, "' holds ", file.int_attribute("model", "parameters"), " parameter elements, the model ",
-              global_parameter_count_, ": it was saved from another model");
 
   // Checksums are summed over every rank for every dataset of the global layout (model, then each
   // optimizer state): each rank reads what it holds and counts its checkpoint range once (replicated
@@ -462,23 +471,12 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
       states_.write_master(i, owned.data());
     }
   }
-  const bool load_optimizer = options.load_optimizer_states && !options.load_module_only;
-  Optimizer& optimizer = states_.optimizer();
   if (load_optimizer) {
-    ZT_CHECK_AS(IoError, optimizer.state_names().empty() || file.exists("optimizer"), "checkpoint '", path,
-                "' has no optimizer state; load it with load_optimizer_states = false");
-    if (file.exists("optimizer")) {
-      const std::string saved = file.string_attribute("optimizer", "type");
-      ZT_CHECK_AS(IoError, saved == optimizer.name(), "checkpoint '", path,
-                  "' holds the state of optimizer '", saved, "' but the engine runs '", optimizer.name(),
-                  "'; load with load_optimizer_states = false to start the optimizer afresh");
-      optimizer.set_step_count(file.int_attribute("optimizer", "step"));
-    }
+    if (file.exists("optimizer")) optimizer.set_step_count(file.int_attribute("optimizer", "step"));
     const std::vector<std::string_view> state_names = optimizer.state_names();
     for (std::size_t k = 0; k < state_names.size(); ++k) {
       for (std::size_t i = 0; i < layout.size(); ++i) {
         const std::string name = "optimizer/" + std::string(state_names[k]) + "/" + layout[i].name;
-        ZT_CHECK_AS(IoError, file.exists(name), "checkpoint '", path, "' has no dataset '", name, "'");
         const auto [first, count] = owned_range(i);
         owned.assign(static_cast<std::size_t>(plan_.owned()[i].count), 0.0f);
         file.read_range(name, first, count, owned.data(), DType::fp32);
@@ -532,6 +530,8 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
                     "' has no dropout stream for '", dropouts[d].name, "': it was saved from another model");
         column = static_cast<std::size_t>(found - saved_names.begin());
       }
+      ZT_CHECK_AS(IoError, static_cast<std::int64_t>(column) < table[1], "checkpoint '", path,
+                  "' names more dropout streams than 'engine/rng_streams' holds (", table[1], ")");
       dropouts[d].local->set_next_stream(streams[static_cast<std::size_t>(row * table[1]) + column]);
     }
     TrainingProgress& progress = state.progress;

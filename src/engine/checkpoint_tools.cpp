@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "io/hdf5_file.hpp"
+#include "src/engine/checkpoint_validation.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/error.hpp"
@@ -16,14 +18,35 @@ std::string checkpoint_file(const std::string& dir, const std::string& tag) {
   return (fs::path(dir) / (tag + ".h5")).string();
 }
 
+bool is_checkpoint_tag(const std::string& tag) {
+  return !tag.empty() && tag.size() <= 200 && tag.front() != '.' && tag != "latest" &&
+         std::all_of(tag.begin(), tag.end(),
+                     [](char c) { return c > 0x20 && c < 0x7f && c != '/' && c != '\\'; });
+}
+
 std::optional<std::string> latest_checkpoint_tag(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "latest");
+  const fs::path path = fs::path(dir) / "latest";
+  std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::string tag;
-  std::getline(in, tag);
-  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
-  if (tag.empty()) return std::nullopt;
-  return tag;
+  std::string text(4096, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  if (text.empty()) return std::nullopt;
+  if (!is_checkpoint_tag(text)) {
+    std::string shown;
+    for (char c : text.substr(0, 120)) {
+      const auto byte = static_cast<unsigned char>(c);
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", byte);
+      shown += byte >= 0x20 && byte < 0x7f ? std::string(1, c) : std::string(escaped);
+    }
+    ZT_THROW_AS(IoError, "'", path.string(), "' does not hold a checkpoint tag: \"", shown,
+                text.size() > 120 ? "...\"" : "\"",
+                "; expected one plain tag name (the file name without .h5: no '/', no leading '.', "
+                "printable characters only)");
+  }
+  return text;
 }
 
 std::vector<std::string> checkpoint_tags_newest_first(const std::string& dir) {
@@ -31,10 +54,13 @@ std::vector<std::string> checkpoint_tags_newest_first(const std::string& dir) {
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || name.front() == '.' || entry.path().extension() != ".h5") continue;
+    if (entry.is_symlink() || !entry.is_regular_file() || name.front() == '.' ||
+        entry.path().extension() != ".h5" || !is_checkpoint_tag(entry.path().stem().string()))
+      continue;
     std::int64_t steps = -1;  // unreadable files sort last; verification decides about them
     try {
       io::H5File file = io::H5File::open_serial(entry.path().string());
+      file.check_only_hard_links();  // no attribute is read through a link
       steps = file.int_attribute("engine", "global_steps");
     } catch (const Error&) {
     }
@@ -48,16 +74,24 @@ std::vector<std::string> checkpoint_tags_newest_first(const std::string& dir) {
   return tags;
 }
 
-std::optional<std::string> newest_valid_checkpoint(const std::string& dir) {
+std::optional<std::string> newest_valid_checkpoint(
+    const std::string& dir, const std::function<void(const CheckpointSummary&)>& also_check) {
   std::vector<std::string> candidates;
-  if (const std::optional<std::string> latest = latest_checkpoint_tag(dir)) candidates.push_back(*latest);
+  try {
+    if (const std::optional<std::string> latest = latest_checkpoint_tag(dir)) candidates.push_back(*latest);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "zerotrain: ignoring %s/latest: %s\n", dir.c_str(), error.what());
+  }
   for (std::string& tag : checkpoint_tags_newest_first(dir)) {
     if (std::find(candidates.begin(), candidates.end(), tag) == candidates.end())
       candidates.push_back(std::move(tag));
   }
   for (const std::string& tag : candidates) {
     try {
-      verify_checkpoint(checkpoint_file(dir, tag));
+      const std::string path = checkpoint_file(dir, tag);
+      ZT_CHECK_AS(IoError, fs::is_regular_file(path), "no file '", path, "'");
+      verify_checkpoint(path);
+      if (also_check) also_check(inspect_checkpoint(path));
       return tag;
     } catch (const Error& error) {
       std::fprintf(stderr, "zerotrain: skipping checkpoint '%s': %s\n", tag.c_str(), error.what());
@@ -69,9 +103,7 @@ std::optional<std::string> newest_valid_checkpoint(const std::string& dir) {
 CheckpointSummary inspect_checkpoint(const std::string& path) {
   ZT_CHECK_AS(IoError, fs::exists(path), "checkpoint file '", path, "' does not exist");
   io::H5File file = io::H5File::open_serial(path);
-  ZT_CHECK_AS(IoError,
-              file.has_attribute("", "format") && file.string_attribute("", "format") == kCheckpointFormat,
-              "'", path, "' is not a zerotrain checkpoint");
+  engine_detail::check_checkpoint_file(file);
   CheckpointSummary summary;
   summary.path = path;
   summary.tag = file.string_attribute("", "tag");
@@ -90,9 +122,15 @@ CheckpointSummary inspect_checkpoint(const std::string& path) {
     summary.optimizer = file.string_attribute("optimizer", "type");
     summary.optimizer_step = file.int_attribute("optimizer", "step");
   }
+  if (file.int_attribute("engine", "has_data_position") != 0) {
+    summary.data_position = DataPosition{
+        file.uint_attribute("engine", "data_seed"), file.uint_attribute("engine", "data_num_samples"),
+        file.uint_attribute("engine", "data_epoch"), file.uint_attribute("engine", "data_offset")};
+  }
   for (const std::string& name : file.datasets()) {
-    summary.datasets.push_back({name, file.shape(name), file.uint_attribute(name, "checksum"),
-                                name == "engine/rng_streams" ? "int64" : "fp32"});
+    const io::H5File::DatasetLayout layout = file.dataset_layout(name);
+    summary.datasets.push_back(
+        {name, layout.shape, file.uint_attribute(name, "checksum"), layout.kind == 'f' ? "fp32" : "int64"});
   }
   return summary;
 }
@@ -103,7 +141,7 @@ void verify_checkpoint(const std::string& path) {
   for (const CheckpointDataset& dataset : summary.datasets) {
     std::int64_t count = 1;
     for (std::int64_t d : dataset.shape) count *= d;
-    const bool integers = dataset.name == "engine/rng_streams";
+    const bool integers = dataset.dtype == "int64";
     std::vector<std::uint64_t> storage(static_cast<std::size_t>(count));  // room for 8-byte elements
     std::uint64_t sum = 0;
     if (integers) {

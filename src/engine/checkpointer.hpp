@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "zerotrain/nn.hpp"
 
 namespace zt::engine_detail {
+
+class CheckpointDirectoryLock;
 
 /// The engine's counters, as a checkpoint saves and restores them.
 struct TrainingProgress {
@@ -88,6 +91,8 @@ class Checkpointer {
   std::vector<GlobalParameter> global_;  // stage by stage, each in its plan's order
   std::vector<std::int64_t> global_of_;  // per plan index: its position in global_, or -1 (a tied copy)
   std::int64_t global_parameter_count_ = 0;
+  /// Rank 0's locks of the directories this engine saved into, held for the engine's life.
+  std::vector<std::shared_ptr<CheckpointDirectoryLock>> directory_locks_;
 };
 
 }  // namespace zt::engine_detail

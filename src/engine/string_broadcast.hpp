@@ -1,5 +1,6 @@
 // Strings across the ranks of an MPI-backend communicator: one from rank 0 to every rank (tags,
-// paths, errors), or every rank's to all (parameter names of pipeline stages). Internal to the engine.
+// paths, errors, the outcome of work rank 0 does alone), or every rank's to all (parameter names of pipeline
+// stages). Internal to the engine.
 #pragma once
 
 #include <mpi.h>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 
 namespace zt::engine_detail {
@@ -34,6 +36,23 @@ inline std::vector<std::string> all_gather_strings(Communicator& communicator, c
   std::vector<std::string> values;
   for (int r = 0; r < ranks; ++r) values.push_back(all.substr(offsets[r], lengths[r]));
   return values;
+}
+
+/// Run `work` on rank 0 only; if it throws, every rank throws the same error (zt::IoError with its
+/// message), so that no rank goes on into a collective the others left.
+template <typename Work>
+void on_rank0_everywhere(Communicator& communicator, Work&& work) {
+  std::string failure;
+  if (communicator.rank() == 0) {
+    try {
+      work();
+    } catch (const std::exception& error) {
+      failure = error.what();
+      if (failure.empty()) failure = "unknown error";
+    }
+  }
+  failure = broadcast_string(communicator, failure);
+  if (!failure.empty()) ZT_THROW_AS(IoError, failure);
 }
 
 }  // namespace zt::engine_detail

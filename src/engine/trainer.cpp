@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "src/engine/checkpoint_directory.hpp"
 #include "src/engine/metrics.hpp"
 #include "src/engine/model_layers.hpp"
 #include "src/engine/partition_plan.hpp"
@@ -345,6 +346,19 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     before_model.by_category[i].current += memory_snapshot(DeviceType::cuda).by_category[i].current +
                                            memory_snapshot(DeviceType::emulated).by_category[i].current;
   }
+  // The save directory, checked and locked before anything costly: a second job on it, or a
+  // directory that cannot be written, fails now instead of at the first save hours later.
+  const std::optional<std::string> save_dir =
+      options.save_dir ? options.save_dir : config.checkpoint.save_dir;
+  std::shared_ptr<engine_detail::CheckpointDirectoryLock> directory_lock;  // rank 0's, for the run
+  if (save_dir) {
+    engine_detail::check_checkpoint_modes(config.checkpoint.file_mode, config.checkpoint.dir_mode);
+    engine_detail::on_rank0_everywhere(runtime.world(), [&] {
+      engine_detail::prepare_checkpoint_directory(*save_dir, config.checkpoint.dir_mode);
+      directory_lock =
+          engine_detail::CheckpointDirectoryLock::acquire(*save_dir, config.checkpoint.file_mode);
+    });
+  }
   // With pipeline stages each rank builds only its stage; the engine makes the pipeline x data grid.
   const int stages = static_cast<int>(config.pipeline.stage_count());
   std::unique_ptr<nn::Module> model =
@@ -364,8 +378,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   MemoryAlerts memory_alerts(cfg.alerts);
   TrainSummary summary;
 
-  // Checkpoints: the flags win over the config's "checkpoint" section.
-  const std::optional<std::string> save_dir = options.save_dir ? options.save_dir : cfg.checkpoint.save_dir;
+  // Checkpoints: the flags win over the config's "checkpoint" section (save_dir above).
   const std::int64_t save_interval = options.save_interval.value_or(cfg.checkpoint.save_interval);
   ZT_CHECK_AS(ConfigError, save_interval >= 0, "--save-interval must be >= 0, got ", save_interval);
   // Recorded in every checkpoint; rank 0's, so that the collective attribute write sees one value.
@@ -412,6 +425,17 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     }
     return startup_signal != 0;
   };
+  // What the trainer's checkpoints promise beyond their checksums: the sampler's position is where
+  // the engine's global samples end (global batch k starts at stream position k * B).
+  const auto check_data_position = [](const CheckpointSummary& checkpoint) {
+    if (!checkpoint.data_position) return;
+    ZT_CHECK_AS(
+        IoError,
+        checkpoint.data_position->stream_position() == static_cast<std::uint64_t>(checkpoint.global_samples),
+        "its data position (epoch ", checkpoint.data_position->epoch, ", offset ",
+        checkpoint.data_position->offset, " of ", checkpoint.data_position->num_samples,
+        " samples) is not where its ", checkpoint.global_samples, " global samples end");
+  };
   if (options.resume && !stopped_during_startup("loading the checkpoint")) {
     std::string dir;
     std::optional<std::string> tag;
@@ -420,8 +444,22 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                   "--resume auto looks in the save directory: give --save-dir (or checkpoint.save_dir)");
       dir = *save_dir;
       std::string found;
-      if (leader && std::filesystem::is_directory(dir)) found = newest_valid_checkpoint(dir).value_or("");
+      std::string refusal;
+      if (leader && std::filesystem::is_directory(dir)) {
+        found = newest_valid_checkpoint(dir, check_data_position).value_or("");
+        const std::vector<std::string> tags = checkpoint_tags_newest_first(dir);
+        if (found.empty() &&
+            (!tags.empty() || std::filesystem::exists(std::filesystem::path(dir) / "latest"))) {
+          refusal = "--resume auto: none of the " + std::to_string(tags.size()) + " checkpoint(s) in '" +
+                    dir +
+                    "' is valid (the reasons are above); refusing to start from step 0 over them. Repair or "
+                    "move them away to start afresh, or --resume DIR/TAG.h5 to load one regardless of "
+                    "its verification";
+        }
+      }
       found = engine_detail::broadcast_string(runtime.world(), found);
+      refusal = engine_detail::broadcast_string(runtime.world(), refusal);
+      if (!refusal.empty()) throw NoValidCheckpointError(refusal);
       if (!found.empty()) tag = found;
       if (tag && options.resume_job_id)
         check_resume_job(runtime, checkpoint_file(dir, *tag), *options.resume_job_id);
@@ -435,7 +473,16 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       LoadOptions load_options;
       load_options.tag = tag;
       const LoadResult loaded = engine.load_checkpoint(dir, load_options);
-      if (loaded.data_position) data->restore(*loaded.data_position);
+      if (loaded.data_position) {
+        ZT_CHECK_AS(
+            IoError,
+            loaded.data_position->stream_position() == static_cast<std::uint64_t>(engine.global_samples()),
+            "checkpoint '", loaded.path, "': its data position (epoch ", loaded.data_position->epoch,
+            ", offset ", loaded.data_position->offset, " of ", loaded.data_position->num_samples,
+            " samples) is not where ", engine.global_samples(),
+            " global samples end; the file is damaged or was edited");
+        data->restore(*loaded.data_position);
+      }
       summary.resumed_from_step = engine.global_steps();
       if (leader) {
         std::printf(
@@ -444,7 +491,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
             static_cast<long long>(loaded.saved_world_size), loaded.saved_zero_stage);
       }
     } else if (leader) {
-      std::printf("zerotrain train: no valid checkpoint in %s; starting from step 0\n", dir.c_str());
+      std::printf("zerotrain train: no checkpoint in %s yet; starting from step 0\n", dir.c_str());
     }
   }
   if (startup_signal == 0) stopped_during_startup("the first step");

@@ -60,7 +60,7 @@ def check_checkpoint(path):
         root = f.attrs
         check(root["format"] == b"zerotrain-checkpoint" or root["format"] == "zerotrain-checkpoint",
               f"root format attribute: {root['format']!r}")
-        check(int(root["format_version"]) == 1, "format_version 1")
+        check(int(root["format_version"]) == 2, "format_version 2")
         tag = root["tag"].decode() if isinstance(root["tag"], bytes) else root["tag"]
         check(os.path.basename(path) == tag + ".h5", f"tag {tag} names the file")
         engine = f["engine"].attrs

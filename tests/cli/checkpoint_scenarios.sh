@@ -6,7 +6,8 @@
 #   usr1      SIGUSR1 to mpirun, which forwards it to every rank: the same save and exit 75. (SIGTERM
 #             to mpirun itself kills the ranks after a few seconds, whatever they do.)
 #   killsave  rank 0 killed half-way through writing a checkpoint (ZT_FAULT_INJECTION): the previous
-#             checkpoint stays 'latest' and loads, the half-written file never gets its final name.
+#             checkpoint stays 'latest' and loads, the half-written file never gets its final name
+#             (it had mode 0640 from its creation), and the next save removes it (its writer is gone).
 # usage: checkpoint_scenarios.sh MODE ZEROTRAIN CONFIG MPIEXEC [MPIEXEC_FLAGS...]
 set -euo pipefail
 mode=$1 zt=$2 config=$3
@@ -69,6 +70,10 @@ killsave)
   [ "$(cat "$work/ck/latest")" = global_step2 ] || fail "latest changed to $(cat "$work/ck/latest")"
   [ ! -e "$work/ck/global_step3.h5" ] || fail "a half-written checkpoint got its final name"
   ls -a "$work/ck" | grep -q '^\.global_step3\.h5\.tmp-' || fail "no temporary left: the kill did not come mid-save"
+  # The temporary had the final mode from its creation (0640), not the umask's 0644 (issue 16).
+  temporary=$(ls -a "$work/ck" | grep '^\.global_step3\.h5\.tmp-' | head -1)
+  temporary_mode=$(stat -c %a "$work/ck/$temporary")
+  [ "$temporary_mode" = 640 ] || fail "the half-written temporary has mode $temporary_mode, expected 640 (umask $(umask))"
   train -n 2 "$zt" train --config "$config" --steps 3 --save-dir "$work/ck" --resume auto >"$work/run3.txt" 2>&1 ||
     fail "resuming after the killed save failed"
   grep -q "resumed from $work/ck/global_step2.h5 at step 2" "$work/run3.txt" || fail "did not resume from global_step2"

@@ -392,6 +392,17 @@ TEST(ConfigErrors, OutOfRange) {
                   "gradient_allreduce_op: expected one of \"mean\", \"sum\", got \"max\"");
   EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"file_mode": 640}})"),
                   "checkpoint.file_mode: expected an octal permission string such as \"0640\", got 640");
+  // Permission bits that would let others replace a checkpoint, or run one as its owner (issue 16).
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"file_mode": "4777"}})"),
+                  "checkpoint.file_mode: \"4777\" sets the setuid bit (04000)");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"file_mode": "2640"}})"),
+                  "checkpoint.file_mode: \"2640\" sets the setgid bit (02000)");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"file_mode": "1640"}})"), "sets the sticky bit (01000)");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"file_mode": "0666"}})"),
+                  "checkpoint.file_mode: \"0666\" is writable by others (0002)");
+  EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"dir_mode": "0777"}})"),
+                  "checkpoint.dir_mode: \"0777\" is writable by others (0002)");
+  EXPECT_EQ(parse(R"({"checkpoint": {"dir_mode": "2750"}})").checkpoint.dir_mode, 02750u);
   EXPECT_CONTAINS(parse_error(R"({"checkpoint": {"tag_validation": "Sometimes"}})"),
                   "checkpoint.tag_validation");
 }
