@@ -275,7 +275,7 @@ case "$mode" in
       fail "no start-up stop message"
     grep -qs "tasks 0-1: Exited with exit code 75" "$out" || fail "the ranks did not all exit 75"
     grep -qs "requeueing job $job" "$out" || fail "not requeued"
-    grep -qs "no valid checkpoint in $work/checkpoints/job-$job; starting from step 0" "$out" ||
+    grep -qs "no checkpoint in $work/checkpoints/job-$job yet; starting from step 0" "$out" ||
       fail "the first run saved something, or the second did not start from step 0"
     [ "$(ls "$work/checkpoints/job-$job")" = "$(printf 'global_step30.h5\nlatest')" ] ||
       fail "checkpoints other than the final one: $(ls "$work/checkpoints/job-$job")"
