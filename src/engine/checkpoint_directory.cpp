@@ -88,8 +88,8 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, file_mode | 0200);
   bool writable = fd >= 0;
   if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  ZT_CHECK_AS(IoError, fd >= 0, "cannot open the checkpoint directory's lock file '", path.string(), "': ",
-              base::errno_text(errno),
+  ZT_CHECK_AS(IoError, fd >= 0, "cannot open the checkpoint directory's lock file '", path.string(),
+              "': ", base::errno_text(errno),
               errno == ELOOP ? " (it is a symbolic link; remove it)" : " (is the directory writable?)");
   struct stat status {};
   if (::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
