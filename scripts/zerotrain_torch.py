@@ -1,19 +1,31 @@
 #!/usr/bin/python3
 """A `zerotrain checkpoint export` in PyTorch: the GPT of bench/gpt_model.py with the exported
-weights, and a Hugging Face-style GPT-2 state_dict (docs/checkpoint-format.md, "Export").
+weights, and a Hugging Face-style GPT-2 state_dict (docs/checkpoint-format.md, "Export"); and the
+way back: PyTorch weights as the file `zerotrain checkpoint import` and "init": {"from": ...} read
+(docs/checkpoint-format.md, "Import").
 
     zerotrain_torch.py EXPORT.h5 [--hf-out DIR] [--loss-text FILE]
+    zerotrain_torch.py convert SOURCE --out WEIGHTS.h5 [--untie]
 
 --hf-out DIR writes DIR/pytorch_model.bin (the state_dict, GPT2LMHeadModel's names) and
 DIR/config.json (GPT2Config's keys). --loss-text FILE prints the mean cross-entropy over every
 sample of a text file (bytes as tokens, windows of seq_len + 1 tokens every seq_len, as
 zerotrain's data loader cuts them) with the loaded model and with the Hugging Face layout.
+convert: SOURCE is a Hugging Face GPT-2 checkpoint directory (config.json and pytorch_model.bin,
+or model.safetensors when the safetensors package is there), or one file holding a state_dict
+(torch.save: bench/gpt_model.py's names, or GPT2LMHeadModel's; a dict with "state_dict" or "model"
+inside is unwrapped; DDP's "module." and torch.compile's "_orig_mod." prefixes are dropped).
+GPT-2's names are mapped to zerotrain's, its Conv1D weights ([in, out]) transposed to Linear's
+[out, in], the attention-mask buffers dropped, and lm_head.weight written only when it differs
+from wte.weight (untied; --untie writes it anyway, for a config with tie_embeddings false). The
+output is fp32 with the export's root attributes; the model section it needs is printed.
 Needs h5py and torch (Debian: python3-h5py python3-torch). Installed with gpt_model.py next to it.
 """
 import argparse
 import json
 import math
 import os
+import re
 import sys
 
 import h5py
@@ -79,6 +91,107 @@ def hugging_face_config(config):
 # --- docs/checkpoint-format.md: export-to-torch (end) ---
 
 
+# --- docs/checkpoint-format.md: torch-to-zerotrain (begin) ---
+GPT2_RENAMES = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj",
+                "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
+
+
+def zerotrain_state_dict(state_dict):
+    """zerotrain's names (those of bench/gpt_model.py's Gpt) for a GPT-2 state_dict: GPT2LMHeadModel's
+    (transformer.h.0.attn.c_attn.weight, ...; Conv1D weights [in, out] transposed) or the twin's own."""
+    tensors = {}
+    for name, tensor in state_dict.items():
+        for prefix in ("module.", "_orig_mod."):  # DDP, torch.compile
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        if name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+            continue  # GPT-2's causal-mask buffers, not parameters
+        hugging_face = name.startswith("transformer.")
+        name = name[len("transformer."):] if hugging_face else name
+        layer = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", name)
+        if layer and layer.group(2) in GPT2_RENAMES:
+            module = GPT2_RENAMES[layer.group(2)]
+            if layer.group(3) == "weight" and not module.startswith("ln"):
+                tensor = tensor.t()  # Conv1D keeps [in, out]
+            name = f"h.{layer.group(1)}.{module}.{layer.group(3)}"
+        tensors[name] = tensor.detach().to(torch.float32).contiguous()
+    # GPT-2 ties lm_head to wte: one tensor in zerotrain (tie_embeddings true) unless they differ.
+    if "lm_head.weight" in tensors and torch.equal(tensors["lm_head.weight"], tensors.get("wte.weight")):
+        del tensors["lm_head.weight"]
+    return tensors
+
+
+def write_weights(tensors, path, attributes):
+    """The layout of `zerotrain checkpoint export`: one fp32 dataset per tensor at the root, by name."""
+    with h5py.File(path, "w") as f:
+        for name, tensor in sorted(tensors.items()):
+            f.create_dataset(name, data=tensor.numpy())
+        for key, value in attributes.items():
+            f.attrs[key] = value
+# --- docs/checkpoint-format.md: torch-to-zerotrain (end) ---
+
+
+def load_state_dict(source):
+    """The state_dict in SOURCE (a Hugging Face directory or a file), and GPT2Config's keys if any."""
+    hf_config = {}
+    if os.path.isdir(source):
+        if os.path.exists(os.path.join(source, "config.json")):
+            hf_config = json.load(open(os.path.join(source, "config.json")))
+        for candidate in ("model.safetensors", "pytorch_model.bin"):
+            if os.path.exists(os.path.join(source, candidate)):
+                source = os.path.join(source, candidate)
+                break
+        else:
+            sys.exit(f"zerotrain_torch.py convert: {source} has neither pytorch_model.bin nor model.safetensors")
+    if source.endswith(".safetensors"):
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            sys.exit(f"zerotrain_torch.py convert: reading {source} needs the safetensors package")
+        return load_file(source), hf_config
+    try:
+        loaded = torch.load(source, map_location="cpu", weights_only=True)
+    except TypeError:  # torch before 1.13: no weights_only
+        loaded = torch.load(source, map_location="cpu")
+    for key in ("state_dict", "model"):
+        if isinstance(loaded, dict) and isinstance(loaded.get(key), dict):
+            loaded = loaded[key]
+    if not isinstance(loaded, dict):
+        sys.exit(f"zerotrain_torch.py convert: {source} holds a {type(loaded).__name__}, not a state_dict")
+    return loaded, hf_config
+
+
+def convert_main(argv):
+    parser = argparse.ArgumentParser(prog="zerotrain_torch.py convert",
+                                     description="PyTorch GPT-2 weights as a file zerotrain imports")
+    parser.add_argument("source")
+    parser.add_argument("--out", required=True, metavar="WEIGHTS.h5")
+    parser.add_argument("--untie", action="store_true", help="write lm_head.weight even when tied to wte")
+    args = parser.parse_args(argv)
+    state_dict, hf_config = load_state_dict(args.source)
+    tensors = zerotrain_state_dict(state_dict)
+    tied = "lm_head.weight" not in tensors
+    if args.untie and tied:
+        tensors["lm_head.weight"] = tensors["wte.weight"].clone()
+    missing = [n for n in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias") if n not in tensors]
+    if missing:
+        sys.exit(f"zerotrain_torch.py convert: {args.source} is not a GPT-2 state_dict: no {', '.join(missing)}")
+    vocab, d_model = tensors["wte.weight"].shape
+    model = {"type": "gpt", "n_layer": len({n.split(".")[1] for n in tensors if n.startswith("h.")}),
+             "n_head": int(hf_config.get("n_head", 0)) or "?", "d_model": int(d_model),
+             "seq_len": int(tensors["wpe.weight"].shape[0]), "vocab_size": int(vocab),
+             "tie_embeddings": tied and not args.untie}
+    attributes = {"source": os.path.abspath(args.source), "model_type": "gpt", "dtype": "fp32",
+                  "tie_embeddings": int(model["tie_embeddings"])}
+    for key in ("n_layer", "d_model", "seq_len", "vocab_size"):
+        attributes[key] = model[key]
+    if model["n_head"] != "?":
+        attributes["n_head"] = model["n_head"]
+    write_weights(tensors, args.out, attributes)
+    print(f"wrote {len(tensors)} tensors ({sum(t.numel() for t in tensors.values())} elements, fp32) to {args.out}")
+    print('its "model" section: ' + json.dumps(model) + ("" if model["n_head"] != "?" else
+          "  (n_head is not in the weights: take it from the model's config)"))
+
+
 def hugging_face_logits(hf, config, tokens):
     """GPT-2's forward written over the Hugging Face names (Conv1D: x @ weight + bias), to check them."""
     n_head, eps = int(config["n_head"]), float(config["layer_norm_epsilon"])
@@ -110,6 +223,8 @@ def text_samples(path, seq_len):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "convert":
+        return convert_main(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("export")
     parser.add_argument("--hf-out", metavar="DIR")

@@ -239,6 +239,16 @@ struct DataConfig {
   DataFormat format = DataFormat::automatic;
 };
 
+/// "init" (zerotrain): the weights training starts from (docs/config.md, "init";
+/// docs/adaptation-reference.md).
+struct InitConfig {
+  /// A plain HDF5 file of named tensors (the layout of `zerotrain checkpoint export`, or
+  /// scripts/zerotrain_torch.py convert's output): zt::train loads it into the model before the
+  /// first step (Engine::load_weights) unless it resumes from a checkpoint. nullopt: the seed's
+  /// random initialization.
+  std::optional<std::string> from;
+};
+
 /// "comm" (zerotrain): the watchdog's collective timeout (docs/fault-detection.md).
 struct CommConfig {
   /// Seconds; 0 (or "off" in the file) turns the watchdog off; else kMinimumCollectiveTimeoutSeconds
@@ -341,6 +351,12 @@ class Config {
   std::optional<ModelConfig> model;  // zerotrain
   std::optional<DataConfig> data;    // zerotrain
   CommConfig comm;                   // zerotrain
+  InitConfig init;                   // zerotrain
+  /// zerotrain: "freeze": parameters that do not train, by name: shell globs ("wte.*", "h.0.*"; `*`
+  /// and `?` match any characters, dots included) or, with the prefix "re:", ECMAScript regular
+  /// expressions that must match the whole name ("re:h\\.[0-3]\\..*"). Empty: every parameter trains.
+  /// docs/config.md, "freeze"; EngineOptions::freeze takes a predicate instead.
+  std::vector<std::string> freeze;
 
  private:
   friend class ConfigParser;
@@ -350,5 +366,13 @@ class Config {
   std::string raw_json_ = "{}";
   std::string source_ = "<string>";
 };
+
+/// Whether parameter `name` matches a "freeze" pattern: a shell glob (fnmatch(3) without flags: `*`
+/// and `?` match any characters, dots included, `[...]` a class) or "re:REGEX", an ECMAScript regular
+/// expression that must match the whole name.
+bool freeze_pattern_matches(const std::string& pattern, const std::string& name);
+/// Why a "freeze" pattern cannot be used ("" when it can): an empty pattern or regular expression,
+/// or one that does not compile.
+std::string freeze_pattern_problem(const std::string& pattern);
 
 }  // namespace zt

@@ -144,6 +144,12 @@ struct EngineOptions {
   /// (the CUDA training path comes next); Device::emulated() runs the host kernels on memory only
   /// the device API may touch, which proves the engine has no host-only path left.
   Device device = Device::host();
+  /// Parameters that do not train, by name, besides the config's "freeze" patterns
+  /// (zt::freeze_pattern_matches): true freezes the parameter. Frozen parameters get no gradient,
+  /// no optimizer state (no fp32 master either: their value stays in the compute dtype) and no
+  /// reduction traffic; they are held whole on every rank (at stage 3 too) and saved in checkpoints
+  /// by name (docs/adaptation-reference.md).
+  std::function<bool(const std::string& name)> freeze = {};
 };
 
 class Engine {
@@ -199,6 +205,14 @@ class Engine {
   /// a missing, truncated or corrupted file, or a model that does not match, is a zt::IoError
   /// naming the file and the dataset.
   LoadResult load_checkpoint(const std::string& dir, const LoadOptions& options = {});
+  /// Set every parameter from a plain HDF5 file of named tensors (the layout of `zerotrain
+  /// checkpoint export`: datasets at the root named as the model's parameters, fp32, fp64 or bf16
+  /// bits; scripts/zerotrain_torch.py convert writes one from PyTorch; docs/checkpoint-format.md,
+  /// "Import"). Collective. The file is checked first: a tensor of another shape or element type,
+  /// missing and unexpected tensors are a zt::IoError naming each; a tied model takes a file's
+  /// lm_head.weight when it equals wte.weight. Counters and optimizer states are left as they are
+  /// (at step 0: zero). Returns the number of tensors loaded.
+  std::size_t load_weights(const std::string& path);
 
   bool is_gradient_accumulation_boundary() const;
   std::int64_t global_steps() const;
@@ -222,7 +236,11 @@ class Engine {
   Communicator& data_parallel();
   int data_parallel_rank() const;
   int data_parallel_size() const;
+  /// Elements of the trainable parameters (those the plan partitions; frozen ones not counted).
   std::int64_t parameter_count() const;
+  /// The frozen parameters (EngineOptions::freeze, the config's "freeze"), in the model's order.
+  std::vector<std::string> frozen_parameters() const;
+  std::int64_t frozen_parameter_count() const;
   int zero_stage() const;
   /// Where the fp32 master and the optimizer states of this rank live.
   OptimizerStatesPlacement optimizer_states_placement() const;
@@ -249,6 +267,13 @@ std::unique_ptr<nn::Module> build_model(const Config& config);
 /// (zt::nn::gpt_layers, mlp_layers) split by pipeline.partition into pipeline.stages stages. The
 /// stages together compute what build_model(config) does, with the same parameter names and values.
 std::unique_ptr<nn::Module> build_model(const Config& config, int stage);
+/// `zerotrain checkpoint import`: build the config's model (collective over the runtime's world),
+/// load `weights` into it (Engine::load_weights) and save it to DIR as a step-0 checkpoint through
+/// the engine's writer (tag options.tag, default "global_step0"; file and directory modes from the
+/// config's "checkpoint" section), which loads at any world size and ZeRO stage. The config's
+/// init.from is ignored. Returns the checkpoint file's path.
+std::string import_weights(Runtime& runtime, const std::string& weights, Config config,
+                           const std::string& dir, SaveOptions options = {});
 /// This rank's pipeline stage in the grid the engine makes from the config (no EngineOptions.grid):
 /// world rank / (world size / pipeline.stages).
 int pipeline_stage_of(const Runtime& runtime, const Config& config);

@@ -75,6 +75,10 @@ struct MemoryEstimate {
   /// Bytes of optimizer state per parameter: fp32 master (4, in bf16/fp16) + moments (Adam 8,
   /// SGD with momentum 4, plain SGD 0). Mixed-precision Adam: K = 12 as in the ZeRO paper.
   int optimizer_bytes_per_parameter = 0;
+  /// "freeze": the frozen parameters' elements (Ψf, not counted in parameters_count) and their bytes,
+  /// included in `parameters` (held whole on every rank, in the compute dtype; no gradient or state).
+  std::int64_t frozen_parameters_count = 0;
+  std::uint64_t frozen_parameters = 0;
 
   // ---- zero_optimization.offload_optimizer (docs/offload.md) ----------------------------------
   OffloadDevice offload_device = OffloadDevice::none;

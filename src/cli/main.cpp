@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "base/text.hpp"
+#include "src/cli/checkpoint_import.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
@@ -68,6 +69,9 @@ constexpr const char* kUsage =
     "  checkpoint export DIR [--tag T] --out FILE.h5 [--dtype fp32|bf16]\n"
     "                             the parameters alone, by name and shape, in a plain HDF5 file\n"
     "                             (checksums verified first)\n"
+    "  checkpoint import WEIGHTS.h5 --config C --out DIR [--tag T]\n"
+    "                             named tensors (the export's layout) as a step-0 checkpoint of C's\n"
+    "                             model in DIR (tag global_step0); collective, runs under mpirun\n"
     "                             DIR/TAG.h5 is read, TAG from DIR/latest unless --tag; DIR may be a .h5\n"
     "                             file; one process (no mpirun needed); exit 0 ok, 1 damaged or\n"
     "                             unreadable checkpoint or failed write, 2 bad arguments, 3 not found\n"
@@ -387,6 +391,9 @@ std::string plain_message(const std::exception& error) {
 /// zerotrain checkpoint inspect|verify|export DIR [--tag T] [--out FILE.h5] [--dtype fp32|bf16]:
 /// rank 0 alone reads the file (no collective), every rank exits with its code.
 int checkpoint_command(zt::Runtime& runtime, int argc, char** argv) {
+  // import builds the model on every rank of the job (src/cli/checkpoint_import.cpp).
+  if (argc > 2 && std::string_view(argv[2]) == "import")
+    return zt::cli::checkpoint_import_command(runtime, argc, argv);
   int code = 0;
   if (runtime.world_rank() == 0) {
     const std::string action = argc > 2 ? argv[2] : "";

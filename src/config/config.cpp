@@ -2,11 +2,14 @@
 // /work/shared/reference/deepspeed-semantics.md §1 and docs/config.md); messages name JSON paths.
 #include "zerotrain/config.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 
 #include "base/permission_bits.hpp"
@@ -172,6 +175,8 @@ class ConfigParser {
     parse_monitor(config.csv_monitor, top.child("csv_monitor"));
     parse_alerts(config, top.child("alerts"));
     parse_comm(config, top.child("comm"));
+    parse_init(config, top.child("init"));
+    parse_freeze(config, top);
     check_across_sections(config, top);
     parse_data_types(config, top.child("data_types"));  // after fp16/bf16 are known to agree
     top.finish();
@@ -900,6 +905,35 @@ class ConfigParser {
     s.finish();
   }
 
+  /// zerotrain's "init": {"from": PATH}, the weights training starts from. Unknown keys are errors:
+  /// a misspelt "from" would otherwise start from random weights without a word.
+  static void parse_init(Config& c, Section s) {
+    if (!s.present()) return;
+    c.init.from = s.optional_string("from");
+    if (c.init.from && c.init.from->empty()) s.fail("from", "expected the path of a weights file, got \"\"");
+    s.finish_strict("\"from\" (the weights file, docs/config.md \"init\")");
+  }
+
+  /// zerotrain's "freeze": a list of parameter-name patterns (globs, or "re:" regular expressions).
+  static void parse_freeze(Config& c, Section& top) {
+    const json* value = top.find("freeze");
+    if (value == nullptr) return;
+    const char* expected =
+        "a list of parameter-name patterns, e.g. [\"wte.*\", \"h.0.*\"] (globs, or \"re:\" "
+        "followed by a regular expression)";
+    if (!value->is_array()) top.type_error("freeze", *value, expected);
+    for (std::size_t i = 0; i < value->size(); ++i) {
+      const json& item = (*value)[i];
+      const std::string key = "freeze[" + std::to_string(i) + "]";
+      if (!item.is_string() || item.get_ref<const std::string&>().empty())
+        top.type_error(key, item, "a non-empty pattern string");
+      const std::string& pattern = item.get_ref<const std::string&>();
+      if (const std::string problem = freeze_pattern_problem(pattern); !problem.empty())
+        top.fail(key, problem);
+      c.freeze.push_back(pattern);
+    }
+  }
+
   static void check_across_sections(const Config& c, Section& top) {
     if (c.fp16.enabled && c.bf16.enabled) {
       top.fail("fp16", "fp16.enabled and bf16.enabled are both true; enable at most one");
@@ -1086,6 +1120,24 @@ const BatchSizes& Config::resolve_batch(int data_parallel_size) {
   }
   resolved_batch_ = BatchSizes{*tb, *mb, *gas, data_parallel_size};
   return *resolved_batch_;
+}
+
+bool freeze_pattern_matches(const std::string& pattern, const std::string& name) {
+  if (pattern.starts_with("re:"))
+    return std::regex_match(name, std::regex(pattern.substr(3), std::regex::ECMAScript));
+  return ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
+
+std::string freeze_pattern_problem(const std::string& pattern) {
+  if (pattern.empty()) return "an empty pattern matches no parameter";
+  if (!pattern.starts_with("re:")) return "";
+  if (pattern.size() == 3) return "\"re:\" needs a regular expression after it";
+  try {
+    (void)std::regex(pattern.substr(3), std::regex::ECMAScript);
+  } catch (const std::regex_error& error) {
+    return "\"" + pattern + "\" is not a valid regular expression (" + error.what() + ")";
+  }
+  return "";
 }
 
 }  // namespace zt

@@ -294,6 +294,8 @@ std::string Config::to_json_string(int indent) const {
     j["data"] = nullptr;
   }
   j["comm"] = {{"timeout_s", comm.timeout_s.value_or(kDefaultCollectiveTimeoutSeconds)}, {"backend", "auto"}};
+  j["init"] = {{"from", optional_value(init.from)}};
+  j["freeze"] = freeze;
   return j.dump(indent);
 }
 

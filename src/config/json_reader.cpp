@@ -366,6 +366,16 @@ void Section::finish() {
   }
 }
 
+void Section::finish_strict(std::string_view known_keys) {
+  if (object_ == nullptr) return;
+  for (const auto& [key, value] : object_->items()) {
+    if (known_.contains(key)) continue;
+    std::string message = "unknown key";
+    if (auto suggestion = closest_match(key, known_)) message += "; did you mean '" + *suggestion + "'?";
+    fail(key, message + "; expected " + std::string(known_keys));
+  }
+}
+
 void Section::fail(std::string_view key, std::string_view message) const {
   context_->fail(path_of(key), message);
 }

@@ -120,6 +120,9 @@ class Section {
   void accept(std::string_view key) { known_.emplace(key); }
   /// Warn about every present key that no read asked for. Call after all reads.
   void finish();
+  /// The same, but an unknown key is an error (zt::ConfigError naming it and `known_keys`), for
+  /// sections where an ignored key would silently change what runs.
+  void finish_strict(std::string_view known_keys);
 
   [[noreturn]] void fail(std::string_view key, std::string_view message) const;
   [[noreturn]] void type_error(std::string_view key, const json& value, std::string_view expected) const;

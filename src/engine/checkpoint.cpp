@@ -80,6 +80,16 @@ void sum_checksums(Communicator& communicator, std::vector<std::uint64_t>& sums)
   communicator.all_reduce(sums.data(), sums.data(), sums.size(), DType::int64, ReduceOp::sum);
 }
 
+/// Whether the checkpoint records parameter `name` as frozen (/model attribute `frozen`).
+bool saved_frozen(const io::H5File& file, const std::string& name) {
+  if (!file.has_attribute("model", "frozen")) return false;
+  std::istringstream lines(file.string_attribute("model", "frozen"));
+  for (std::string line; std::getline(lines, line);) {
+    if (line == name) return true;
+  }
+  return false;
+}
+
 const char* role_name(nn::ParallelRole role) {
   return role == nn::ParallelRole::sharded ? "sharded" : "replicated";
 }
@@ -87,13 +97,16 @@ const char* role_name(nn::ParallelRole role) {
 }  // namespace
 
 Checkpointer::Checkpointer(const PartitionPlan& plan, const ParallelContext& parallel, ZeroStrategy& strategy,
-                           OptimizerStates& states, nn::Module& model, std::vector<char> saved_here)
+                           OptimizerStates& states, nn::Module& model, std::vector<char> saved_here,
+                           std::vector<nn::Parameter*> frozen, const ExecutionContext& execution)
     : plan_(plan),
       parallel_(parallel),
       strategy_(strategy),
       states_(states),
       model_(model),
-      saved_here_(std::move(saved_here)) {
+      saved_here_(std::move(saved_here)),
+      frozen_(std::move(frozen)),
+      execution_(execution) {
   ZT_CHECK(saved_here_.size() == plan_.size(), "checkpointer: ", saved_here_.size(), " flags for ",
            plan_.size(), " parameters");
   for (const FlatParameter& slot : plan_.layout()) {
@@ -135,6 +148,7 @@ Checkpointer::Checkpointer(const PartitionPlan& plan, const ParallelContext& par
       global_.push_back(std::move(parameter));
     }
   }
+  for (const nn::Parameter* parameter : frozen_) global_parameter_count_ += parameter->value.numel();
 }
 
 std::vector<Checkpointer::GlobalDropout> Checkpointer::global_dropouts() const {
@@ -245,6 +259,23 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
       file.set_attribute(name, "shard_dim", parameter.shard_dim);
       file.set_attribute(name, "pipeline_stage", parameter.stage);
     }
+    // Frozen parameters: whole on every rank, in the compute dtype; rank 0 writes them widened to
+    // fp32, with no optimizer state.
+    std::string frozen_names;
+    for (const nn::Parameter* parameter : frozen_) {
+      const std::string name = "model/" + parameter->name;
+      const Shape& shape = parameter->value.shape();
+      file.create_dataset(name, std::vector<std::int64_t>(shape.begin(), shape.end()), DType::fp32);
+      const std::vector<float> values = frozen_value(*parameter);
+      const std::int64_t count = everyone.rank() == 0 ? parameter->value.numel() : 0;
+      file.write_range(name, 0, count, values.data(), DType::fp32);
+      names.push_back(name);
+      sums.push_back(io::range_checksum(values.data(), sizeof(float), 0, count));
+      file.set_attribute(name, "role", std::string("replicated"));
+      file.set_attribute(name, "shard_dim", std::int64_t{0});
+      file.set_attribute(name, "pipeline_stage", std::int64_t{0});
+      frozen_names += parameter->name + "\n";
+    }
     if (const char* fault = std::getenv("ZT_FAULT_INJECTION");
         fault != nullptr && std::string_view(fault) == "kill_during_checkpoint_save" &&
         everyone.rank() == 0) {
@@ -319,7 +350,8 @@ std::string Checkpointer::save(const std::string& dir, const SaveOptions& option
       file.set_attribute("optimizer", "step", optimizer.step_count());
     }
     file.set_attribute("model", "parameters", global_parameter_count_);
-    file.set_attribute("model", "tensors", static_cast<std::int64_t>(global_.size()));
+    file.set_attribute("model", "tensors", static_cast<std::int64_t>(global_.size() + frozen_.size()));
+    if (!frozen_names.empty()) file.set_attribute("model", "frozen", frozen_names);
     if (file.exists("optimizer")) {
       std::string listed;
       for (std::string_view state_name : state_names) listed += std::string(state_name) + "\n";
@@ -386,6 +418,15 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
                   "' has shape ", base::shape_text(stored), " but the model's parameter has ",
                   base::shape_text(parameter.shape));
     }
+    for (const nn::Parameter* parameter : frozen_) {
+      const std::string name = "model/" + parameter->name;
+      ZT_CHECK_AS(IoError, file.kind(name) == io::H5File::ObjectKind::dataset, "checkpoint '", path,
+                  "' has no dataset '", name, "': it was saved from another model");
+      const std::vector<std::int64_t> shape(parameter->value.shape().begin(), parameter->value.shape().end());
+      ZT_CHECK_AS(IoError, file.shape(name) == shape, "checkpoint '", path, "' dataset '", name,
+                  "' has shape ", base::shape_text(file.shape(name)), " but the model's parameter has ",
+                  base::shape_text(shape));
+    }
     ZT_CHECK_AS(IoError, file.int_attribute("model", "parameters") == global_parameter_count_, "checkpoint '",
                 path, "' holds ", file.int_attribute("model", "parameters"),
                 " parameter elements, the model ", global_parameter_count_,
@@ -412,6 +453,7 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
       for (std::string_view state_name : optimizer.state_names()) {
         for (const GlobalParameter& parameter : global_) {
           const std::string name = "optimizer/" + std::string(state_name) + "/" + parameter.name;
+          if (saved_frozen(file, parameter.name)) continue;  // frozen when saved: its state starts at zero
           ZT_CHECK_AS(IoError, file.kind(name) == io::H5File::ObjectKind::dataset, "checkpoint '", path,
                       "' has no dataset '", name, "'");
           ZT_CHECK_AS(IoError, file.shape(name) == parameter.shape, "checkpoint '", path, "' dataset '", name,
@@ -456,6 +498,13 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
   };
   std::vector<float> values;
   std::vector<float> owned;
+  // Parameters frozen when the checkpoint was saved have no optimizer state there.
+  std::vector<char> state_skipped(names.size(), 0);
+  for (std::size_t g = 0; g < global_.size(); ++g) {
+    if (!saved_frozen(file, global_[g].name)) continue;
+    for (std::size_t k = 0; k < loading_optimizer.state_names().size(); ++k)
+      state_skipped[(1 + k) * global_.size() + g] = 1;
+  }
   for (std::size_t i = 0; i < layout.size(); ++i) {
     const std::string name = "model/" + layout[i].name;
     const auto [held_first, held_count] = strategy_.held_range(i);
@@ -479,6 +528,10 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
         const std::string name = "optimizer/" + std::string(state_names[k]) + "/" + layout[i].name;
         const auto [first, count] = owned_range(i);
         owned.assign(static_cast<std::size_t>(plan_.owned()[i].count), 0.0f);
+        if (saved_frozen(file, layout[i].name)) {  // trained from here on: its state starts at zero
+          states_.write_state(k, i, owned.data());
+          continue;
+        }
         file.read_range(name, first, count, owned.data(), DType::fp32);
         add_checksum(1 + k, i, owned.data(), first);
         states_.write_state(k, i, owned.data());
@@ -486,11 +539,23 @@ LoadResult Checkpointer::load(const std::string& dir, const LoadOptions& options
     }
   }
   states_.flush();  // the last sub-group's changes reach the swap file
+  // Frozen parameters: every rank reads the whole tensor and checks its checksum alone.
+  for (nn::Parameter* parameter : frozen_) {
+    const std::string name = "model/" + parameter->name;
+    values.assign(static_cast<std::size_t>(parameter->value.numel()), 0.0f);
+    file.read_range(name, 0, parameter->value.numel(), values.data(), DType::fp32);
+    const std::uint64_t sum = io::range_checksum(values.data(), sizeof(float), 0, parameter->value.numel());
+    ZT_CHECK_AS(IoError, sum == file.uint_attribute(name, "checksum"), "checkpoint '", path, "' dataset '",
+                name, "' does not match its checksum (stored ", file.uint_attribute(name, "checksum"),
+                ", computed ", sum, "): the file is corrupted");
+    set_frozen_value(*parameter, values.data());
+  }
   // Without the optimizer states only the model's datasets were read.
   const std::size_t checked = load_optimizer ? names.size() : global_.size();
   sums.resize(checked);
   sum_checksums(everyone, sums);
   for (std::size_t k = 0; k < checked; ++k) {
+    if (state_skipped[k]) continue;
     const std::uint64_t stored = file.uint_attribute(names[k], "checksum");
     ZT_CHECK_AS(IoError, stored == sums[k], "checkpoint '", path, "' dataset '", names[k],
                 "' does not match its checksum (stored ", stored, ", computed ", sums[k],

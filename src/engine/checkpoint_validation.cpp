@@ -132,8 +132,21 @@ std::int64_t check_checkpoint_file(const io::H5File& file) {
           fail("holds an optimizer state '/optimizer/", state, "' that /optimizer does not list");
       }
     }
+    // Frozen parameters (/model attribute `frozen`, one name per line) have no optimizer state.
+    std::vector<std::string> frozen;
+    if (file.has_attribute("model", "frozen")) frozen = lines_of(file.string_attribute("model", "frozen"));
+    for (const std::string& name : frozen) {
+      if (!model.count(name))
+        fail("records '", name, "' as frozen (/model attribute frozen) but has no dataset 'model/", name,
+             "'");
+    }
     for (const auto& [state, names] : states) {
       for (const auto& [name, shape] : model) {
+        if (std::find(frozen.begin(), frozen.end(), name) != frozen.end()) {
+          if (names.count(name))
+            fail("has a dataset 'optimizer/", state, "/", name, "' of a frozen parameter");
+          continue;
+        }
         const auto found = names.find(name);
         if (found == names.end()) fail("has no dataset 'optimizer/", state, "/", name, "'");
         if (found->second != shape)

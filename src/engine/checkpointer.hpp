@@ -14,6 +14,7 @@
 #include "src/engine/zero_strategy.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/loss_scaler.hpp"
 #include "zerotrain/lr_scheduler.hpp"
 #include "zerotrain/nn.hpp"
@@ -46,13 +47,22 @@ class Checkpointer {
   /// `saved_here[i]`: this stage saves parameter i of the plan (false for a tied copy of a lower
   /// stage's parameter, which that stage saves). Collective over the pipeline group (the stages
   /// exchange what they save: a checkpoint holds every stage's parameters in one global layout).
+  ///
+  /// `frozen`: the parameters outside the plan (EngineOptions::freeze, the config's "freeze"), held
+  /// whole on every rank in the compute dtype on `execution`'s device; saved by name as the others,
+  /// without optimizer state, and listed in /model attribute `frozen`.
   Checkpointer(const PartitionPlan& plan, const ParallelContext& parallel, ZeroStrategy& strategy,
-               OptimizerStates& states, nn::Module& model, std::vector<char> saved_here);
+               OptimizerStates& states, nn::Module& model, std::vector<char> saved_here,
+               std::vector<nn::Parameter*> frozen, const ExecutionContext& execution);
 
   /// Save to DIR/TAG.h5 (collective over every rank of the grid); returns the tag.
   std::string save(const std::string& dir, const SaveOptions& options, const TrainingState& state);
   /// Load a checkpoint of any world size and stage (collective); checksums are verified.
   LoadResult load(const std::string& dir, const LoadOptions& options, TrainingState state);
+  /// Set every parameter from a plain HDF5 file of named tensors (Engine::load_weights; collective):
+  /// rank 0 checks names, shapes and element types first and refuses a file that does not fit with
+  /// every mismatch, missing and unexpected tensor named. Returns the number of tensors loaded.
+  std::size_t load_weights(const std::string& path);
 
  private:
   /// Whether this rank's copy of parameter `index` counts in the file: every tensor-parallel rank
@@ -81,6 +91,10 @@ class Checkpointer {
   };
   /// Every stage's dropouts in stage order, with their current streams (collective over the pipeline group).
   std::vector<GlobalDropout> global_dropouts() const;
+  /// A frozen parameter's value from fp32 `values` (its whole tensor), in the compute dtype.
+  void set_frozen_value(nn::Parameter& parameter, const float* values) const;
+  /// A frozen parameter's value as fp32.
+  std::vector<float> frozen_value(const nn::Parameter& parameter) const;
 
   const PartitionPlan& plan_;
   const ParallelContext& parallel_;
@@ -88,9 +102,11 @@ class Checkpointer {
   OptimizerStates& states_;
   nn::Module& model_;
   std::vector<char> saved_here_;
-  std::vector<GlobalParameter> global_;  // stage by stage, each in its plan's order
-  std::vector<std::int64_t> global_of_;  // per plan index: its position in global_, or -1 (a tied copy)
-  std::int64_t global_parameter_count_ = 0;
+  std::vector<nn::Parameter*> frozen_;
+  const ExecutionContext& execution_;
+  std::vector<GlobalParameter> global_;      // stage by stage, each in its plan's order
+  std::vector<std::int64_t> global_of_;      // per plan index: its position in global_, or -1 (a tied copy)
+  std::int64_t global_parameter_count_ = 0;  // every parameter's elements, the frozen ones' too
   /// Rank 0's locks of the directories this engine saved into, held for the engine's life.
   std::vector<std::shared_ptr<CheckpointDirectoryLock>> directory_locks_;
 };

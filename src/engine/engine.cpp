@@ -128,6 +128,30 @@ void use_cores_of_this_node(const Runtime& runtime) {
 
 }  // namespace
 
+namespace {
+
+/// Whether a parameter is frozen: the caller's predicate, or any of the config's "freeze" patterns.
+std::function<bool(const std::string&)> freeze_rule(const Config& config,
+                                                    std::function<bool(const std::string&)> predicate) {
+  return [patterns = config.freeze, predicate = std::move(predicate)](const std::string& name) {
+    if (predicate && predicate(name)) return true;
+    return std::any_of(patterns.begin(), patterns.end(),
+                       [&](const std::string& pattern) { return freeze_pattern_matches(pattern, name); });
+  };
+}
+
+std::vector<nn::Parameter*> parameters_where(const std::vector<nn::Parameter*>& all,
+                                             const std::function<bool(const std::string&)>& frozen,
+                                             bool want_frozen) {
+  std::vector<nn::Parameter*> selected;
+  for (nn::Parameter* parameter : all) {
+    if (frozen(parameter->name) == want_frozen) selected.push_back(parameter);
+  }
+  return selected;
+}
+
+}  // namespace
+
 DType compute_dtype_of(const Config& config) {
   return config.compute_dtype();
 }
@@ -164,7 +188,9 @@ class Engine::Impl {
   ExternalModel* external_;  // the caller's buffers (bring your own model), or null
   DType compute_dtype_;
   LossScaler loss_scaler_;
-  std::vector<nn::Parameter*> parameters_;
+  std::function<bool(const std::string&)> is_frozen_;
+  std::vector<nn::Parameter*> parameters_;  // the trainable ones: the plan's
+  std::vector<nn::Parameter*> frozen_;      // outside the plan: no gradient, optimizer state or reduction
   engine_detail::PartitionPlan plan_;
   std::vector<engine_detail::ModuleUse> uses_;
   std::vector<std::pair<nn::Module*, nn::HookHandle>> hooks_;
@@ -233,6 +259,8 @@ class Engine::Impl {
   const StepReport& train_pipelined(const std::function<Batch(std::int64_t)>& micro_batch);
   double eval_pipelined(const Batch& batch);
   void check_not_pipelined(const char* call) const;
+  /// The frozen parameters: refuse what cannot be frozen, drop their gradients, move them to the device.
+  void set_up_frozen_parameters();
 };
 
 Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOptions options)
@@ -247,7 +275,9 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       external_(dynamic_cast<ExternalModel*>(&model)),
       compute_dtype_(compute_dtype_of(config_)),
       loss_scaler_(compute_dtype_, loss_scaler_params_of(config_)),
-      parameters_(model.parameters()),
+      is_frozen_(freeze_rule(config_, options.freeze)),
+      parameters_(parameters_where(model.parameters(), is_frozen_, false)),
+      frozen_(parameters_where(model.parameters(), is_frozen_, true)),
       plan_(engine_detail::planned_parameters(parameters_),
             engine_detail::plan_settings(config_, parallel_.data().size(), parallel_.data().rank(),
                                          parallel_.tensor().size(), parallel_.tensor().rank())) {
@@ -303,6 +333,7 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
              parameter->value.device().str(), "; build the model on the host, the engine moves it");
   }
 
+  set_up_frozen_parameters();
   if (external_ == nullptr) uses_ = find_module_uses();
   strategy_ = engine_detail::make_zero_strategy({.plan = plan_,
                                                  .execution = execution_,
@@ -324,7 +355,7 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
   if (auto* sharded = dynamic_cast<engine_detail::ShardedParameters*>(strategy_.get()))
     sharded->drop_initial_shard();
   checkpointer_ = std::make_unique<engine_detail::Checkpointer>(plan_, parallel_, *strategy_, *states_,
-                                                                model_, counts_in_norm_);
+                                                                model_, counts_in_norm_, frozen_, execution_);
   grad_check_ = execution_.allocate(sizeof(kernels::GradCheckScalars), MemoryCategory::other);
   loss_sum_ = execution_.allocate(sizeof(double), MemoryCategory::other);
   execution_.zero(loss_sum_.data(), loss_sum_.size());
@@ -346,6 +377,7 @@ std::vector<engine_detail::ModuleUse> Engine::Impl::find_module_uses() {
   for (nn::Module* module : model_.modules()) {
     std::vector<std::size_t> used;
     auto add = [&](const nn::Parameter* parameter) {
+      if (std::find(frozen_.begin(), frozen_.end(), parameter) != frozen_.end()) return;  // no hooks needed
       const auto found = index_of.find(parameter);
       ZT_CHECK(found != index_of.end(), "module '", module->name(), "' (", module->type_name(),
                ") uses a parameter that is not among the model's parameters");
@@ -357,6 +389,43 @@ std::vector<engine_detail::ModuleUse> Engine::Impl::find_module_uses() {
     uses.push_back({.index = uses.size(), .module = module, .parameters = std::move(used)});
   }
   return uses;
+}
+
+void Engine::Impl::set_up_frozen_parameters() {
+  if (frozen_.empty() && config_.freeze.empty()) return;
+  const std::vector<nn::Parameter*> all = model_.parameters();
+  for (std::size_t k = 0; k < config_.freeze.size(); ++k) {
+    const std::string& pattern = config_.freeze[k];
+    const bool matches = std::any_of(all.begin(), all.end(), [&](const nn::Parameter* parameter) {
+      return freeze_pattern_matches(pattern, parameter->name);
+    });
+    if (!matches) {
+      std::string names;
+      for (std::size_t i = 0; i < all.size() && i < 12; ++i) names += (i == 0 ? "" : ", ") + all[i]->name;
+      ZT_THROW_AS(ConfigError, "freeze[", k, "] \"", pattern, "\" matches no parameter of the model (",
+                  all.size(), " parameters: ", names, all.size() > 12 ? ", ..." : "",
+                  "); globs match whole names (\"h.0.*\"), \"re:\" patterns are regular expressions");
+    }
+  }
+  ZT_CHECK_AS(ConfigError, !parameters_.empty(), "freeze: every one of the model's ", all.size(),
+              " parameters is frozen; nothing would train");
+  ZT_CHECK_AS(ConfigError, external_ == nullptr,
+              "freeze with a zt::ExternalModel: the application's own model computes its gradients; freeze "
+              "its parameters there (frozen parameters of external models are not available yet)");
+  ZT_CHECK_AS(ConfigError, parallel_.pipeline().size() == 1, "freeze with ", parallel_.pipeline().size(),
+              " pipeline stages: frozen parameters of pipelined models are not available yet");
+  for (nn::Parameter* parameter : frozen_) {
+    ZT_CHECK_AS(ConfigError, parameter->role == nn::ParallelRole::replicated, "freeze: '", parameter->name,
+                "' is sharded across the tensor group; frozen tensor-parallel slices are not available yet");
+    parameter->grad = Tensor();  // no gradient: the layers skip it (nn_checks.hpp, grad_pointer)
+    if (parameter->value.device() != execution_.device()) {
+      Tensor moved =
+          execution_.empty(parameter->value.shape(), parameter->value.dtype(), MemoryCategory::parameters);
+      execution_.from_host(moved.raw_data(), parameter->value.raw_data(), parameter->value.nbytes());
+      execution_.synchronize();
+      parameter->value = std::move(moved);
+    }
+  }
 }
 
 void Engine::Impl::install_hooks() {
@@ -970,6 +1039,19 @@ std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& o
 }
 LoadResult Engine::load_checkpoint(const std::string& dir, const LoadOptions& options) {
   return impl_->load_checkpoint(dir, options);
+}
+std::size_t Engine::load_weights(const std::string& path) {
+  return impl_->checkpointer_->load_weights(path);
+}
+std::vector<std::string> Engine::frozen_parameters() const {
+  std::vector<std::string> names;
+  for (const nn::Parameter* parameter : impl_->frozen_) names.push_back(parameter->name);
+  return names;
+}
+std::int64_t Engine::frozen_parameter_count() const {
+  std::int64_t count = 0;
+  for (const nn::Parameter* parameter : impl_->frozen_) count += parameter->value.numel();
+  return count;
 }
 bool Engine::is_gradient_accumulation_boundary() const {
   return impl_->is_gradient_accumulation_boundary();

@@ -66,6 +66,24 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   } else {
     planned = engine_detail::planned_parameters_of_config(config);
   }
+  // "freeze": frozen parameters leave the plan (no gradient, no optimizer state), held whole.
+  std::int64_t frozen_count = 0;
+  if (!config.freeze.empty()) {
+    std::vector<engine_detail::PlannedParameter> trainable;
+    for (engine_detail::PlannedParameter& parameter : planned) {
+      const bool frozen = std::any_of(
+          config.freeze.begin(), config.freeze.end(),
+          [&](const std::string& pattern) { return freeze_pattern_matches(pattern, parameter.name); });
+      if (frozen) {
+        frozen_count += shape_numel(parameter.shape);
+      } else {
+        trainable.push_back(std::move(parameter));
+      }
+    }
+    ZT_CHECK_AS(ConfigError, !trainable.empty(),
+                "freeze: every parameter of the model is frozen; nothing would train");
+    planned = std::move(trainable);
+  }
   std::int64_t largest_parameter = 0;
   if (parameters_count == 0) {
     for (const engine_detail::PlannedParameter& parameter : planned)
@@ -95,7 +113,10 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   for (std::size_t i = 0; i < plan.size(); ++i) {
     if (plan.persistent(i)) persistent += element * static_cast<std::uint64_t>(plan.layout()[i].numel);
   }
-  estimate.parameters = element * static_cast<std::uint64_t>(plan.parameter_buffer_elements()) + persistent;
+  estimate.frozen_parameters_count = frozen_count;
+  estimate.frozen_parameters = element * static_cast<std::uint64_t>(frozen_count);
+  estimate.parameters = element * static_cast<std::uint64_t>(plan.parameter_buffer_elements()) + persistent +
+                        estimate.frozen_parameters;
   estimate.gradients = resident.gradients;
   std::uint64_t owned_elements = 0;
   for (const engine_detail::OwnedRange& range : plan.owned())
@@ -111,7 +132,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   estimate.nvme_bytes = resident.optimizer_states_nvme;
   estimate.param_offload_device = plan.settings().parameter_offload;
   estimate.largest_parameter = largest_parameter;
-  estimate.parameters_host = resident.parameters;
+  estimate.parameters_host = resident.parameters + estimate.frozen_parameters;
   estimate.parameters_nvme = resident.parameters_nvme;
   estimate.device_bytes_with_cuda = estimate.parameters + estimate.gradients;
   estimate.host_bytes_with_cuda = 0;
@@ -169,11 +190,19 @@ std::string MemoryEstimate::table() const {
   out << "model states per rank: " << parameters_count << " parameters (Ψ), ZeRO stage " << zero_stage << ", "
       << world_size << " data-parallel rank(s) (N), " << dtype_name(compute_dtype) << " (k = " << k
       << " bytes), optimizer states K = " << big_k << " bytes per parameter\n";
-  line(out, "parameters", parameters, std::to_string(k) + "Ψ" + (partitioned.parameters ? per_rank : ""));
+  line(out, "parameters", parameters,
+       std::to_string(k) + "Ψ" + (partitioned.parameters ? per_rank : "") +
+           (frozen_parameters_count > 0 ? " + " + std::to_string(k) + "Ψf" : ""));
   line(out, "gradients", gradients, std::to_string(k) + "Ψ" + (partitioned.gradients ? per_rank : ""));
   line(out, "optimizer_states", optimizer_states,
        std::to_string(big_k) + "Ψ" + (partitioned.optimizer_states ? per_rank : ""));
   line(out, "total", total(), "");
+  if (frozen_parameters_count > 0) {
+    out << "freeze: " << frozen_parameters_count
+        << " frozen parameters (Ψf, not in Ψ): whole on every rank, no gradient, optimizer state or "
+           "reduction\n";
+    line(out, "frozen (in parameters)", frozen_parameters, std::to_string(k) + "Ψf");
+  }
   line(out, "bucket buffers", bucket_buffers, "reduce (x2 with overlap_comm) + all-gather buckets");
   if (offload_device != OffloadDevice::none) {
     out << "offload_optimizer: " << to_string(offload_device) << "\n";

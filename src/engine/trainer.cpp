@@ -436,6 +436,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         checkpoint.data_position->offset, " of ", checkpoint.data_position->num_samples,
         " samples) is not where its ", checkpoint.global_samples, " global samples end");
   };
+  bool resumed = false;  // from a checkpoint (step 0's too: an imported one)
   if (options.resume && !stopped_during_startup("loading the checkpoint")) {
     std::string dir;
     std::optional<std::string> tag;
@@ -484,6 +485,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         data->restore(*loaded.data_position);
       }
       summary.resumed_from_step = engine.global_steps();
+      resumed = true;
       if (leader) {
         std::printf(
             "zerotrain train: resumed from %s at step %lld (saved on %lld rank(s) at ZeRO stage %d)\n",
@@ -493,6 +495,20 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     } else if (leader) {
       std::printf("zerotrain train: no checkpoint in %s yet; starting from step 0\n", dir.c_str());
     }
+  }
+  // "init": {"from": PATH}: a fresh run starts from the file's weights; a resumed one from its checkpoint.
+  if (cfg.init.from && !resumed && startup_signal == 0) {
+    const std::size_t tensors = engine.load_weights(*cfg.init.from);
+    if (leader) {
+      std::printf("zerotrain train: initialized %zu tensors from %s (init.from)\n", tensors,
+                  cfg.init.from->c_str());
+    }
+  }
+  if (!cfg.freeze.empty() && leader) {
+    std::printf(
+        "zerotrain train: %zu parameter tensors frozen (%lld elements; freeze): no gradient, optimizer "
+        "state or reduction for them\n",
+        engine.frozen_parameters().size(), static_cast<long long>(engine.frozen_parameter_count()));
   }
   if (startup_signal == 0) stopped_during_startup("the first step");
   summary.preempted = startup_signal != 0;
