@@ -201,7 +201,7 @@ std::string MemoryEstimate::table() const {
     out << "freeze: " << frozen_parameters_count
         << " frozen parameters (Ψf, not in Ψ): whole on every rank, no gradient, optimizer state or "
            "reduction\n";
-    line(out, "frozen (in parameters)", frozen_parameters, std::to_string(k) + "Ψf");
+    line(out, "frozen", frozen_parameters, std::to_string(k) + "Ψf");
   }
   line(out, "bucket buffers", bucket_buffers, "reduce (x2 with overlap_comm) + all-gather buckets");
   if (offload_device != OffloadDevice::none) {

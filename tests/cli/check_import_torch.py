@@ -37,9 +37,7 @@ np_ranks = int(sys.argv[1])
 zerotrain, config_path, source, work = sys.argv[2:6]
 mpiexec = sys.argv[6:]
 script = os.path.join(source, "scripts", "zerotrain_torch.py")
-sys.path[:0] = [os.path.join(source, "scripts"), os.path.join(source, "bench")]
-import zerotrain_torch  # noqa: E402
-from gpt_model import Gpt  # noqa: E402
+from torch_gpt_case import one_global_batch, random_gpt, zerotrain_torch  # noqa: E402
 
 failures = []
 
@@ -63,12 +61,7 @@ base.pop("scheduler", None)
 base["zero_optimization"] = {"stage": 0}
 L, H, C, T, V = (model_section[k] for k in ("n_layer", "n_head", "d_model", "seq_len", "vocab_size"))
 
-# The PyTorch model: GPT-2's initialization, then every tensor moved off it.
-torch.manual_seed(18)
-model = Gpt(L, H, C, T, V)
-with torch.no_grad():
-    for name, parameter in model.named_parameters():
-        parameter.add_(torch.randn_like(parameter) * (0.2 if ".ln" in name or name.startswith("ln_f") else 0.05))
+model = random_gpt(model_section)
 tensors = {name: p.detach().clone() for name, p in model.state_dict().items()}
 
 # As a Hugging Face GPT-2 directory: GPT2LMHeadModel's names, tied lm_head, mask buffers.
@@ -98,9 +91,7 @@ check('"n_head": %d' % H in converted.stdout, "convert printed the model section
 # The batch: a text file of exactly one global batch of samples (bytes as tokens).
 samples = base["train_batch_size"]
 text = os.path.join(work, "batch.txt")
-with open(os.path.join(source, "docs", "engine.md"), "rb") as doc, open(text, "wb") as out:
-    out.write(doc.read(samples * T + 1))
-inputs, targets = zerotrain_torch.text_samples(text, T)
+inputs, targets = one_global_batch(source, text, samples, T)
 check(len(inputs) == samples, f"{len(inputs)} samples, one global batch of {samples}")
 with torch.no_grad():
     torch_loss = F.cross_entropy(model(inputs).reshape(-1, V), targets.reshape(-1)).item()

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -797,6 +798,49 @@ TEST(ConfigMonitors, Errors) {
   const Config typo = parse(R"({"csv_monitor": {"enabled": true, "outputpath": "x"}})");
   ASSERT_EQ(typo.warnings().size(), 1u);
   EXPECT_CONTAINS(typo.warnings()[0], "csv_monitor.outputpath: unknown key; did you mean 'output_path'?");
+}
+
+// ---- "init" and "freeze" (docs/config.md; docs/adaptation-reference.md) ------------------------
+
+TEST(ConfigInitFreeze, ParsedAndInTheEffectiveConfig) {
+  const Config defaults = parse("{}");
+  EXPECT_FALSE(defaults.init.from.has_value());
+  EXPECT_TRUE(defaults.freeze.empty());
+  const Config c = parse(R"({"init": {"from": "gpt2.h5"}, "freeze": ["wte.*", "re:h\\.[01]\\..*"]})");
+  EXPECT_TRUE(c.warnings().empty());
+  EXPECT_EQ(c.init.from.value_or(""), "gpt2.h5");
+  ASSERT_EQ(c.freeze.size(), 2u);
+  const Config again = parse(c.to_json_string(0));
+  EXPECT_EQ(again.init.from.value_or(""), "gpt2.h5");
+  EXPECT_EQ(again.freeze, c.freeze);
+}
+
+TEST(ConfigInitFreeze, PatternsMatchWholeNames) {
+  EXPECT_TRUE(zt::freeze_pattern_matches("wte.*", "wte.weight"));
+  EXPECT_TRUE(zt::freeze_pattern_matches("h.0.*", "h.0.attn.qkv.weight"));  // '*' crosses dots
+  EXPECT_FALSE(zt::freeze_pattern_matches("h.0.*", "h.10.attn.qkv.weight"));
+  EXPECT_TRUE(zt::freeze_pattern_matches("*.bias", "h.3.mlp.fc.bias"));
+  EXPECT_FALSE(zt::freeze_pattern_matches("wte", "wte.weight"));  // the whole name
+  EXPECT_TRUE(zt::freeze_pattern_matches("re:h\\.[0-2]\\..*", "h.2.ln1.weight"));
+  EXPECT_FALSE(zt::freeze_pattern_matches("re:h\\.[0-2]", "h.2.ln1.weight"));  // regex_match: the whole name
+  EXPECT_EQ(zt::freeze_pattern_problem("re:("),
+            "\"re:(\" is not a valid regular expression (" +
+                std::string(std::regex_error(std::regex_constants::error_paren).what()) + ")");
+}
+
+TEST(ConfigInitFreeze, Errors) {
+  EXPECT_CONTAINS(parse_error(R"({"init": {"form": "x.h5"}})"),
+                  "init.form: unknown key; did you mean 'from'?");
+  EXPECT_CONTAINS(parse_error(R"({"init": {"from": ""}})"), "init.from: expected the path of a weights file");
+  EXPECT_CONTAINS(parse_error(R"({"init": {"from": 3}})"), "init.from: expected a string");
+  EXPECT_CONTAINS(parse_error(R"({"init": "x.h5"})"), "init: expected a JSON object");
+  EXPECT_CONTAINS(parse_error(R"({"freeze": "wte.*"})"),
+                  "freeze: expected a list of parameter-name patterns");
+  EXPECT_CONTAINS(parse_error(R"({"freeze": ["wte.*", 3]})"),
+                  "freeze[1]: expected a non-empty pattern string");
+  EXPECT_CONTAINS(parse_error(R"({"freeze": [""]})"), "freeze[0]: expected a non-empty pattern string");
+  EXPECT_CONTAINS(parse_error(R"({"freeze": ["re:"]})"), "freeze[0]: \"re:\" needs a regular expression");
+  EXPECT_CONTAINS(parse_error(R"({"freeze": ["re:h.(0"]})"), "is not a valid regular expression");
 }
 
 TEST(ConfigWarnings, DeprecatedForms) {
