@@ -14,7 +14,8 @@ which must be PyTorch's loss on the same samples within 1e-6 relative; stages 0 
 the weights file ("init": {"from": ...}), stages 1 and 3 resume the imported checkpoint (any world
 size and stage). With NP 1 also: export -> import -> export is bitwise the identity, the file
 converted is what the import exports, and the errors (a model of other shapes, an unconverted
-Hugging Face file, a misspelt init key) name what is wrong. Exit 0 ("PASS: import_torch"), 1 on a
+Hugging Face file, a misspelt init key) name what is wrong, and docs/checkpoint-format.md quotes
+the converter's code verbatim. Exit 0 ("PASS: import_torch"), 1 on a
 failure, 77 (skipped) without torch or h5py.
 """
 import json
@@ -201,6 +202,14 @@ if np_ranks == 1:
                     text, "--steps", "1"])
     check(misspelt.returncode != 0 and "init.form: unknown key; did you mean 'from'?" in misspelt.stderr,
           f"a misspelt init key: exit {misspelt.returncode}, {misspelt.stderr.strip()[-400:]}")
+
+    # The doc's code is the script's.
+    doc = open(os.path.join(source, "docs", "checkpoint-format.md")).read()
+    quoted = re.search(r"<!-- torch-to-zerotrain: scripts/zerotrain_torch.py -->\s*```python\n(.*?)```", doc, re.S)
+    region = re.search(r"# --- docs/checkpoint-format.md: torch-to-zerotrain \(begin\) ---\n(.*?)"
+                       r"# --- docs/checkpoint-format.md: torch-to-zerotrain \(end\) ---", open(script).read(), re.S)
+    check(quoted is not None and region is not None and quoted.group(1) == region.group(1),
+          "docs/checkpoint-format.md quotes scripts/zerotrain_torch.py's torch-to-zerotrain code verbatim")
 
 if failures:
     print(f"{len(failures)} check(s) failed")
