@@ -254,6 +254,12 @@ ZT_API zt_status zt_engine_save_checkpoint(zt_engine* engine, const char* dir, c
  *  DIR/latest. An external model's buffers get the loaded values. A missing, damaged or mismatching
  *  file is ZT_STATUS_IO_ERROR naming the file and dataset. */
 ZT_API zt_status zt_engine_load_checkpoint(zt_engine* engine, const char* dir, const char* tag);
+/** Set every parameter from a plain HDF5 file of named tensors (the layout of zt_checkpoint_export;
+ *  collective, every rank passes the same path): an external model's buffers get the values; the
+ *  optimizer state and counters stay. A missing file, or one whose tensors do not fit the model
+ *  (each mismatching, missing and unexpected tensor named), is ZT_STATUS_IO_ERROR
+ *  (docs/checkpoint-format.md, "Import"). */
+ZT_API zt_status zt_engine_load_weights(zt_engine* engine, const char* path);
 
 /* ---- checkpoint files (one process, not collective) -------------------------------------- */
 

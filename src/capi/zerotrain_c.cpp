@@ -535,6 +535,14 @@ zt_status zt_engine_load_checkpoint(zt_engine* engine, const char* dir, const ch
   });
 }
 
+zt_status zt_engine_load_weights(zt_engine* engine, const char* path) {
+  return guarded([&] {
+    zt::Engine& trained = engine_of("zt_engine_load_weights", engine);
+    ZT_C_NOT_NULL("zt_engine_load_weights", path);
+    trained.load_weights(path);
+  });
+}
+
 // ---- checkpoint files ---------------------------------------------------------------------------
 
 zt_status zt_checkpoint_export(const char* path, const char* out, zt_dtype dtype) {

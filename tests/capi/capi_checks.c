@@ -277,6 +277,17 @@ static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const cha
   EXPECT_STATUS(zt_checkpoint_export(file, exported, ZT_DTYPE_INT32), ZT_STATUS_INVALID_ARGUMENT,
                 "cannot be exported");
   EXPECT_STATUS(zt_checkpoint_verify(missing), ZT_STATUS_IO_ERROR, "no-checkpoints");
+  /* The export's tensors back into the engine (every rank reads rank 0's export). */
+  w[0] += 1.0f; /* the buffers off the saved values, without a step (the counts below stay) */
+  b[0] += 1.0f;
+  EXPECT(memcmp(w, w_saved, sizeof w) != 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  char exported0[1200];
+  snprintf(exported0, sizeof exported0, "%s/weights-rank0.h5", work);
+  EXPECT_OK(zt_engine_load_weights(engine, exported0));
+  EXPECT(memcmp(w, w_saved, sizeof w) == 0);
+  EXPECT(memcmp(b, b_saved, sizeof b) == 0);
+  EXPECT_STATUS(zt_engine_load_weights(engine, missing), ZT_STATUS_IO_ERROR, "does not exist");
 
   /* Destroy the model and the runtime's handle before the engine: the engine keeps both alive and
    * still steps (the two micro-batches of one more step, with zero gradients). */
