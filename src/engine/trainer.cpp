@@ -366,7 +366,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   Engine engine(runtime, *model, std::move(config), EngineOptions{.device = options.device});
   const Config& cfg = engine.config();
   // The whole model's parameters (the engine holds this stage's).
-  const std::int64_t model_parameters = stages > 1 ? model_parameter_count(cfg) : engine.parameter_count();
+  const std::int64_t model_parameters =
+      stages > 1 ? model_parameter_count(cfg) : engine.parameter_count() + engine.frozen_parameter_count();
   const PipelineLayout pipeline = stages > 1 ? pipeline_layout_of(cfg) : PipelineLayout{};
   std::unique_ptr<TrainingData> data = make_training_data(cfg, engine, options.data_path);
   const BatchSizes& batch = engine.batch();
@@ -517,6 +518,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"data_parallel_size", batch.data_parallel_size},
                           {"zero_stage", cfg.zero_optimization.stage},
                           {"params_total", model_parameters},
+                          {"params_frozen", engine.frozen_parameter_count()},
                           {"dtype", dtype_name(engine.compute_dtype())},
                           {"model", model_description(cfg, model_parameters)},
                           {"train_batch_size", batch.train_batch_size},

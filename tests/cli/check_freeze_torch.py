@@ -14,7 +14,9 @@ relative of PyTorch's, the trainable tensors of the final checkpoint within 1e-3
 moved each (L2 norms: Adam turns rounding noise in near-zero gradients into steps of lr, so single
 elements may differ more), the frozen ones bitwise the initial weights, the checkpoint listing
 them (/model attribute frozen) without optimizer state; and against a run without freeze (stage 2)
-less reduction traffic per step, at most the trainable share of it. With NP 1 also `estimate`
+less reduction traffic per step, at most the trainable share of it; at stages 0-3 the memory the
+run holds between steps (parameters, gradients, optimizer states) is what `zerotrain estimate`
+prints for the config with its freeze. With NP 1 also `estimate`
 with the freeze (no gradient or optimizer bytes for the frozen tensors) and a resume that unfreezes
 h.0 (its optimizer state starts at zero). Exit 0 ("PASS: freeze_torch"), 1 on a failure, 77
 (skipped) without torch or h5py.
@@ -116,6 +118,12 @@ def train(label, zero, freeze=FREEZE, steps=STEPS, extra=()):
     return [r for r in records if r["event"] == "step"], save_dir, result
 
 
+def row(output, name):
+    """A byte count of `zerotrain estimate`'s table."""
+    found = re.search(rf"^  {name}\s+(\d+) B", output, re.M)
+    return int(found.group(1)) if found else -1
+
+
 def exported(save_dir, label):
     out = os.path.join(work, label + "-export.h5")
     result = subprocess.run([zerotrain, "checkpoint", "export", save_dir, "--out", out], capture_output=True,
@@ -142,6 +150,14 @@ for label, zero in runs:
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses, torch_losses))
     check(len(losses) == STEPS and worst <= 1e-5, f"{label}: losses within 1e-5 of PyTorch's (worst {worst:.2e})")
     traffic[label] = steps[-1]["comm_bytes"]
+    if "offload" not in label and "nvme" not in label:
+        # The memory the run holds between steps is what `estimate` prints with the freeze.
+        estimate = subprocess.run([zerotrain, "estimate", "--config", os.path.join(work, label + ".json"),
+                                   "--world-size", str(np_ranks)], capture_output=True, text=True, timeout=60)
+        resident = steps[-1]["mem"]["resident"]
+        for state in ("parameters", "gradients", "optimizer_states"):
+            check(row(estimate.stdout, state) == resident[state],
+                  f"{label}: estimate's {state} {row(estimate.stdout, state)} B = the run's {resident[state]} B")
     tensors = exported(save_dir, label)
     deviation, worst_tensor = 0.0, ""
     for name, value in tensors.items():
@@ -189,10 +205,6 @@ if np_ranks == 1:
     frozen_elements = sum(initial[n].numel() for n in frozen)
     check(result.returncode == 0 and f"freeze: {frozen_elements} frozen parameters" in result.stdout,
           f"estimate shows the frozen parameters: {result.stdout}{result.stderr}")
-
-    def row(output, name):
-        found = re.search(rf"^  {name}\s+(\d+) B", output, re.M)
-        return int(found.group(1)) if found else -1
 
     for name in ("gradients", "optimizer_states"):
         check(0 < row(result.stdout, name) < row(unfrozen.stdout, name), f"estimate: fewer {name} bytes with freeze")
