@@ -3,6 +3,7 @@
 //   zerotrain train --config FILE [...]      train the model a config describes
 //   zerotrain data convert IN OUT            text file -> byte-token file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
+//   zerotrain checkpoint import WEIGHTS --config C --out DIR       weights in, collective
 //   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
 //   zerotrain plot RUN.jsonl... --out DIR    PNGs of metrics (runs the zerotrain-plot script)
 #include <unistd.h>
@@ -402,7 +403,7 @@ int checkpoint_command(zt::Runtime& runtime, int argc, char** argv) {
       ZT_CHECK_AS(zt::ConfigError,
                   (action == "inspect" || action == "verify" || action == "export") && argc > 3,
                   "usage: zerotrain checkpoint inspect|verify|export DIR [--tag T] [--out FILE.h5] "
-                  "[--dtype fp32|bf16] (see `zerotrain help`)");
+                  "[--dtype fp32|bf16], or import WEIGHTS.h5 --config C --out DIR (see `zerotrain help`)");
       const std::string dir = argv[3];
       Flags flags(argc, argv, 4);
       const std::optional<std::string> tag = flags.take("tag");

@@ -69,6 +69,8 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   // "freeze": frozen parameters leave the plan (no gradient, no optimizer state), held whole.
   std::int64_t frozen_count = 0;
   if (!config.freeze.empty()) {
+    ZT_CHECK_AS(ConfigError, stages == 1, "freeze with ", stages,
+                " pipeline stages: frozen parameters of pipelined models are not available yet");
     std::vector<engine_detail::PlannedParameter> trainable;
     for (engine_detail::PlannedParameter& parameter : planned) {
       const bool frozen = std::any_of(
