@@ -147,6 +147,9 @@ std::vector<nn::Parameter*> parameters_where(const std::vector<nn::Parameter*>& 
   for (nn::Parameter* parameter : all) {
     if (frozen(parameter->name) == want_frozen) selected.push_back(parameter);
   }
+  // Before the plan is made of them: a plan of no parameters would be a less helpful error.
+  ZT_CHECK_AS(ConfigError, want_frozen || !selected.empty() || all.empty(),
+              "freeze: every one of the model's ", all.size(), " parameters is frozen; nothing would train");
   return selected;
 }
 
@@ -407,8 +410,6 @@ void Engine::Impl::set_up_frozen_parameters() {
                   "); globs match whole names (\"h.0.*\"), \"re:\" patterns are regular expressions");
     }
   }
-  ZT_CHECK_AS(ConfigError, !parameters_.empty(), "freeze: every one of the model's ", all.size(),
-              " parameters is frozen; nothing would train");
   ZT_CHECK_AS(ConfigError, external_ == nullptr,
               "freeze with a zt::ExternalModel: the application's own model computes its gradients; freeze "
               "its parameters there (frozen parameters of external models are not available yet)");
