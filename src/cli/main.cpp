@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "base/text.hpp"
+#include "src/cli/plan_command.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
@@ -59,6 +60,17 @@ constexpr const char* kUsage =
     "                             model-state memory per rank: the engine's partition plan, by the ZeRO "
     "formulas\n"
     "                             (with pipeline.stages: per stage, over N / stages data-parallel ranks)\n"
+    "  plan --config FILE [--global-batch B] [--memory-limit SIZE] [--candidates SPEC] [--data PATH]\n"
+    "       [--out DIR] [--warmup-steps N] [--measure-steps N] [--check-steps N] [--resume-world-size N]\n"
+    "                             under mpirun at the world size to plan for: predict each candidate's "
+    "memory\n"
+    "                             (SPEC \"stage=0,1,2,3;offload=none,cpu,cpu+params;micro=4,8\"; SIZE "
+    "2GiB),\n"
+    "                             prune what exceeds SIZE, time the rest, rank by tokens/s; check the "
+    "chosen\n"
+    "                             one against 1 rank, through a save, resumes and an export; write\n"
+    "                             DIR/plan.json (for train --config) and DIR/plan-report.md|json "
+    "(docs/plan.md)\n"
     "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
     "  checkpoint inspect DIR [--tag T]\n"
     "                             what a checkpoint holds: counters, world size and ZeRO stage it was\n"
@@ -472,7 +484,7 @@ void hold_before_mpi_init() {
 /// up and reports the error there, on rank 0 and with the job's exit code.
 zt::RuntimeOptions runtime_options(int argc, char** argv) {
   const std::string_view command = argc > 1 ? argv[1] : "";
-  if (command != "train" && command != "report") return {};
+  if (command != "train" && command != "report" && command != "plan") return {};
   for (int i = 2; i + 1 < argc; ++i) {
     if (std::string_view(argv[i]) != "--config") continue;
     try {
@@ -524,6 +536,7 @@ int main(int argc, char** argv) {
     if (command == "report") return report_command(runtime, argc, argv);
     if (command == "train") return train_command(runtime, argc, argv);
     if (command == "estimate") return estimate_command(runtime, argc, argv);
+    if (command == "plan") return zt::cli::plan_command(runtime, argc, argv);
     if (command == "data") return data_command(runtime, argc, argv);
     if (command == "checkpoint") return checkpoint_command(runtime, argc, argv);
     if (command == "swap") return swap_command(runtime, argc, argv);
