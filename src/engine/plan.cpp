@@ -412,7 +412,11 @@ int run_plan(Runtime& runtime, const PlanOptions& options) {
                        byte_size_text(limit.bytes);
       }
     } catch (const ConfigError& error) {
-      entry.pruned = std::string("the engine refuses it: ") + error.what();
+      // Without the "zerotrain error on rank R (file:line): " prefix: the same on every rank.
+      const std::string_view text = error.what();
+      const std::size_t where = text.find("): ");
+      entry.pruned = "the engine refuses it: " +
+                     std::string(where == std::string_view::npos ? text : text.substr(where + 3));
     }
     entries.push_back(std::move(entry));
   }
