@@ -400,10 +400,14 @@ int run_plan(Runtime& runtime, const PlanOptions& options) {
     std::error_code error;
     fs::create_directories(out_dir, error);
     if (error || !fs::is_directory(out_dir)) {
-      problem = "zerotrain plan: cannot create the output directory '" + out_dir.string() +
+      problem = "cannot create the output directory '" + out_dir.string() +
                 "': " + (error ? error.message() : std::string("not a directory"));
     } else {
       fs::remove_all(checkpoint_dir, error);  // the plan's own scratch of the last run
+    }
+    if (problem.empty() && options.data_path && !fs::is_regular_file(*options.data_path)) {
+      problem = "--data '" + *options.data_path +
+                "' is not a file: expected a token file (zerotrain data convert) or a text file";
     }
   }
   problem = broadcast_string(world, problem);
