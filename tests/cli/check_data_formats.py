@@ -176,7 +176,7 @@ with tempfile.TemporaryDirectory(prefix="zt-formats-") as work:
     run("train", "--config", w("eval.json"), "--data", w("ref.tok"), "--eval-data", w("mega16"), "--steps", "2",
         "--print-every", "0", "--metrics", metrics2, name="train with Megatron eval data")
     with open(metrics2) as f:
-        check([json.loads(line)["loss"] for line in f if '"eval"' in line] == [r["loss"] for r in evals],
+        check([r["loss"] for r in map(json.loads, f) if r["event"] == "eval"] == [r["loss"] for r in evals],
               "eval on the Megatron dataset == eval on the .npy of the same tokens")
     if mpiexec:  # 2 ranks: eval where 1 rank evaluates, and the training unchanged by it
         two = [*mpiexec, "-n", "2"]
