@@ -94,6 +94,9 @@ with tempfile.TemporaryDirectory(prefix="zt-formats-") as work:
     np.save(w("u2.npy"), tokens.astype(np.uint16))
     np.save(w("u4.npy"), tokens.astype(np.uint32))
     np.save(w("i4.npy"), tokens.astype(np.int32))
+    for version in [(2, 0), (3, 0)]:  # numpy writes these for headers too long for version 1
+        with open(w(f"v{version[0]}.npy"), "wb") as f:
+            np.lib.format.write_array(f, tokens.astype(np.uint16), version=version)
     write_llmc(w("gpt2.bin"), tokens)
     write_llmc(w("llama3.bin"), tokens, llama3=True)
     cuts = [0, 17, 900, 901, 2500, 4444, 6000]  # documents of uneven length, one of a single token
@@ -110,6 +113,7 @@ with tempfile.TemporaryDirectory(prefix="zt-formats-") as work:
 
     inputs = {
         "npy uint16": w("u2.npy"), "npy uint32": w("u4.npy"), "npy int32": w("i4.npy"),
+        "npy version 2.0": w("v2.npy"), "npy version 3.0": w("v3.npy"),
         "llm.c gpt-2": w("gpt2.bin"), "llm.c llama-3": w("llama3.bin"),
         "megatron uint16 .bin": w("mega16.bin"), "megatron int32 prefix": w("mega32"),
         "megatron .idx": w("mega16.idx"), "llm.c shard directory": w("shards"),

@@ -1,6 +1,7 @@
 // The validation loss of zt::train (src/engine/evaluation.*, docs/config.md "eval"): the same value,
 // bitwise, at every world size, ZeRO stage and pipeline split, equal to an eval of the same samples
-// on one rank; it leaves the training untouched (losses with and without it, resume exact).
+// on one rank; it leaves the training untouched (losses with and without it, resume exact), a GPT
+// with dropout included.
 #include <gtest/gtest.h>
 
 #include <mpi.h>
@@ -22,6 +23,10 @@ constexpr int kGlobalBatch = 8;
 constexpr int kMicro = 2;
 constexpr int kEvalBatches = 3;  // 24 eval samples of seq_len 16
 constexpr std::int64_t kSeqLen = 16;
+// With dropout: the evaluation must switch it off (the layouts' ranks would draw different masks)
+// and must not move its streams (the training after it would change).
+constexpr const char* kDropoutGpt =
+    R"({"type": "gpt", "n_layer": 2, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256, "dropout": 0.1})";
 
 /// An eval token file (a stretch of the built-in corpus the training does not start with), written
 /// by rank 0, seen by all.
@@ -43,7 +48,7 @@ std::string eval_config(int zero_stage, int stages, const std::string& eval_path
                       R"(}, "eval": {"data": ")" + eval_path + R"(", "interval": )" +
                       std::to_string(interval) + R"(, "batches": )" + std::to_string(kEvalBatches) + "}";
   if (stages > 1) extra += R"(, "pipeline": {"stages": )" + std::to_string(stages) + "}";
-  return gpt_config(kMicro, kGlobalBatch / (kMicro * data), extra);
+  return gpt_config(kMicro, kGlobalBatch / (kMicro * data), extra, kAdamW, kDropoutGpt);
 }
 
 /// The layouts this world size can run: (ZeRO stage, pipeline stages).
@@ -64,8 +69,9 @@ struct OneRankEval {
 };
 
 OneRankEval one_rank_eval(const std::string& eval_path) {
-  const zt::Config config = parse(
-      gpt_config(kMicro, kGlobalBatch / kMicro, R"(, "train_batch_size": )" + std::to_string(kGlobalBatch)));
+  const zt::Config config =
+      parse(gpt_config(kMicro, kGlobalBatch / kMicro,
+                       R"(, "train_batch_size": )" + std::to_string(kGlobalBatch), kAdamW, kDropoutGpt));
   auto model = zt::build_model(config);
   auto self = zt::testing::engine_runs::self_communicator();
   zt::Engine alone(zt::testing::runtime(), *model, config, {.data_parallel = self.get()});
