@@ -138,10 +138,15 @@ class Rounds {
     return kernels_.size() - 1;
   }
 
+  /// Each timed call follows an untimed call of the same kernel, so that every kernel starts from its
+  /// own arrays in whatever cache level they fit (in-cache sizes would otherwise favour the kernels
+  /// that share arrays with the one before them).
   void run(int rounds) {
-    for (auto& kernel : kernels_) kernel.body();  // warm-up
     for (int r = 0; r < rounds; ++r) {
-      for (auto& kernel : kernels_) kernel.times.push_back(seconds(kernel.body));
+      for (auto& kernel : kernels_) {
+        kernel.body();
+        kernel.times.push_back(seconds(kernel.body));
+      }
     }
   }
 

@@ -151,9 +151,8 @@ int main(int argc, char** argv) {
   const std::string best = zt::kernels::host_isa_name(zt::kernels::best_host_isa());
   rounds.add("triad a=b+s*c (24 B/elem)", best, anchors.triad_bytes(), [&] { anchors.triad(); });
   rounds.add("limit: AdamW's traffic, no math", best, anchors.adamw_bytes(), [&] { anchors.limit(); });
-  const std::size_t ds_row =
-      rounds.add("deepspeed cpu_adam fp32", kDeepSpeedPath, anchors.adamw_bytes(),
-                 [&] { deepspeed_step(optimizer, ds, params, ++ds_step); });
+  const std::size_t ds_row = rounds.add("deepspeed cpu_adam fp32", kDeepSpeedPath, anchors.adamw_bytes(),
+                                        [&] { deepspeed_step(optimizer, ds, params, ++ds_step); });
   std::vector<std::pair<HostIsa, std::size_t>> zt_rows;
   for (int i = zt::kernels::kHostIsaCount - 1; i >= 0; --i) {
     const auto path = static_cast<HostIsa>(i);
@@ -173,8 +172,8 @@ int main(int argc, char** argv) {
                 row.gbps, row.triad_ratio, row.limit_fraction, row.bandwidth_fraction);
   }
   for (const auto& [path, row] : zt_rows) {
-    std::printf("zerotrain %s vs deepspeed %s: %.2fx faster (median times)\n", zt::kernels::host_isa_name(path),
-                kDeepSpeedPath, results[ds_row].ms / results[row].ms);
+    std::printf("zerotrain %s vs deepspeed %s: %.2fx faster (median times)\n",
+                zt::kernels::host_isa_name(path), kDeepSpeedPath, results[ds_row].ms / results[row].ms);
   }
   return std::isfinite(ds.p[params / 2]) && std::isfinite(zt_arrays.p[params / 2]) ? 0 : 1;
 }

@@ -27,13 +27,15 @@ if [ -z "$src" ]; then
 fi
 [ -f "$src/csrc/includes/cpu_adam.h" ] || { echo "$src has no csrc/includes/cpu_adam.h" >&2; exit 2; }
 
+# zerotrain's public headers include mpi.h.
+read -ra mpi_includes <<< "$(pkg-config --cflags-only-I ompi 2>/dev/null || mpicxx --showme:compile 2>/dev/null || true)"
 paths=(AVX256)
 grep -qw avx512f /proc/cpuinfo && paths=(AVX512 AVX256)
 for simd in "${paths[@]}"; do
   exe=$build/bin/zt_bench_deepspeed_adam_${simd,,}
-  g++ -O3 -std=c++20 -march=native -fopenmp -D__${simd}__ -Wno-reorder \
+  g++ -O3 -std=c++20 -march=native -fopenmp "-D__${simd}__" -Wno-reorder \
     -I"$src/csrc/includes" -I"$here/deepspeed_shim" -I"$root" -I"$root/include" -I"$build/generated" \
-    $(pkg-config --cflags-only-I ompi 2>/dev/null || true) \
+    "${mpi_includes[@]}" \
     "$here/deepspeed_cpu_adam.cpp" -L"$build/lib" -Wl,-rpath,"$build/lib" -lzerotrain -o "$exe"
   echo "== $(basename "$exe") (DeepSpeed $(basename "$src"), $simd)"
   OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} "$exe" "$@"

@@ -127,6 +127,7 @@ std::string host_isa_description() {
     } else {
       text += std::string(" (auto: the best this CPU supports; ") + kVariable + " forces one)";
     }
+    if (isa == HostIsa::avx512) text += "; layer norm runs its avx2 build";
     return text;
   } catch (const Error& error) {
     return std::string("invalid: ") + error.what();

@@ -15,6 +15,11 @@
 //   };
 //   const auto span = host_isa_kernel<ScaleSpan>(host_isa());   // once per kernel call
 //   #pragma omp parallel for ...   span(x + first, count, s);    // per span of kSimdSpan elements
+//
+// A kernel that runs faster with 256-bit vectors even where AVX-512 is there declares
+// `static constexpr HostIsa kWidestIsa = HostIsa::avx2;`: its avx512 path is then its avx2 build.
+// Layer norm does (its in-order sums bound it; its 512-bit build took 1.3x the time of the avx2 one on
+// an AVX-512 Intel VM, docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +64,9 @@ struct HostIsaTable<Kernel, Result (*)(Args...)> {
 #endif
   static Function get(HostIsa isa) {
 #if ZT_HOST_ISA_PATHS
+    if constexpr (requires { Kernel::kWidestIsa; }) {
+      if (static_cast<int>(isa) > static_cast<int>(Kernel::kWidestIsa)) isa = Kernel::kWidestIsa;
+    }
     switch (isa) {
       case HostIsa::avx512:
         return &avx512;

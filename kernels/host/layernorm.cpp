@@ -12,11 +12,13 @@ namespace {
 constexpr std::int64_t kColumnBlock = 64;
 
 // Kernels with ISA paths (kernels/host/host_isa_kernels.hpp). The row sums stay in order (scalar), so
-// every path gives the same bits; the element-wise loops vectorize at the path's width.
+// every path gives the same bits; the element-wise loops vectorize at the path's width. The in-order
+// sums bound these kernels, and their avx2 builds ran faster than 512-bit ones: kWidestIsa.
 
 /// One row of the forward: y = (x - mean) * rstd * w + b, and the row's mean and rstd.
 template <typename T>
 struct LayernormForwardRow {
+  static constexpr HostIsa kWidestIsa = HostIsa::avx2;
   using C = acc_t<T>;
   ZT_HOST_ISA_BODY static void run(const T* row, const T* w, const T* b, T* out, C* saved_mean, C* saved_rstd,
                                    std::int64_t channels, C eps) {
@@ -41,6 +43,7 @@ struct LayernormForwardRow {
 /// dnorm = w * dy.
 template <typename T>
 struct LayernormInputGradRow {
+  static constexpr HostIsa kWidestIsa = HostIsa::avx2;
   using C = acc_t<T>;
   ZT_HOST_ISA_BODY static void run(const T* x_row, const T* dy_row, const T* w, T* dx_row, C row_mean,
                                    C row_rstd, std::int64_t channels) {
@@ -63,6 +66,7 @@ struct LayernormInputGradRow {
 /// The weight and bias gradients of one block of up to kColumnBlock columns, rows in order.
 template <typename T>
 struct LayernormParamGradBlock {
+  static constexpr HostIsa kWidestIsa = HostIsa::avx2;
   using C = acc_t<T>;
   ZT_HOST_ISA_BODY static void run(const T* x, const T* dy, const C* saved_mean, const C* saved_rstd, T* dw,
                                    T* db, std::int64_t rows, std::int64_t channels, std::int64_t begin,
