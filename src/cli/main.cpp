@@ -1,7 +1,7 @@
 // The `zerotrain` command.
 //   zerotrain report                         what this build and machine offer
 //   zerotrain train --config FILE [...]      train the model a config describes
-//   zerotrain data convert IN OUT            text file -> byte-token file
+//   zerotrain data convert IN OUT            text file or token shards -> ZTTOKENS file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
 //   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
 //   zerotrain plot RUN.jsonl... --out DIR    PNGs of metrics (runs the zerotrain-plot script)
@@ -51,6 +51,8 @@ constexpr const char* kUsage =
     "                             checkpoints every K steps, at the end, and on SIGTERM/SIGUSR1 (then\n"
     "                                                          exit 75); --resume auto: the newest valid "
     "checkpoint in --save-dir\n"
+    "        [--eval-data PATH]   validation loss on PATH's first eval.batches global batches, every\n"
+    "                             eval.interval steps and at the end (docs/config.md, \"eval\")\n"
     "        [--resume-job ID]    with --resume auto: load only a checkpoint saved by Slurm job ID\n"
     "                             (each save records SLURM_JOB_ID; jobscripts/slurm.sbatch passes it)\n"
     "        [--device host|emulated]\n"
@@ -68,7 +70,10 @@ constexpr const char* kUsage =
     "                             SIZE 2GiB), prune what exceeds SIZE, time the rest, rank by tokens/s;\n"
     "                             check the chosen one against 1 rank, a save, resumes and an export;\n"
     "                             write DIR/plan.json (train --config) and DIR/plan-report.md|json\n"
-    "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
+    "  data convert IN OUT [--vocab-size N]\n"
+    "                             IN: a text file -> byte tokens (vocab 256); or token data (.npy, llm.c\n"
+    "                             .bin, Megatron .bin + .idx, ZTTOKENS; a directory or glob of shards)\n"
+    "                             -> one ZTTOKENS file (vocab N, default the largest token + 1)\n"
     "  checkpoint inspect DIR [--tag T]\n"
     "                             what a checkpoint holds: counters, world size and ZeRO stage it was\n"
     "                             saved at, optimizer, every dataset with shape and checksum\n"
@@ -172,6 +177,7 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   zt::TrainOptions options;
   options.steps = flags.take_integer("steps", 0).value_or(options.steps);
   options.data_path = flags.take("data");
+  options.eval_data_path = flags.take("eval-data");
   options.metrics_path = flags.take("metrics");
   options.print_every = flags.take_integer("print-every", 0);
   options.save_dir = flags.take("save-dir");
@@ -240,13 +246,27 @@ int estimate_command(zt::Runtime& runtime, int argc, char** argv) {
 }
 
 int data_command(zt::Runtime& runtime, int argc, char** argv) {
-  ZT_CHECK_AS(zt::ConfigError, argc == 5 && std::string_view(argv[2]) == "convert",
-              "usage: zerotrain data convert INPUT.txt OUTPUT.bin");
+  ZT_CHECK_AS(zt::ConfigError, argc >= 5 && std::string_view(argv[2]) == "convert",
+              "usage: zerotrain data convert INPUT OUTPUT.bin [--vocab-size N]");
+  Flags flags(argc, argv, 5);
+  const auto vocab_size = flags.take_integer("vocab-size", 1, std::numeric_limits<std::uint32_t>::max());
+  flags.require_all_used();
   if (runtime.world_rank() == 0) {
-    const zt::ConvertStats stats = zt::convert_text_file(argv[3], argv[4]);
-    std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", argv[3],
-                static_cast<unsigned long long>(stats.input_bytes),
-                static_cast<unsigned long long>(stats.tokens), argv[4]);
+    const std::string input = argv[3];
+    if (zt::is_token_data_path(input)) {  // any token format, one file or shards
+      const zt::TokenConvertStats stats =
+          zt::convert_token_files(input, argv[4], static_cast<std::uint32_t>(vocab_size.value_or(0)));
+      std::printf("converted %s: %llu file(s), %llu tokens, vocab %u -> %s\n", stats.description.c_str(),
+                  static_cast<unsigned long long>(stats.files), static_cast<unsigned long long>(stats.tokens),
+                  stats.vocab_size, argv[4]);
+    } else {
+      ZT_CHECK_AS(zt::ConfigError, !vocab_size, "--vocab-size is for token inputs; '", input,
+                  "' is a text file, converted to byte tokens (vocab 256)");
+      const zt::ConvertStats stats = zt::convert_text_file(argv[3], argv[4]);
+      std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", argv[3],
+                  static_cast<unsigned long long>(stats.input_bytes),
+                  static_cast<unsigned long long>(stats.tokens), argv[4]);
+    }
   }
   runtime.world().barrier();
   return 0;
