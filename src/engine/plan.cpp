@@ -11,7 +11,6 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -341,7 +340,7 @@ struct Entry {
   double step_seconds = 0.0;
 };
 
-/// Prints on rank 0 (stdout, flushed) and appends to the report's text.
+/// Lines of the plan on rank 0 (stdout, flushed at once, so that they interleave with the engine's).
 class Output {
  public:
   explicit Output(bool leader) : leader_(leader) {}
