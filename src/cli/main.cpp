@@ -1,7 +1,7 @@
 // The `zerotrain` command.
 //   zerotrain report                         what this build and machine offer
 //   zerotrain train --config FILE [...]      train the model a config describes
-//   zerotrain data convert IN OUT            text file -> byte-token file
+//   zerotrain data convert IN OUT            text file or token shards -> ZTTOKENS file
 //   zerotrain checkpoint inspect|verify|export DIR [--tag T] ...   checkpoint files, one process
 //   zerotrain checkpoint import WEIGHTS --config C --out DIR       weights in, collective
 //   zerotrain swap list|clean NVME_PATH      swap files left by killed jobs
@@ -27,6 +27,7 @@
 
 #include "base/text.hpp"
 #include "src/cli/checkpoint_import.hpp"
+#include "src/cli/plan_command.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
 #include "zerotrain/data.hpp"
@@ -52,6 +53,8 @@ constexpr const char* kUsage =
     "                             checkpoints every K steps, at the end, and on SIGTERM/SIGUSR1 (then\n"
     "                                                          exit 75); --resume auto: the newest valid "
     "checkpoint in --save-dir\n"
+    "        [--eval-data PATH]   validation loss on PATH's first eval.batches global batches, every\n"
+    "                             eval.interval steps and at the end (docs/config.md, \"eval\")\n"
     "        [--resume-job ID]    with --resume auto: load only a checkpoint saved by Slurm job ID\n"
     "                             (each save records SLURM_JOB_ID; jobscripts/slurm.sbatch passes it)\n"
     "        [--device host|emulated]\n"
@@ -61,7 +64,18 @@ constexpr const char* kUsage =
     "                             model-state memory per rank: the engine's partition plan, by the ZeRO "
     "formulas\n"
     "                             (with pipeline.stages: per stage, over N / stages data-parallel ranks)\n"
-    "  data convert IN OUT        convert a text file to a byte-token file (vocab 256)\n"
+    "  plan --config FILE [--global-batch B] [--memory-limit SIZE] [--candidates SPEC]\n"
+    "       [--data PATH] [--out DIR] [--warmup-steps N] [--measure-steps N] [--check-steps N]\n"
+    "       [--resume-world-size N]\n"
+    "                             under mpirun at the world size to plan for: predict each candidate's\n"
+    "                             memory (SPEC \"stage=0,1,2,3;offload=none,cpu,cpu+params;micro=4,8\",\n"
+    "                             SIZE 2GiB), prune what exceeds SIZE, time the rest, rank by tokens/s;\n"
+    "                             check the chosen one against 1 rank, a save, resumes and an export;\n"
+    "                             write DIR/plan.json (train --config) and DIR/plan-report.md|json\n"
+    "  data convert IN OUT [--vocab-size N]\n"
+    "                             IN: a text file -> byte tokens (vocab 256); or token data (.npy, llm.c\n"
+    "                             .bin, Megatron .bin + .idx, ZTTOKENS; a directory or glob of shards)\n"
+    "                             -> one ZTTOKENS file (vocab N, default the largest token + 1)\n"
     "  checkpoint inspect DIR [--tag T]\n"
     "                             what a checkpoint holds: counters, world size and ZeRO stage it was\n"
     "                             saved at, optimizer, every dataset with shape and checksum\n"
@@ -168,6 +182,7 @@ int train_command(zt::Runtime& runtime, int argc, char** argv) {
   zt::TrainOptions options;
   options.steps = flags.take_integer("steps", 0).value_or(options.steps);
   options.data_path = flags.take("data");
+  options.eval_data_path = flags.take("eval-data");
   options.metrics_path = flags.take("metrics");
   options.print_every = flags.take_integer("print-every", 0);
   options.save_dir = flags.take("save-dir");
@@ -236,13 +251,27 @@ int estimate_command(zt::Runtime& runtime, int argc, char** argv) {
 }
 
 int data_command(zt::Runtime& runtime, int argc, char** argv) {
-  ZT_CHECK_AS(zt::ConfigError, argc == 5 && std::string_view(argv[2]) == "convert",
-              "usage: zerotrain data convert INPUT.txt OUTPUT.bin");
+  ZT_CHECK_AS(zt::ConfigError, argc >= 5 && std::string_view(argv[2]) == "convert",
+              "usage: zerotrain data convert INPUT OUTPUT.bin [--vocab-size N]");
+  Flags flags(argc, argv, 5);
+  const auto vocab_size = flags.take_integer("vocab-size", 1, std::numeric_limits<std::uint32_t>::max());
+  flags.require_all_used();
   if (runtime.world_rank() == 0) {
-    const zt::ConvertStats stats = zt::convert_text_file(argv[3], argv[4]);
-    std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", argv[3],
-                static_cast<unsigned long long>(stats.input_bytes),
-                static_cast<unsigned long long>(stats.tokens), argv[4]);
+    const std::string input = argv[3];
+    if (zt::is_token_data_path(input)) {  // any token format, one file or shards
+      const zt::TokenConvertStats stats =
+          zt::convert_token_files(input, argv[4], static_cast<std::uint32_t>(vocab_size.value_or(0)));
+      std::printf("converted %s: %llu file(s), %llu tokens, vocab %u -> %s\n", stats.description.c_str(),
+                  static_cast<unsigned long long>(stats.files), static_cast<unsigned long long>(stats.tokens),
+                  stats.vocab_size, argv[4]);
+    } else {
+      ZT_CHECK_AS(zt::ConfigError, !vocab_size, "--vocab-size is for token inputs; '", input,
+                  "' is a text file, converted to byte tokens (vocab 256)");
+      const zt::ConvertStats stats = zt::convert_text_file(argv[3], argv[4]);
+      std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", argv[3],
+                  static_cast<unsigned long long>(stats.input_bytes),
+                  static_cast<unsigned long long>(stats.tokens), argv[4]);
+    }
   }
   runtime.world().barrier();
   return 0;
@@ -480,7 +509,7 @@ void hold_before_mpi_init() {
 /// up and reports the error there, on rank 0 and with the job's exit code.
 zt::RuntimeOptions runtime_options(int argc, char** argv) {
   const std::string_view command = argc > 1 ? argv[1] : "";
-  if (command != "train" && command != "report") return {};
+  if (command != "train" && command != "report" && command != "plan") return {};
   for (int i = 2; i + 1 < argc; ++i) {
     if (std::string_view(argv[i]) != "--config") continue;
     try {
@@ -532,6 +561,7 @@ int main(int argc, char** argv) {
     if (command == "report") return report_command(runtime, argc, argv);
     if (command == "train") return train_command(runtime, argc, argv);
     if (command == "estimate") return estimate_command(runtime, argc, argv);
+    if (command == "plan") return zt::cli::plan_command(runtime, argc, argv);
     if (command == "data") return data_command(runtime, argc, argv);
     if (command == "checkpoint") return checkpoint_command(runtime, argc, argv);
     if (command == "swap") return swap_command(runtime, argc, argv);
