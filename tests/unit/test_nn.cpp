@@ -387,9 +387,11 @@ class RowsCollector final : public nn::GradientSink {
 };
 
 /// The layers that stream their gradients (Linear and LmHead weights by output rows, the token
-/// table by rows of tokens) give, range by range, the bits of the gradient they accumulate in one
-/// call, in fp32 and bf16.
-TEST(GradientSink, StreamedRowsAreTheFullGradientsBits) {
+/// table by rows of tokens) give, range by range, the gradient they accumulate in one call, in fp32
+/// and bf16: the token table's bits; the GEMM rows within rounding (a BLAS GEMM of 3 rows may sum in
+/// another order than one of all rows: OpenBLAS's kernels depend on the row count), everything else
+/// (biases, LayerNorms, positions, which stay full-shape) bit for bit.
+TEST(GradientSink, StreamedRowsAreTheFullGradients) {
   nn::GptConfig config = kSmallGpt;
   config.tie_embeddings = false;  // one contribution per parameter (a tied table would get two)
   for (DType dtype : {DType::fp32, DType::bf16}) {
@@ -421,10 +423,25 @@ TEST(GradientSink, StreamedRowsAreTheFullGradientsBits) {
     ASSERT_EQ(actual.size(), expected.size());
     int compared_streams = 0;
     for (std::size_t i = 0; i < actual.size(); ++i) {
-      const Tensor& gradient =
-          actual[i]->grad.defined() ? actual[i]->grad : collector.collected(actual[i]->name);
-      compared_streams += actual[i]->grad.defined() ? 0 : 1;
-      EXPECT_TRUE(same_bits(gradient, expected[i]->grad)) << actual[i]->name;
+      const std::string& name = actual[i]->name;
+      const bool streamed_rows = !actual[i]->grad.defined();
+      const Tensor& gradient = streamed_rows ? collector.collected(name) : actual[i]->grad;
+      compared_streams += streamed_rows ? 1 : 0;
+      if (!streamed_rows || name == "wte.weight") {
+        EXPECT_TRUE(same_bits(gradient, expected[i]->grad)) << name;
+        continue;
+      }
+      // fp32: a few ulps of the largest element; bf16: one rounding of an fp32 sum that differs
+      // that much can move an element by one bf16 ulp (2^-8 relative).
+      const Tensor got = gradient.to(DType::fp32), want = expected[i]->grad.to(DType::fp32);
+      double largest = 0, difference = 0;
+      for (std::int64_t k = 0; k < want.numel(); ++k) {
+        largest = std::max(largest, static_cast<double>(std::abs(want.data<float>()[k])));
+        difference =
+            std::max(difference, static_cast<double>(std::abs(got.data<float>()[k] - want.data<float>()[k])));
+      }
+      ASSERT_GT(largest, 0.0) << name;
+      EXPECT_LE(difference, (dtype == DType::fp32 ? 1e-6 : 1.0 / 128) * largest) << name;
     }
     EXPECT_EQ(compared_streams, streaming_modules);
   }
