@@ -138,7 +138,11 @@ void ZeroStrategy::stream(nn::Parameter& parameter, std::int64_t rows, const Row
   const std::int64_t piece = slot.piece_numel;
   // Range by range of the pieces, as the open bucket takes them: rank q's elements
   // [q piece + offset, + length) lie in rows [first, last), computed into a buffer of those rows
-  // only (a row two ranges share is computed for each), then converted into the bucket.
+  // only (a row two ranges share is computed for each), then converted into the bucket. One buffer
+  // for the longest range (at most a bucket region) serves every range.
+  const std::int64_t longest = std::min(piece, plan_.reduce_bucket_region());
+  Tensor range_rows =
+      execution_.empty({((longest + row - 1) / row + 1) * row}, dtype_, MemoryCategory::gradients);
   for (std::int64_t offset = 0; offset < piece;) {
     const std::int64_t length = reducer_->begin_range(index, offset, reduced_this_pass_[index] != 0);
     for (int q = 0; q < plan_.partition_count(); ++q) {
@@ -150,7 +154,9 @@ void ZeroStrategy::stream(nn::Parameter& parameter, std::int64_t rows, const Row
       }
       const std::int64_t first = begin / row;
       const std::int64_t last = (end + row - 1) / row;
-      Tensor range_rows = execution_.zeros({(last - first) * row}, dtype_, MemoryCategory::gradients);
+      ZT_CHECK((last - first) * row <= range_rows.numel(), "parameter '", parameter.name, "': a range of ",
+               (last - first) * row, " elements for a buffer of ", range_rows.numel());
+      execution_.zero(range_rows.raw_data(), static_cast<std::size_t>((last - first) * row) * element_size());
       compute(first, last - first, range_rows.raw_data());
       reducer_->write_range(q,
                             static_cast<const std::byte*>(range_rows.raw_data()) +
