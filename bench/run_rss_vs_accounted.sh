@@ -67,6 +67,8 @@ JSON
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 rm -f "$out"/time.* "$out/run.jsonl"
+# Each rank under /usr/bin/time, its file named by the rank (expanded by the rank's shell).
+# shellcheck disable=SC2016
 mpirun --oversubscribe --bind-to none -n "$ranks" \
   bash -c 'exec /usr/bin/time -f "%M" -o "$0/time.$OMPI_COMM_WORLD_RANK" "$1" train --config "$0/config.json" \
              --steps "$2" --metrics "$0/run.jsonl"' "$out" "$bin_dir/zerotrain" "$steps" > "$out/train.log" 2>&1 ||
