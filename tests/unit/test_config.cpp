@@ -1106,9 +1106,7 @@ TEST(ConfigFile, ValidationErrorsNameTheFile) {
 }
 
 TEST(ConfigFile, ExampleConfigsParseWithoutWarnings) {
-  // This file is tests/unit/test_config.cpp; the examples are in examples/configs.
-  const std::filesystem::path examples =
-      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "examples" / "configs";
+  const std::filesystem::path examples = std::filesystem::path(ZT_SOURCE_ROOT) / "examples" / "configs";
   ASSERT_TRUE(std::filesystem::is_directory(examples)) << examples;
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(examples)) {
