@@ -99,9 +99,9 @@ Launch launch_from_environment() {
     const char* size;
   };
   // SLURM_PROCID is 0 in a batch script too; SLURM_STEP_NUM_TASKS exists only in an srun step.
-  for (const Variables names : {Variables{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                Variables{"PMI_RANK", "PMI_SIZE"}, Variables{"PMIX_RANK", nullptr},
-                                Variables{"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"}}) {
+  for (const Variables names :
+       {Variables{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, Variables{"PMI_RANK", "PMI_SIZE"},
+        Variables{"PMIX_RANK", nullptr}, Variables{"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"}}) {
     const std::optional<int> rank = environment_integer(names.rank);
     if (!rank) continue;
     const std::optional<int> size = names.size ? environment_integer(names.size) : std::nullopt;
@@ -171,7 +171,8 @@ class Arguments {
     std::int64_t value = 0;
     const char* end = text->data() + text->size();
     const auto [stop, error] = std::from_chars(text->data(), end, value);
-    if (error == std::errc::result_out_of_range || (error == std::errc() && stop == end && (value < min || value > max)))
+    if (error == std::errc::result_out_of_range ||
+        (error == std::errc() && stop == end && (value < min || value > max)))
       throw UsageError("--" + std::string(name) + " " + *text + " is out of range: expected " + expected);
     if (error != std::errc() || stop != end || text->empty())
       throw UsageError("--" + std::string(name) + " expects " + expected + ", got '" + *text + "'");
@@ -185,7 +186,8 @@ class Arguments {
     const char* end = text->data() + text->size();
     const auto [stop, error] = std::from_chars(text->data(), end, value);
     if (error != std::errc() || stop != end || text->empty() || !std::isfinite(value) || value <= 0)
-      throw UsageError("--" + std::string(name) + " expects a number > 0 (such as 989e12), got '" + *text + "'");
+      throw UsageError("--" + std::string(name) + " expects a number > 0 (such as 989e12), got '" + *text +
+                       "'");
     return value;
   }
   /// Exactly the positional arguments `names` lists ("IN OUT"), in order.
@@ -194,7 +196,8 @@ class Arguments {
       throw UsageError("missing " + std::string(names.begin()[positionals_.size()]) +
                        (names.size() > 1 ? " (expected " + join(names) + ")" : std::string()));
     }
-    if (positionals_.size() > names.size()) throw UsageError("unexpected argument '" + positionals_[names.size()] + "'");
+    if (positionals_.size() > names.size())
+      throw UsageError("unexpected argument '" + positionals_[names.size()] + "'");
     return std::move(positionals_);
   }
   /// Every argument as given, for a command that hands them on (plot); nothing is left to refuse.
@@ -306,8 +309,8 @@ std::optional<std::string> forgotten_launcher_warning(int world_size) {
     return std::nullopt;
   if (const std::optional<int> step_tasks = environment_integer("SLURM_STEP_NUM_TASKS")) {
     if (*step_tasks <= 1) return std::nullopt;
-    return "srun started " + std::to_string(*step_tasks) + " tasks (SLURM_STEP_NUM_TASKS=" +
-           std::to_string(*step_tasks) +
+    return "srun started " + std::to_string(*step_tasks) +
+           " tasks (SLURM_STEP_NUM_TASKS=" + std::to_string(*step_tasks) +
            ") but MPI sees one process in each: they train alone, side by side. MPI is not wired to "
            "srun's PMI: try srun --mpi=pmix (srun --mpi=list shows the choices; docs/slurm.md)";
   }
@@ -389,15 +392,16 @@ Job prepare_estimate(Arguments& arguments) {
     if (runtime.world_rank() != 0) return 0;
     if (stages > 1) {
       std::printf(
-          "pipeline: %d stages x %d data-parallel rank(s) = %d ranks, partition \"%s\", schedule %s\n", stages,
-          estimates.front().world_size, world_size, config.pipeline.partition.c_str(),
+          "pipeline: %d stages x %d data-parallel rank(s) = %d ranks, partition \"%s\", schedule %s\n",
+          stages, estimates.front().world_size, world_size, config.pipeline.partition.c_str(),
           config.pipeline.schedule == zt::PipelineSchedule::gpipe ? "gpipe" : "1f1b");
     }
     for (const zt::MemoryEstimate& estimate : estimates) std::fputs(estimate.table().c_str(), stdout);
     if (stages > 1) {
-      const auto largest = std::max_element(
-          estimates.begin(), estimates.end(),
-          [](const zt::MemoryEstimate& a, const zt::MemoryEstimate& b) { return a.resident() < b.resident(); });
+      const auto largest = std::max_element(estimates.begin(), estimates.end(),
+                                            [](const zt::MemoryEstimate& a, const zt::MemoryEstimate& b) {
+                                              return a.resident() < b.resident();
+                                            });
       std::printf("largest per rank: stage %d, %llu B resident model states (%.3f GiB)\n",
                   largest->pipeline_stage, static_cast<unsigned long long>(largest->resident()),
                   static_cast<double>(largest->resident()) / (1024.0 * 1024.0 * 1024.0));
@@ -478,7 +482,6 @@ class CheckpointNotFound : public zt::IoError {
  public:
   using IoError::IoError;
 };
-
 
 std::string tag_listing(const std::string& dir, const std::vector<std::string>& tags) {
   if (tags.empty()) return "'" + dir + "' holds no checkpoint";
@@ -569,7 +572,6 @@ void print_summary(const zt::CheckpointSummary& summary, const std::string& dir)
   }
   std::printf("%zu datasets, %s of data\n", summary.datasets.size(), byte_size_text(stored).c_str());
 }
-
 
 enum class CheckpointAction { inspect, verify, export_weights };
 
@@ -680,8 +682,7 @@ constexpr std::string_view kCheckpointExitCodes =
 // The commands, in the order `zerotrain help` lists them. A name with a space is a subcommand of
 // the group its first word names ("zerotrain checkpoint --help" lists the group).
 const Command kCommands[] = {
-    {"report", "[--config FILE]",
-     "MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine",
+    {"report", "[--config FILE]", "MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine",
      "Prints the build (version, type, compiler), the MPI library, thread level, ranks and nodes, UCX\n"
      "and the pml in use, CUDA/NCCL, HDF5 (parallel or not), io_uring and libaio, and the watchdog's\n"
      "collective timeout with its source (ZT_COLLECTIVE_TIMEOUT, or FILE's comm.timeout_s).\n"
@@ -766,7 +767,8 @@ const Command kCommands[] = {
      "Removes the swap files of NVME_PATH whose process is gone on this host; files of other hosts\n"
      "and of running processes are kept. One process.\n",
      prepare_swap_clean},
-    {"plot", "RUN.jsonl [MORE.jsonl ...] --out DIR [--label NAME ...]", "PNGs of metrics files, runs compared",
+    {"plot", "RUN.jsonl [MORE.jsonl ...] --out DIR [--label NAME ...]",
+     "PNGs of metrics files, runs compared",
      "Writes DIR/loss.png, lr.png, tokens_per_s.png, memory.png and comm_wait.png, every run a line\n"
      "(named by its file or --label, one per run). Runs the zerotrain-plot script next to this\n"
      "executable (needs Python and matplotlib), without MPI (docs/metrics.md).\n",
