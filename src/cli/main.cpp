@@ -941,7 +941,7 @@ Prepared prepare(std::span<char* const> words) {
     prepared.who = "zerotrain " + std::string(command->name);
     hint = command->name == "help" ? std::string("zerotrain help") : prepared.who + " --help";
     const std::span<char* const> rest = words.subspan(used);
-    if (command->name != "help" && std::any_of(rest.begin(), rest.end(), is_help_flag)) {
+    if (std::any_of(rest.begin(), rest.end(), is_help_flag)) {
       prepared.job = print_job(command_usage(*command));
       return prepared;
     }
