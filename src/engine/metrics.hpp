@@ -26,8 +26,8 @@ struct MetricScalar {
   std::int64_t step = 0;
 };
 
-/// The scalars of a record: a "step" record's loss, lr, loss scale, gradient norm, throughput,
-/// communication and memory by category; none for other events.
+/// The scalars of a record: a "step" record's loss, lr, loss scale, gradient norm, throughput and
+/// MFU, communication and memory by category; none for other events.
 std::vector<MetricScalar> step_scalars(const nlohmann::json& record);
 
 class MetricsSink {
