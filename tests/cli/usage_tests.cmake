@@ -166,7 +166,7 @@ zt_add_checked_test(cli.warn.steps_past_cosine_schedule TIMEOUT 120
          "\nstep +4/5 \\| loss [0-9.]+ \\| lr 2\\.000e-07 \\|" "\nstep +5/5 \\| loss [0-9.]+ \\| lr 2\\.000e-07 \\|")
 zt_add_checked_test(cli.warn.steps_within_schedule TIMEOUT 120
   COMMAND ${zt_cli} train --config ${CMAKE_CURRENT_BINARY_DIR}/decay-3-steps.json --steps 3 --peak-flops 1e11
-  EXPECT "zerotrain train: 3 steps, loss " ABSENT "warning")
+  EXPECT "zerotrain train: 3 steps, loss " ABSENT "warning: --steps")
 set_tests_properties(cli.warn.forgotten_srun cli.warn.forgotten_srun_nprocs cli.warn.srun_one_task
                      cli.warn.srun_singletons cli.warn.mpirun_in_allocation cli.warn.steps_past_schedule
                      cli.warn.steps_past_cosine_schedule cli.warn.steps_within_schedule PROPERTIES LABELS "cli;usage")
