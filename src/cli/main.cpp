@@ -94,21 +94,17 @@ std::optional<int> environment_integer(const char* name) {
 }
 
 Launch launch_from_environment() {
-  struct Variables {
-    const char* rank;
-    const char* size;
-  };
-  // SLURM_PROCID is 0 in a batch script too; SLURM_STEP_NUM_TASKS exists only in an srun step.
-  for (const Variables names :
-       {Variables{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, Variables{"PMI_RANK", "PMI_SIZE"},
-        Variables{"PMIX_RANK", nullptr}, Variables{"SLURM_PROCID", "SLURM_STEP_NUM_TASKS"}}) {
-    const std::optional<int> rank = environment_integer(names.rank);
-    if (!rank) continue;
-    const std::optional<int> size = names.size ? environment_integer(names.size) : std::nullopt;
-    if (!size && std::string_view(names.rank) == "SLURM_PROCID") return {*rank, 1};
-    return {*rank, size.value_or(0)};
-  }
-  return {};
+  std::optional<int> rank;
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
+    if (!rank) rank = environment_integer(name);
+  // SLURM_STEP_NUM_TASKS exists only inside an srun step.
+  std::optional<int> size;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (!size) size = environment_integer(name);
+  if (!rank) return {};
+  if (size) return {*rank, *size};
+  // A PMIx launcher that does not say the size; or SLURM_PROCID=0 of a batch script: one process.
+  return {*rank, std::getenv("PMIX_RANK") != nullptr ? 0 : 1};
 }
 
 /// The arguments of one command after its name: options "--name VALUE" or "--name=VALUE" (each at
@@ -881,10 +877,15 @@ Job prepare_help(Arguments& arguments) {
   return job;
 }
 
+/// "zerotrain 0.1.0": the project version of the CMake build.
+std::string version_text() {
+  return std::string("zerotrain ") + zt::build_info::version + "\n";
+}
+
 Job prepare_version(Arguments& arguments) {
   arguments.finish();
   Job job;
-  job.without_mpi = [] { return print_on_rank0(std::string("zerotrain ") + zt::build_info::version + "\n"); };
+  job.without_mpi = [] { return print_on_rank0(version_text()); };
   return job;
 }
 
@@ -921,7 +922,7 @@ Prepared prepare(std::span<char* const> words) {
       return prepared;
     }
     if (first == "--version") {
-      prepared.job = print_job(std::string("zerotrain ") + zt::build_info::version + "\n");
+      prepared.job = print_job(version_text());
       return prepared;
     }
     std::size_t used = 0;

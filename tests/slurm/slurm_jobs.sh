@@ -18,6 +18,8 @@
 #              exactly its --cpus-per-task cores: 1 task x 2 CPUs, then 2 tasks x 1 CPU
 #   forgotten_srun  a batch script of 2 tasks that runs zerotrain without srun: one warning naming
 #              SLURM_NTASKS=2 and srun; none from srun -n 1 and srun -n 2 in the same script
+#   usage_error  srun -n 1 and -n 2 of `zerotrain train --stpes 5`: exit 2, the usage error's line
+#              once, no MPI_Abort
 # usage: slurm_jobs.sh MODE ZEROTRAIN SOURCE_DIR CLUSTER_DIR WORK_DIR
 # Exits 77 after "SKIPPED: ..." when the cluster is not up. Every wait is bounded.
 set -euo pipefail
@@ -336,6 +338,18 @@ case "$mode" in
       if grep -q "warning" <<<"$run"; then fail "a warning under srun -n $shape: $run"; fi
     done
     echo "job $job: the warning without srun; none under srun -n 1 and srun -n 2"
+    ;;
+  usage_error)
+    # Under srun as under mpirun: exit 2, the one line once, no MPI_Abort (docs/cli.md).
+    line="zerotrain train: unknown option '--stpes' (see 'zerotrain train --help')"
+    for tasks in 1 2; do
+      code=0
+      output=$(timeout 120 srun -n "$tasks" -c 1 --mpi=pmix "$zt" train --config "$ZT_CONFIG" --stpes 5 2>&1) || code=$?
+      [ "$code" = 2 ] || fail "srun -n $tasks: exit $code, expected 2: $output"
+      [ "$(grep -cxF "$line" <<<"$output")" = 1 ] || fail "srun -n $tasks: not the line once: $output"
+      if grep -q "MPI_ABORT\|fatal error" <<<"$output"; then fail "srun -n $tasks: an abort: $output"; fi
+      echo "srun -n $tasks: exit 2, the line once; all the output: $(tr '\n' '|' <<<"$output")"
+    done
     ;;
   *)
     echo "unknown mode $mode" >&2
