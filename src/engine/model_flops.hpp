@@ -24,7 +24,8 @@ struct MatmulProbe {
 };
 /// The engine's host matmul kernel (the one Linear layers run, its threads included) on n x n
 /// operands in `dtype`: n doubles from 128 until one call takes an eighth of `budget_seconds` (or n
-/// reaches 1024), then calls at that size while the budget lasts; the best call counts.
+/// reaches 1024), then calls at that size while the budget lasts (at least 3 within twice the
+/// budget); the best call counts. The first call, a warm-up (threads started), is not timed.
 MatmulProbe probe_matmul(DType dtype, double budget_seconds = 0.03);
 
 }  // namespace zt::engine_detail

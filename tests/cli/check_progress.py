@@ -100,7 +100,7 @@ if header:
     total, rank0, size, calls = float(header[1]), float(header[2]), int(header[3]), int(header[4])
     check(math.isclose(total, start.get("peak_flops", 0), rel_tol=1e-2), f"probe: header {total} vs metrics {start}")
     check(0 < rank0 < total, f"probe: rank 0's {rank0} is a part of the sum {total} of 2 ranks")
-    check(size in (128, 256, 512, 1024) and calls >= 3, f"probe: {size}^3, {calls} calls")
+    check(size in (128, 256, 512, 1024) and calls >= 1, f"probe: {size}^3, {calls} calls")
 
 if failures:
     print(f"FAIL: {len(failures)} check(s) failed")
