@@ -1,7 +1,9 @@
 // What checking a token file at open costs (docs/benchmarks.md, "Token files"): open() alone (the
 // O(1) header checks and the recorded token range), open() of a file without a recorded range
 // (one pass for the range), and open(verify) as `zerotrain train` does it (CRC32C + range, one
-// pass), against a plain read of the same bytes (the anchor: what touching every page costs).
+// pass), against a plain read of the same bytes (the anchor: what touching every page costs); and
+// zt::TokenCorpus::open of the same tokens as a NumPy .npy and as 4 llm.c shards (header checks and
+// one pass over the tokens for the vocabulary range, what `zerotrain train` does for them).
 //   zt_bench_token_file [--tokens N] [--dir DIR] [--repeats R]
 #include <chrono>
 #include <cstdio>
@@ -64,6 +66,33 @@ int main(int argc, char** argv) {
     file.seekp(40);
     file.write(zeros, sizeof zeros);
   }
+  // The same tokens as .npy (version 1.0, '<u2') and as 4 llm.c shards (magic 20240520 version 1).
+  const std::filesystem::path npy_path = dir / "zt_bench_token_file.npy";
+  const std::filesystem::path shard_dir = dir / "zt_bench_token_file_shards";
+  {
+    const zt::TokenDataset source = zt::TokenDataset::open(path);
+    const auto* token_bytes = reinterpret_cast<const char*>(source.view().bytes().data());
+    std::string header =
+        "{'descr': '<u2', 'fortran_order': False, 'shape': (" + std::to_string(tokens) + ",), }";
+    header.append(64 - (10 + header.size() + 1) % 64, ' ');
+    header += '\n';
+    std::ofstream npy(npy_path, std::ios::binary | std::ios::trunc);
+    const char preamble[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
+    const auto length = static_cast<std::uint16_t>(header.size());
+    npy.write(preamble, sizeof preamble);
+    npy.write(reinterpret_cast<const char*>(&length), sizeof length);
+    npy << header;
+    npy.write(token_bytes, static_cast<std::streamsize>(2 * tokens));
+    std::filesystem::create_directories(shard_dir);
+    for (std::uint64_t shard = 0; shard < 4; ++shard) {
+      const std::uint64_t first = shard * tokens / 4, count = (shard + 1) * tokens / 4 - first;
+      std::int32_t words[256] = {20240520, 1, static_cast<std::int32_t>(count)};
+      std::ofstream out(shard_dir / ("shard_" + std::to_string(shard) + ".bin"),
+                        std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(words), sizeof words);
+      out.write(token_bytes + 2 * first, static_cast<std::streamsize>(2 * count));
+    }
+  }
   const double bytes = static_cast<double>(std::filesystem::file_size(path));
   const std::size_t block = 1 << 20;
   std::vector<char> buffer(block);
@@ -76,8 +105,15 @@ int main(int argc, char** argv) {
   const double open_s = median_seconds(repeats, [&] { sink += zt::TokenDataset::open(path).size(); });
   const double old_open_s = median_seconds(repeats, [&] { sink += zt::TokenDataset::open(old_path).size(); });
   const double verify_s = median_seconds(repeats, [&] { sink += zt::TokenDataset::open(path, true).size(); });
+  const zt::TokenCorpusOptions vocab{.vocab_size = 50257};
+  const double npy_s =
+      median_seconds(repeats, [&] { sink += zt::TokenCorpus::open(npy_path, vocab).size(); });
+  const double shards_s =
+      median_seconds(repeats, [&] { sink += zt::TokenCorpus::open(shard_dir, vocab).size(); });
   std::filesystem::remove(path);
   std::filesystem::remove(old_path);
+  std::filesystem::remove(npy_path);
+  std::filesystem::remove_all(shard_dir);
   const double gib = bytes / (1024.0 * 1024.0 * 1024.0);
   std::printf("token file: %llu tokens of 2 bytes, %.3f GiB, median of %d (page cache warm)\n",
               static_cast<unsigned long long>(tokens), gib, repeats);
@@ -89,5 +125,7 @@ int main(int argc, char** argv) {
   row("open(), range recorded in the header", open_s);
   row("open(), older file: range read once", old_open_s);
   row("open(path, true): CRC32C + range (train)", verify_s);
+  row("TokenCorpus .npy: header + vocab range pass", npy_s);
+  row("TokenCorpus 4 llm.c shards: the same", shards_s);
   return sink == 0 ? 1 : 0;
 }

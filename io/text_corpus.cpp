@@ -8,6 +8,7 @@
 
 #include "base/text.hpp"
 #include "io/splitmix64.hpp"
+#include "io/token_storage.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 
@@ -20,16 +21,8 @@ std::vector<std::uint32_t> tokenize_bytes(std::string_view text) {
 }
 
 ConvertStats convert_text_file(const std::filesystem::path& input, const std::filesystem::path& output) {
-  // The output replaces whatever is at its name: never the input itself, under any name (the same
-  // path, a symbolic or a hard link): compared by device and inode, as the kernel knows files.
+  io::refuse_output_onto_input(input, output, "text");
   struct stat input_info {};
-  struct stat output_info {};
-  if (::stat(input.c_str(), &input_info) == 0 && ::stat(output.c_str(), &output_info) == 0 &&
-      input_info.st_dev == output_info.st_dev && input_info.st_ino == output_info.st_ino) {
-    ZT_THROW_AS(IoError, "output '", output.string(), "' is the input file '", input.string(),
-                "' (the same file, through a link or the same path): converting would replace the text "
-                "with its tokens; choose another output path");
-  }
   if (::stat(input.c_str(), &input_info) == 0 && S_ISDIR(input_info.st_mode))
     ZT_THROW_AS(IoError, "input '", input.string(), "' is a directory; expected a text file");
   std::ifstream in(input, std::ios::binary);

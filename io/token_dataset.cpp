@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <utility>
 
 #include "base/text.hpp"
+#include "io/token_storage.hpp"
 #include "zerotrain/data.hpp"
 #include "zerotrain/error.hpp"
 
@@ -56,12 +58,8 @@ constexpr CrcTables make_crc_tables() {
 
 constexpr CrcTables kCrcTables = make_crc_tables();
 
-template <typename T>
-T load_le(const std::byte* at) {
-  T value;
-  std::memcpy(&value, at, sizeof(T));
-  return value;
-}
+using io::load_le;
+using io::token_extremes;
 
 template <typename T>
 void store_le(std::byte* at, T value) {
@@ -289,55 +287,93 @@ TokenView::TokenView(const std::byte* data, std::uint64_t count, std::uint32_t t
            ", expected 2 or 4");
 }
 
+struct TokenView::Segments {
+  std::vector<Segment> segments;
+  std::vector<std::uint64_t> starts;  // where each segment begins in the sequence, ascending
+
+  /// The segment holding token `index` (< the total).
+  [[nodiscard]] std::size_t find(std::uint64_t index) const {
+    return static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), index) - starts.begin()) -
+           1;
+  }
+};
+
+TokenView::TokenView(std::span<const Segment> segments, std::uint32_t vocab_size, std::string_view source)
+    : vocab_size_(vocab_size), source_(source) {
+  auto parts = std::make_shared<Segments>();
+  for (const Segment& segment : segments) {
+    ZT_CHECK(segment.width == 2 || segment.width == 4, "token width of '", segment.source, "' is ",
+             segment.width, ", expected 2 or 4");
+    if (segment.count == 0) continue;  // nothing to find there
+    parts->starts.push_back(count_);
+    parts->segments.push_back(segment);
+    count_ += segment.count;
+  }
+  if (parts->segments.size() == 1) {  // one stretch after all: the plain view
+    data_ = parts->segments.front().data;
+    width_ = parts->segments.front().width;
+    return;
+  }
+  width_ = parts->segments.empty() ? 2 : parts->segments.front().width;
+  segments_ = std::move(parts);
+}
+
+std::span<const std::byte> TokenView::bytes() const {
+  ZT_CHECK(segments_ == nullptr, "the tokens of '", source_, "' lie in ", segments_->segments.size(),
+           " separate stretches (shards), not in one span of bytes");
+  return {data_, count_ * width_};
+}
+
+namespace {
+
+std::uint32_t load_token(const std::byte* data, std::uint32_t width, std::uint64_t index) {
+  const std::byte* at = data + index * width;
+  return width == 2 ? load_le<std::uint16_t>(at) : load_le<std::uint32_t>(at);
+}
+
+}  // namespace
+
 std::uint32_t TokenView::operator[](std::uint64_t index) const {
-  const std::byte* at = data_ + index * width_;
-  return width_ == 2 ? load_le<std::uint16_t>(at) : load_le<std::uint32_t>(at);
+  if (segments_ == nullptr) return load_token(data_, width_, index);
+  const std::size_t s = segments_->find(index);
+  const Segment& segment = segments_->segments[s];
+  return load_token(segment.data, segment.width, index - segments_->starts[s]);
 }
 
 void TokenView::copy_to(std::uint64_t first, std::span<std::int32_t> out) const {
   ZT_CHECK(first <= count_ && out.size() <= count_ - first, "tokens [", first, ", ", first + out.size(),
            ") of '", source_, "' requested, but it holds ", count_, " tokens");
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const std::uint32_t token = (*this)[first + i];
-    // Checked here, where it costs nothing next to the copy, so open() can stay O(1).
-    if (token >= vocab_size_)
-      ZT_THROW_AS(IoError, "tokens of '", source_, "': token ", first + i, " is ", token,
-                  ", expected < vocab size ", vocab_size_);
-    out[i] = static_cast<std::int32_t>(token);
+  std::size_t done = 0;
+  while (done < out.size()) {
+    // The stretch of storage that holds token first + done, and how much of `out` it fills.
+    Segment segment{data_, count_, width_, source_};
+    std::uint64_t start = 0;
+    if (segments_ != nullptr) {
+      const std::size_t s = segments_->find(first + done);
+      segment = segments_->segments[s];
+      start = segments_->starts[s];
+    }
+    const std::uint64_t offset = first + done - start;
+    const auto n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(out.size() - done, segment.count - offset));
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t token = load_token(segment.data, segment.width, offset + i);
+      // Checked here, where it costs nothing next to the copy, so open() can stay O(1).
+      if (token >= vocab_size_)
+        ZT_THROW_AS(IoError, "tokens of '", segment.source, "': token ", offset + i, " is ", token,
+                    ", expected < vocab size ", vocab_size_);
+      out[done + i] = static_cast<std::int32_t>(token);
+    }
+    done += n;
   }
 }
 
 // ---- reader ------------------------------------------------------------------------------------
 
-// A read-only mapping of a whole file.
-struct TokenDataset::Mapping {
-  void* address = nullptr;
-  std::size_t size = 0;
-
-  Mapping(const std::filesystem::path& path, std::size_t expected_min) {
-    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0)
-      ZT_THROW_AS(IoError, "cannot open token file '", path.string(), "': ", errno_text(errno));
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0)
-      ZT_THROW_AS(IoError, "cannot stat token file '", path.string(), "': ", errno_text(errno));
-    if (!S_ISREG(info.st_mode))
-      ZT_THROW_AS(IoError, "token file '", path.string(), "' is not a regular file");
-    size = static_cast<std::size_t>(info.st_size);
-    if (size < expected_min)
-      ZT_THROW_AS(IoError, "token file '", path.string(), "' is truncated: ", size,
-                  " bytes, expected at least the ", expected_min, "-byte header");
-    address = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-    if (address == MAP_FAILED)
-      ZT_THROW_AS(IoError, "cannot mmap token file '", path.string(), "' (", size,
-                  " bytes): ", errno_text(errno));
-    // The descriptor closes here; the mapping stays valid on its own.
-  }
-  ~Mapping() { ::munmap(address, size); }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-
-  [[nodiscard]] const std::byte* bytes() const { return static_cast<const std::byte*>(address); }
+// A read-only mapping of the whole token file.
+struct TokenDataset::Mapping : io::MappedFile {
+  Mapping(const std::filesystem::path& path, std::size_t expected_min)
+      : MappedFile(path, "token file", expected_min) {}
 };
 
 TokenDataset::TokenDataset(std::filesystem::path path, std::unique_ptr<Mapping> mapping,
@@ -371,21 +407,21 @@ TokenDataset TokenDataset::open(const std::filesystem::path& path, bool verify_t
   if (stored_header_crc != header_crc)
     ZT_THROW_AS(IoError, "token file '", name, "': header checksum mismatch (stored ", stored_header_crc,
                 ", computed ", header_crc, "); the header is corrupt");
-  if (header.header_size < kTokenFileHeaderSize || header.header_size > mapping->size)
+  if (header.header_size < kTokenFileHeaderSize || header.header_size > mapping->size())
     ZT_THROW_AS(IoError, "token file '", name, "': header size ", header.header_size,
-                " is invalid, expected ", kTokenFileHeaderSize, " to the file size ", mapping->size);
+                " is invalid, expected ", kTokenFileHeaderSize, " to the file size ", mapping->size());
   check_width(header.token_width, header.vocab_size, path);
 
   // Compare in tokens, not bytes, so a corrupt count cannot overflow the size computation.
-  const std::uint64_t payload_bytes = mapping->size - header.header_size;
+  const std::uint64_t payload_bytes = mapping->size() - header.header_size;
   const std::uint64_t stored_tokens = payload_bytes / header.token_width;
   if (header.token_count > stored_tokens) {
-    ZT_THROW_AS(IoError, "token file '", name, "' is truncated: ", mapping->size, " bytes, expected ",
+    ZT_THROW_AS(IoError, "token file '", name, "' is truncated: ", mapping->size(), " bytes, expected ",
                 header.header_size, " + ", header.token_count, " tokens * ", header.token_width, " = ",
                 expected_file_size(header), " bytes");
   }
   if (header.token_count < stored_tokens || payload_bytes % header.token_width != 0)
-    ZT_THROW_AS(IoError, "token file '", name, "' has trailing data: ", mapping->size, " bytes, expected ",
+    ZT_THROW_AS(IoError, "token file '", name, "' has trailing data: ", mapping->size(), " bytes, expected ",
                 header.header_size, " + ", header.token_count, " tokens * ", header.token_width, " = ",
                 expected_file_size(header), " bytes");
 
@@ -412,24 +448,6 @@ TokenView TokenDataset::view() const {
                    header_.vocab_size, path_string_);
 }
 
-namespace {
-
-/// The smallest and largest of `count` little-endian tokens of type T: a loop the compiler
-/// vectorizes, a small fraction of the checksum's cost.
-template <typename T>
-std::pair<std::uint32_t, std::uint32_t> token_extremes(const std::byte* data, std::uint64_t count) {
-  T low = std::numeric_limits<T>::max();
-  T high = 0;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const T token = load_le<T>(data + i * sizeof(T));  // memcpy: any header size, no aliasing
-    low = std::min(low, token);
-    high = std::max(high, token);
-  }
-  return {low, high};
-}
-
-}  // namespace
-
 void TokenDataset::verify(bool checksum) const {
   const TokenView tokens = view();
   if (checksum) {
@@ -439,8 +457,9 @@ void TokenDataset::verify(bool checksum) const {
                   header_.tokens_crc32c, ", tokens give ", crc, "; the file is corrupt");
   }
   if (tokens.size() == 0) return;
+  using Range = std::pair<std::uint32_t, std::uint32_t>;
   const auto [low, high] = tokens.token_width() == 2
-                               ? token_extremes<std::uint16_t>(tokens.bytes().data(), tokens.size())
+                               ? Range(token_extremes<std::uint16_t>(tokens.bytes().data(), tokens.size()))
                                : token_extremes<std::uint32_t>(tokens.bytes().data(), tokens.size());
   const bool outside_range =
       header_.token_range_recorded && (low < header_.min_token || high > header_.max_token);

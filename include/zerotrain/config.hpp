@@ -239,6 +239,15 @@ struct DataConfig {
   DataFormat format = DataFormat::automatic;
 };
 
+/// "eval" (zerotrain): the validation loss of `zerotrain train` (docs/config.md, "eval"): the mean
+/// loss over `batches` global batches of the eval data (its first batches x train_batch_size
+/// windows, in file order), after every `interval`-th optimizer step and at the end of the run.
+struct EvalConfig {
+  std::optional<std::string> data;  // the eval data (any data path); --eval-data wins
+  std::int64_t interval = 0;        // optimizer steps; 0: only at the end of the run
+  std::int64_t batches = 10;        // global batches of train_batch_size samples each
+};
+
 /// "comm" (zerotrain): the watchdog's collective timeout (docs/fault-detection.md).
 struct CommConfig {
   /// Seconds; 0 (or "off" in the file) turns the watchdog off; else kMinimumCollectiveTimeoutSeconds
@@ -340,6 +349,7 @@ class Config {
 
   std::optional<ModelConfig> model;  // zerotrain
   std::optional<DataConfig> data;    // zerotrain
+  std::optional<EvalConfig> eval;    // zerotrain
   CommConfig comm;                   // zerotrain
 
  private:

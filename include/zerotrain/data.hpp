@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,10 +80,19 @@ class TokenFileWriter {
 TokenFileHeader write_token_file(const std::filesystem::path& path, std::span<const std::uint32_t> tokens,
                                  std::uint32_t vocab_size, std::uint32_t token_width = 0);
 
-/// A read-only, non-owning view of tokens stored 2 or 4 bytes wide (little-endian). Cheap to copy;
-/// whoever owns the storage (TokenDataset, a vector) must outlive it.
+/// A read-only, non-owning view of tokens stored 2 or 4 bytes wide (little-endian): one stretch of
+/// storage, or several read as one sequence (the shards of a TokenCorpus). Cheap to copy; whoever
+/// owns the storage (TokenDataset, TokenCorpus, a vector) must outlive it.
 class TokenView {
  public:
+  /// One stretch of a view of several: `count` tokens of `width` bytes at `data`, from `source`.
+  struct Segment {
+    const std::byte* data = nullptr;
+    std::uint64_t count = 0;
+    std::uint32_t width = 2;
+    std::string_view source;
+  };
+
   TokenView() = default;
   TokenView(std::span<const std::uint16_t> tokens, std::uint32_t vocab_size,
             std::string_view source = "memory");
@@ -91,25 +101,33 @@ class TokenView {
   /// Raw little-endian storage, as in a mapped file.
   TokenView(const std::byte* data, std::uint64_t count, std::uint32_t token_width, std::uint32_t vocab_size,
             std::string_view source);
+  /// The segments one after the other, as one sequence of tokens (widths may differ).
+  TokenView(std::span<const Segment> segments, std::uint32_t vocab_size, std::string_view source);
 
   [[nodiscard]] std::uint64_t size() const { return count_; }
   [[nodiscard]] std::uint32_t vocab_size() const { return vocab_size_; }
+  /// The width of a view of one segment (a view of several: the first segment's).
   [[nodiscard]] std::uint32_t token_width() const { return width_; }
   /// Where the tokens come from (a file path, "builtin corpus"), for error messages.
   [[nodiscard]] std::string_view source() const { return source_; }
-  [[nodiscard]] std::span<const std::byte> bytes() const { return {data_, count_ * width_}; }
+  /// The storage of a view of one segment (ZT_CHECK: a view of several has no one span).
+  [[nodiscard]] std::span<const std::byte> bytes() const;
+  [[nodiscard]] bool segmented() const { return segments_ != nullptr; }
 
   [[nodiscard]] std::uint32_t operator[](std::uint64_t index) const;
   /// Copies tokens [first, first + out.size()) into out, checking each is < vocab_size
-  /// (IoError naming the source, the index and the value otherwise).
+  /// (IoError naming the source, the index and the value otherwise; in a view of several
+  /// segments the segment's source and the index within it).
   void copy_to(std::uint64_t first, std::span<std::int32_t> out) const;
 
  private:
+  struct Segments;  // the segments and where each starts in the sequence
   const std::byte* data_ = nullptr;
   std::uint64_t count_ = 0;
   std::uint32_t width_ = 4;
   std::uint32_t vocab_size_ = 0;
   std::string_view source_;
+  std::shared_ptr<const Segments> segments_;  // null: one segment, data_
 };
 
 /// A token file mapped read-only into memory. open() checks magic, version, header size and
@@ -146,6 +164,94 @@ class TokenDataset {
   std::unique_ptr<Mapping> mapping_;
   TokenFileHeader header_;
 };
+
+// ---- the ecosystem's token formats and sharded datasets ----------------------------------------
+
+/// The token file formats a data path may hold, told apart by their first bytes (docs/data.md):
+/// zerotrain's ZTTOKENS; a NumPy .npy array (1-D, C order, dtype <u2, <u4 or <i4); an llm.c token
+/// shard (.bin with a header of 256 int32: magic 20240520 version 1 uint16 tokens, or magic 20240801
+/// version 7 uint32 tokens); a Megatron-LM / Megatron-DeepSpeed indexed dataset (PREFIX.bin with
+/// PREFIX.idx, whose header starts "MMIDIDX\0\0"; token dtype uint16 or int32).
+enum class TokenFileFormat { zttokens, npy, llmc, megatron };
+std::string_view to_string(TokenFileFormat format);
+
+/// The format of the file at `path` by its header (a Megatron .bin by the .idx next to it); nullopt
+/// when it is none of them (a text file, say). IoError when it cannot be read.
+std::optional<TokenFileFormat> detect_token_file_format(const std::filesystem::path& path);
+
+/// Whether `path` names token data for TokenCorpus::open: a directory, a glob pattern (`*?[`) that is
+/// no existing file, a Megatron PREFIX (PREFIX.bin and PREFIX.idx exist), or a file of a token
+/// format. False for other files (text) and for missing paths.
+bool is_token_data_path(const std::string& path);
+
+/// One file of a TokenCorpus.
+struct TokenShard {
+  std::filesystem::path path;  ///< a Megatron dataset's .bin (its .idx next to it)
+  TokenFileFormat format = TokenFileFormat::zttokens;
+  std::uint64_t tokens = 0;
+  std::uint32_t token_width = 2;
+  std::uint32_t vocab_size = 0;  ///< ZTTOKENS: its header's; others: the corpus's (they record none)
+  std::uint32_t max_token = 0;   ///< the largest token (0 when empty)
+  std::uint64_t documents = 0;   ///< Megatron: documents in its index; 0 for formats without them
+};
+
+struct TokenCorpusOptions {
+  /// Every token must be < vocab_size (an IoError naming the file, the token's index and byte
+  /// offset and its value otherwise); 0: no bound beyond a ZTTOKENS header's own. The formats other
+  /// than ZTTOKENS record no vocabulary: theirs is vocab_size, or the largest token + 1 when 0.
+  std::uint32_t vocab_size = 0;
+  /// ZTTOKENS: check every token file's CRC32C (TokenDataset::verify).
+  bool verify_checksums = true;
+};
+
+/// A dataset of one or more token files of any TokenFileFormat, memory-mapped (nothing copied) and
+/// read as one sequence of tokens: the files in order, each file's tokens (a Megatron dataset's
+/// documents in index order) one after the other. `path` is a file, a directory (its files of a
+/// known format, in name order; other files are ignored, a directory without any is an error) or a
+/// glob pattern (`data/shard_*.bin`, matches in name order). Each file is validated at open: its
+/// header, its size against the header (truncated or trailing bytes), a Megatron index against its
+/// .bin, and every token against the vocabulary: one pass over the tokens, like the checksum.
+class TokenCorpus {
+ public:
+  static TokenCorpus open(const std::string& path, const TokenCorpusOptions& options = {});
+
+  TokenCorpus(TokenCorpus&&) noexcept;
+  TokenCorpus& operator=(TokenCorpus&&) noexcept;
+  ~TokenCorpus();
+
+  /// All tokens; valid while this corpus lives.
+  [[nodiscard]] TokenView view() const;
+  [[nodiscard]] std::uint64_t size() const { return token_count_; }
+  /// The largest of the shards' vocabularies (see TokenShard::vocab_size).
+  [[nodiscard]] std::uint32_t vocab_size() const { return vocab_size_; }
+  [[nodiscard]] const std::vector<TokenShard>& shards() const { return shards_; }
+  /// "llm.c token file data/x.bin", "4 npy files in data/ (a.npy .. d.npy)", for logs.
+  [[nodiscard]] const std::string& description() const { return description_; }
+
+ private:
+  struct Storage;
+  TokenCorpus() = default;
+
+  std::unique_ptr<Storage> storage_;
+  std::vector<TokenShard> shards_;
+  std::uint64_t token_count_ = 0;
+  std::uint32_t vocab_size_ = 0;
+  std::string description_;
+};
+
+/// What convert_token_files did.
+struct TokenConvertStats {
+  std::uint64_t files = 0;
+  std::uint64_t tokens = 0;
+  std::uint32_t vocab_size = 0;
+  std::string description;  // the input, as TokenCorpus::description
+};
+
+/// Converts a TokenCorpus (any format, one file or shards) into one ZTTOKENS file, atomically. The
+/// vocabulary written is `vocab_size` (every token checked < it), or when 0 a ZTTOKENS input's own
+/// / the largest token + 1. Backs `zerotrain data convert IN OUT` for token inputs.
+TokenConvertStats convert_token_files(const std::string& input, const std::filesystem::path& output,
+                                      std::uint32_t vocab_size = 0);
 
 // ---- text -> tokens ----------------------------------------------------------------------------
 

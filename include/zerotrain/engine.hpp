@@ -189,6 +189,11 @@ class Engine {
   bool step();
   /// Loss of a micro-batch without gradients (the model is put in eval mode and back).
   double eval(const Batch& batch);
+  /// The loss of each sample (row of dimension 0) of a micro-batch without gradients, in eval mode
+  /// (dropout off): for a GPT the mean cross-entropy over the row's positions. The same on every
+  /// rank of a pipeline (the last stage's values); a row's value does not depend on the other rows'
+  /// contents. Optimizer state, loss scale and counters are untouched.
+  std::vector<double> eval_rows(const Batch& batch);
 
   /// Save a checkpoint to DIR/TAG.h5 (collective over the data-parallel ranks, at an accumulation
   /// boundary): written under a temporary name, synced, renamed, then DIR/latest names it. Returns

@@ -46,6 +46,11 @@ class TrainingData {
 std::unique_ptr<TrainingData> make_training_data(const Config& config, const Engine& engine,
                                                  const std::optional<std::string>& path_override);
 
+/// The eval data of a GPT at `path` (any data path; its format detected): its windows of seq_len
+/// in file order, not shuffled, sharded for this engine's data-parallel rank like the training data.
+std::unique_ptr<TrainingData> make_eval_data(const Config& config, const Engine& engine,
+                                             const std::string& path);
+
 /// What `zerotrain train` exits with after a SIGTERM or SIGUSR1 stopped it: the step finished and
 /// the checkpoint is saved, or the signal came during start-up and there was nothing new to save
 /// (EX_TEMPFAIL: "try again", e.g. requeue and --resume auto).
@@ -90,6 +95,8 @@ struct TrainOptions {
   std::optional<std::string> data_path;     // overrides the config's data.path
   std::optional<std::string> metrics_path;  // JSON lines, written by rank 0
   std::optional<std::int64_t> print_every;  // progress line interval; default: steps_per_print or 10
+  /// The validation loss's data; overrides the config's eval.data (docs/config.md, "eval").
+  std::optional<std::string> eval_data_path;
   /// Checkpoints: directory (default: the config's checkpoint.save_dir), interval in optimizer
   /// steps (default: checkpoint.save_interval; 0 = only at the end and on a signal) and how many
   /// to keep (default: checkpoint.keep_last; 0 = all). With a directory the run also saves when it
@@ -125,6 +132,8 @@ struct TrainSummary {
   std::int64_t resumed_from_step = 0;     // global step of the loaded checkpoint (0: fresh start)
   std::optional<std::string> last_saved;  // tag of the last checkpoint written
   bool preempted = false;                 // stopped by SIGTERM / SIGUSR1 (exit kPreemptedExitCode)
+  std::optional<double> last_eval_loss;   // the last validation loss (with eval data)
+  std::int64_t evaluations = 0;           // how many times the validation loss was computed
 };
 
 /// Build the model and engine from the config and train. Collective: every rank calls it.

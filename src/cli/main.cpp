@@ -327,6 +327,7 @@ Job prepare_train(Arguments& arguments) {
   zt::TrainOptions options;
   options.steps = arguments.take_integer("steps", 0).value_or(options.steps);
   options.data_path = arguments.take("data");
+  options.eval_data_path = arguments.take("eval-data");
   options.metrics_path = arguments.take("metrics");
   options.print_every = arguments.take_integer("print-every", 0);
   options.peak_flops = arguments.take_positive_number("peak-flops");
@@ -410,15 +411,27 @@ Job prepare_estimate(Arguments& arguments) {
 // ---- data --------------------------------------------------------------------------------------
 
 Job prepare_data_convert(Arguments& arguments) {
-  const std::vector<std::string> files = arguments.positionals({"INPUT.txt", "OUTPUT.bin"});
+  const std::vector<std::string> files = arguments.positionals({"INPUT", "OUTPUT.bin"});
+  const std::optional<std::int64_t> vocab_size =
+      arguments.take_integer("vocab-size", 1, std::numeric_limits<std::uint32_t>::max());
   arguments.finish();
   Job job;
-  job.with_mpi = [files](zt::Runtime& runtime) {
+  job.with_mpi = [files, vocab_size](zt::Runtime& runtime) {
     if (runtime.world_rank() == 0) {
-      const zt::ConvertStats stats = zt::convert_text_file(files[0], files[1]);
-      std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", files[0].c_str(),
-                  static_cast<unsigned long long>(stats.input_bytes),
-                  static_cast<unsigned long long>(stats.tokens), files[1].c_str());
+      if (zt::is_token_data_path(files[0])) {  // any token format, one file or shards
+        const zt::TokenConvertStats stats =
+            zt::convert_token_files(files[0], files[1], static_cast<std::uint32_t>(vocab_size.value_or(0)));
+        std::printf("converted %s: %llu file(s), %llu tokens, vocab %u -> %s\n", stats.description.c_str(),
+                    static_cast<unsigned long long>(stats.files),
+                    static_cast<unsigned long long>(stats.tokens), stats.vocab_size, files[1].c_str());
+      } else {
+        ZT_CHECK_AS(zt::ConfigError, !vocab_size, "--vocab-size is for token inputs; '", files[0],
+                    "' is a text file, converted to byte tokens (vocab 256)");
+        const zt::ConvertStats stats = zt::convert_text_file(files[0], files[1]);
+        std::printf("converted %s: %llu bytes -> %llu tokens in %s\n", files[0].c_str(),
+                    static_cast<unsigned long long>(stats.input_bytes),
+                    static_cast<unsigned long long>(stats.tokens), files[1].c_str());
+      }
     }
     runtime.world().barrier();
     return 0;
@@ -695,8 +708,11 @@ const Command kCommands[] = {
      "options:\n"
      "  --config FILE            the ds_config JSON file (examples/configs/); required\n"
      "  --steps N                train until the global optimizer step reaches N (default 100)\n"
-     "  --data PATH              a ZTTOKENS token file or a text file (default: the config's \"data\",\n"
-     "                           else the built-in corpus; docs/data.md)\n"
+     "  --data PATH              the training data: token data (ZTTOKENS, .npy, llm.c, Megatron, shards)\n"
+     "                           or a text file (default: the config's \"data\", else the built-in\n"
+     "                           corpus; docs/data.md)\n"
+     "  --eval-data PATH         validation loss on PATH's first eval.batches global batches, every\n"
+     "                           eval.interval steps and at the end (docs/config.md, \"eval\")\n"
      "  --print-every N          a progress line every N steps (default: steps_per_print, else 10;\n"
      "                           0: none): step i/N, loss, lr, tok/s, MFU, memory, elapsed and ETA\n"
      "  --metrics PATH           JSON-lines metrics, written by rank 0 (docs/metrics.md)\n"
@@ -730,9 +746,13 @@ const Command kCommands[] = {
      "  --world-size N           the number of ranks to plan for; required\n"
      "  --params P               the parameter count (default: the config's model's)\n",
      prepare_estimate},
-    {"data convert", "INPUT.txt OUTPUT.bin", "convert a text file to a byte-token file (vocab 256)",
-     "Writes OUTPUT.bin, a ZTTOKENS file of INPUT.txt's bytes as tokens, for `zerotrain train --data`\n"
-     "(docs/data.md).\n",
+    {"data convert", "INPUT OUTPUT.bin [--vocab-size N]", "a text file or token shards to one ZTTOKENS file",
+     "Writes OUTPUT.bin, a ZTTOKENS file for `zerotrain train --data` (docs/data.md). INPUT: a text\n"
+     "file, whose bytes become the tokens (vocab 256); or token data (.npy, llm.c .bin, Megatron .bin +\n"
+     ".idx, ZTTOKENS; a directory or glob of shards).\n"
+     "\n"
+     "options:\n"
+     "  --vocab-size N           token inputs: the vocabulary (default: the largest token + 1)\n",
      prepare_data_convert},
     {"checkpoint inspect", "DIR [--tag T]",
      "what a checkpoint holds: counters, layout, optimizer, every dataset",
@@ -895,11 +915,13 @@ bool is_help_flag(std::string_view word) {
   return word == "--help" || word == "-h";
 }
 
-/// The command line, checked before MPI starts: the job, or the text of a usage error.
+/// The command line, checked before MPI starts: the job, or the text of an error and its exit code
+/// (a usage error's; 1 for anything else a prepare function threw).
 struct Prepared {
   std::string who = "zerotrain";  // what error lines start with
   Job job;
-  std::optional<std::string> error;  // printed on stderr, then exit kUsageExitCode
+  std::optional<std::string> error;  // printed on stderr, then exit error_code
+  int error_code = kUsageExitCode;
 };
 
 Job print_job(std::string text) {
@@ -953,24 +975,31 @@ Prepared prepare(std::span<char* const> words) {
     for (const std::string& note : error.notes()) text += note + "\n";
     text += prepared.who + ": " + error.what() + (error.hint() ? " (see '" + hint + "')" : "") + "\n";
     prepared.error = std::move(text);
+  } catch (const std::exception& error) {  // not a usage error: an I/O error reading the config, say
+    prepared.error = prepared.who + ": " + plain_message(error) + "\n";
+    prepared.error_code = 1;
   }
   return prepared;
 }
 
-/// Whether a rank found a usage error (all of them did, when the command line was wrong; some, when
-/// the config file reads differently on some nodes). The lowest such rank prints its error; every
-/// rank then ends alike, without MPI_Abort. One all-reduce, on every run.
-bool usage_error_on_some_rank(zt::Runtime& runtime, const Prepared& prepared) {
+/// The exit code every rank ends with when a rank found an error before MPI started (all of them
+/// did, when the command line was wrong; some, when the config file reads differently on some
+/// nodes): the lowest such rank prints its error, and its code goes to all, without MPI_Abort. One
+/// all-reduce on every run.
+std::optional<int> early_exit_of_some_rank(zt::Runtime& runtime, const Prepared& prepared) {
   const int size = runtime.world_size();
   std::int32_t lowest = prepared.error ? size - runtime.world_rank() : 0;  // max: the lowest rank
   runtime.world().all_reduce(&lowest, &lowest, 1, zt::DType::int32, zt::ReduceOp::max);
-  if (lowest == 0) return false;
-  if (runtime.world_rank() == size - lowest) {
+  if (lowest == 0) return std::nullopt;
+  const int printing = size - lowest;
+  std::int32_t code = prepared.error_code;
+  if (runtime.world_rank() == printing) {
     std::fputs(prepared.error->c_str(), stderr);
     std::fflush(stderr);
   }
-  runtime.world().barrier();  // the line is out before any rank exits (and mpirun ends the job)
-  return true;
+  // After the line is out: no rank exits (and mpirun ends the job) before it.
+  runtime.world().broadcast(&code, 1, zt::DType::int32, printing);
+  return code;
 }
 
 /// Test hook (docs/testing.md, tests/slurm): with ZT_FAULT_INJECTION=hold_before_mpi_init:FILE, rank
@@ -1005,12 +1034,12 @@ int main(int argc, char** argv) {
   // the ranks would race mpirun's kill of the job: the printing rank may be the one killed).
   if (prepared.error && launch_from_environment().size == 1) {
     std::fputs(prepared.error->c_str(), stderr);
-    return kUsageExitCode;
+    return prepared.error_code;
   }
   if (train) hold_before_mpi_init();
   zt::Runtime runtime(&argc, &argv, prepared.job.runtime_options);
   return zt::run_and_report([&]() -> int {
-    if (usage_error_on_some_rank(runtime, prepared)) return kUsageExitCode;
+    if (const std::optional<int> code = early_exit_of_some_rank(runtime, prepared)) return *code;
     try {
       return prepared.job.with_mpi(runtime);
     } catch (const zt::ConfigError& error) {

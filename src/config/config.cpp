@@ -168,6 +168,7 @@ class ConfigParser {
     parse_pipeline(config, top.child("pipeline"));
     parse_model(config, top.child("model"));
     parse_data(config, top.child("data"));
+    parse_eval(config, top.child("eval"));
     parse_monitor(config.tensorboard, top.child("tensorboard"));
     parse_monitor(config.csv_monitor, top.child("csv_monitor"));
     parse_alerts(config, top.child("alerts"));
@@ -860,6 +861,20 @@ class ConfigParser {
       s.missing("path", "unless data.format is \"builtin\" or \"synthetic\"");
     s.finish();
     c.data = d;
+  }
+
+  /// zerotrain's "eval" section: the validation loss (EvalConfig).
+  static void parse_eval(Config& c, Section s) {
+    if (!s.present()) return;
+    EvalConfig e;
+    e.data = s.optional_string("data");
+    if (e.data && e.data->empty())
+      s.fail("data",
+             "expected a data path (a token file, a directory or glob of shards, a text file), got \"\"");
+    e.interval = s.integer("interval", 0, kNonNegative);
+    e.batches = s.integer("batches", 10, kPositive);
+    s.finish();
+    c.eval = e;
   }
 
   /// DeepSpeed's monitor sections (TensorBoardConfig, CSVConfig): enabled, output_path, job_name.

@@ -293,6 +293,12 @@ std::string Config::to_json_string(int indent) const {
   } else {
     j["data"] = nullptr;
   }
+  if (eval) {
+    j["eval"] = {
+        {"data", optional_value(eval->data)}, {"interval", eval->interval}, {"batches", eval->batches}};
+  } else {
+    j["eval"] = nullptr;
+  }
   j["comm"] = {{"timeout_s", comm.timeout_s.value_or(kDefaultCollectiveTimeoutSeconds)}, {"backend", "auto"}};
   return j.dump(indent);
 }

@@ -145,6 +145,7 @@ class Engine::Impl {
   void backward();
   bool step();
   double eval(const Batch& batch);
+  std::vector<double> eval_rows(const Batch& batch);
   std::string save_checkpoint(const std::string& dir, const SaveOptions& options);
   LoadResult load_checkpoint(const std::string& dir, const LoadOptions& options);
 
@@ -232,6 +233,9 @@ class Engine::Impl {
   void reduce_tied_gradients();
   const StepReport& train_pipelined(const std::function<Batch(std::int64_t)>& micro_batch);
   double eval_pipelined(const Batch& batch);
+  /// The built-in loss of each row (dimension 0) of an output against its targets, on the host.
+  std::vector<double> row_losses(const Tensor& output, const Tensor& targets) const;
+  std::vector<double> eval_rows_pipelined(const Batch& batch);
   void check_not_pipelined(const char* call) const;
 };
 
@@ -729,6 +733,57 @@ double Engine::Impl::eval_pipelined(const Batch& batch) {
   return value;
 }
 
+std::vector<double> Engine::Impl::row_losses(const Tensor& output, const Tensor& targets) const {
+  const Tensor on_device = execution_.on_device(targets);
+  const std::int64_t rows = output.ndim() > 0 ? output.size(0) : 0;
+  ZT_CHECK(rows > 0 && on_device.ndim() > 0 && on_device.size(0) == rows, "Engine::eval_rows: output ",
+           output.description(), " and targets ", on_device.description(),
+           " need the same rows (dimension 0)");
+  const Shape output_row(output.shape().begin() + 1, output.shape().end());
+  const Shape target_row(on_device.shape().begin() + 1, on_device.shape().end());
+  const std::int64_t output_elements = output.numel() / rows;
+  const std::int64_t target_elements = on_device.numel() / rows;
+  std::vector<double> values(static_cast<std::size_t>(rows));
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const Tensor row_output = output.flat_slice(row * output_elements, output_elements).reshape(output_row);
+    const Tensor row_targets =
+        on_device.flat_slice(row * target_elements, target_elements).reshape(target_row);
+    const Loss loss = on_device.dtype() == DType::int32
+                          ? cross_entropy_loss(row_output, row_targets, execution_)
+                          : mse_loss(row_output, row_targets, execution_);
+    execution_.to_host(&values[static_cast<std::size_t>(row)], loss.value.raw_data(), sizeof(double));
+  }
+  return values;
+}
+
+std::vector<double> Engine::Impl::eval_rows_pipelined(const Batch& batch) {
+  const engine_detail::PipeSchedule schedule = engine_detail::make_pipe_schedule(
+      engine_detail::PipeScheduleKind::inference, stage_model_->stages(), stage_model_->stage(), 1);
+  const bool last = stage_model_->is_last();
+  std::vector<double> values(static_cast<std::size_t>(batch.inputs.size(0)), 0.0);
+  engine_detail::PipelineStageWork work;
+  work.load = [&](std::int64_t) { return batch; };
+  work.forward = [&](const Tensor& input, std::int64_t, const Batch& loaded) {
+    strategy_->begin_forward(false);
+    Tensor output = model_.run_forward(execution_.on_device(input),
+                                       {.execution = &execution_, .save_for_backward = false});
+    if (last) values = row_losses(output, loaded.targets);
+    return output;
+  };
+  model_.eval();
+  try {
+    pipeline_executor_->run(schedule, work);
+  } catch (...) {
+    model_.train();
+    throw;
+  }
+  model_.train();
+  // Only the last stage holds the values: the sum adds zeros to them, exact in any order.
+  parallel_.pipeline().host->all_reduce(values.data(), values.data(), values.size(), DType::fp64,
+                                        ReduceOp::sum);
+  return values;
+}
+
 void Engine::Impl::update_part(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
                                std::span<float* const> state, float grad_scale, float lr) {
   const engine_detail::OwnedRange& range = plan_.owned()[index];
@@ -879,6 +934,27 @@ double Engine::Impl::eval(const Batch& batch) {
   return value;
 }
 
+std::vector<double> Engine::Impl::eval_rows(const Batch& batch) {
+  ZT_CHECK(batch.inputs.defined() && batch.targets.defined() && batch.inputs.ndim() > 0,
+           "Engine::eval_rows: the batch needs inputs and targets");
+  ZT_CHECK(in_flight_.empty() && !pending_loss_,
+           "Engine::eval_rows while a forward waits for its backward; call backward() first");
+  if (stage_model_ != nullptr) return eval_rows_pipelined(batch);
+  model_.eval();
+  std::vector<double> values;
+  try {
+    strategy_->begin_forward(false);
+    const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),
+                                             {.execution = &execution_, .save_for_backward = false});
+    values = row_losses(output, batch.targets);
+  } catch (...) {
+    model_.train();
+    throw;
+  }
+  model_.train();
+  return values;
+}
+
 engine_detail::TrainingState Engine::Impl::training_state() {
   return {.progress = progress_,
           .loss_scaler = loss_scaler_,
@@ -964,6 +1040,9 @@ bool Engine::step() {
 }
 double Engine::eval(const Batch& batch) {
   return impl_->eval(batch);
+}
+std::vector<double> Engine::eval_rows(const Batch& batch) {
+  return impl_->eval_rows(batch);
 }
 std::string Engine::save_checkpoint(const std::string& dir, const SaveOptions& options) {
   return impl_->save_checkpoint(dir, options);

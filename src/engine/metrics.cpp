@@ -138,6 +138,12 @@ std::int64_t read_cgroup_limit() {
 
 std::vector<MetricScalar> step_scalars(const nlohmann::json& record) {
   std::vector<MetricScalar> scalars;
+  if (record.value("event", "") == "eval") {  // the validation loss, against the same x axis
+    const std::int64_t samples = record.at("samples").get<std::int64_t>();
+    scalars.push_back({"Eval/Samples/eval_loss", record.at("loss").get<double>(), samples});
+    scalars.push_back({"Eval/Samples/eval_perplexity", record.at("perplexity").get<double>(), samples});
+    return scalars;
+  }
   if (record.value("event", "") != "step") return scalars;
   const std::int64_t samples = record.at("samples").get<std::int64_t>();
   auto add = [&](const std::string& name, const nlohmann::json* value) {

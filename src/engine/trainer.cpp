@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/engine/checkpoint_directory.hpp"
+#include "src/engine/evaluation.hpp"
 #include "src/engine/metrics.hpp"
 #include "src/engine/model_flops.hpp"
 #include "src/engine/model_layers.hpp"
@@ -462,6 +463,14 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const std::int64_t model_parameters = stages > 1 ? model_parameter_count(cfg) : engine.parameter_count();
   const PipelineLayout pipeline = stages > 1 ? pipeline_layout_of(cfg) : PipelineLayout{};
   std::unique_ptr<TrainingData> data = make_training_data(cfg, engine, options.data_path);
+  // The validation loss (docs/config.md, "eval"): --eval-data wins over eval.data.
+  const std::optional<std::string> eval_path =
+      options.eval_data_path ? options.eval_data_path : (cfg.eval ? cfg.eval->data : std::nullopt);
+  ZT_CHECK_AS(ConfigError, eval_path || !cfg.eval,
+              "the config's \"eval\" section names no eval data: set eval.data "
+              "or pass --eval-data PATH");
+  std::unique_ptr<engine_detail::Evaluator> evaluator =
+      eval_path ? std::make_unique<engine_detail::Evaluator>(runtime, cfg, engine, *eval_path) : nullptr;
   const BatchSizes& batch = engine.batch();
   const std::int64_t print_every = options.print_every.value_or(cfg.steps_per_print.value_or(10));
 
@@ -636,6 +645,12 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         {"host_elements", parameters.host_elements}, {"nvme_elements", parameters.nvme_elements},
         {"swap_bytes", parameters.swap_bytes},       {"host_buffer_bytes", parameters.buffer_bytes}};
   }
+  if (evaluator) {
+    start["eval"] = {{"data", evaluator->description()},
+                     {"interval", evaluator->interval()},
+                     {"batches", evaluator->batches()},
+                     {"samples", evaluator->samples()}};
+  }
   metrics.write(start);
   if (leader) {
     std::printf("zerotrain train: %s model, %lld parameters, %s, ZeRO stage %d, %d rank(s) on %d node(s)\n",
@@ -661,6 +676,13 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         std::printf("    stage %d: %s, %lld parameters\n", stage, pipeline.stage_layers[s].c_str(),
                     static_cast<long long>(pipeline.stage_parameters[s]));
       }
+    }
+    if (evaluator) {
+      std::printf("  eval: %s; %lld batches (%lld samples) %s\n", evaluator->description().c_str(),
+                  static_cast<long long>(evaluator->batches()), static_cast<long long>(evaluator->samples()),
+                  evaluator->interval() > 0
+                      ? ("every " + std::to_string(evaluator->interval()) + " steps and at the end").c_str()
+                      : "at the end");
     }
     for (const std::string& destination : metrics.destinations())
       std::printf("  metrics: %s\n", destination.c_str());
@@ -749,6 +771,26 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
           seconds * 1e3, mfu * 100.0, static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20),
           bubble, clock_text(elapsed).c_str(), clock_text(eta).c_str());
       std::fflush(stdout);
+    }
+    if (evaluator && evaluator->due(report.step, report.step == options.steps)) {
+      const engine_detail::EvalResult eval = evaluator->run(engine);
+      summary.last_eval_loss = eval.loss;
+      ++summary.evaluations;
+      metrics.write({{"event", "eval"},
+                     {"step", report.step},
+                     {"samples", engine.global_samples()},
+                     {"loss", eval.loss},
+                     {"perplexity", eval.perplexity},
+                     {"batches", eval.batches},
+                     {"eval_samples", eval.samples},
+                     {"tokens", eval.tokens},
+                     {"time_s", eval.seconds}});
+      if (leader && print_every > 0) {
+        std::printf("eval step %lld: loss %.4f ppl %.3f (%lld batches, %.2f s)\n",
+                    static_cast<long long>(report.step), eval.loss, eval.perplexity,
+                    static_cast<long long>(eval.batches), eval.seconds);
+        std::fflush(stdout);
+      }
     }
     if (options.on_step) options.on_step(report);
     if (const int signal = agreed_stop_signal(runtime.world()); signal != 0) {

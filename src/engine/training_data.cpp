@@ -19,12 +19,14 @@ std::uint64_t data_seed(const Config& config) {
 /// Token windows for a GPT from a token file, a text file or the built-in corpus.
 class TokenTrainingData final : public TrainingData {
  public:
+  /// `evaluation`: the eval data at path_override (its format detected, not the config's
+  /// data.format) in file order, without shuffling.
   TokenTrainingData(const Config& config, const Engine& engine,
-                    const std::optional<std::string>& path_override) {
+                    const std::optional<std::string>& path_override, bool evaluation = false) {
     const auto& model = std::get<GptModelConfig>(*config.model);
     const DataConfig data = config.data.value_or(DataConfig{});
     const std::optional<std::string> path = path_override ? path_override : data.path;
-    DataFormat format = data.format;
+    DataFormat format = evaluation ? DataFormat::automatic : data.format;
     if (path_override && (format == DataFormat::builtin || format == DataFormat::synthetic)) {
       format = DataFormat::automatic;  // --data PATH wins over a config that names no file
     }
@@ -33,27 +35,32 @@ class TokenTrainingData final : public TrainingData {
                   "data.format \"synthetic\" is for MLP models; a GPT trains on tokens: use \"builtin\", "
                   "\"tokens\" or \"text\"");
     }
-    if (path && format != DataFormat::builtin) require_data_file(*path);
     if (format == DataFormat::automatic) format = path ? detect_format(*path) : DataFormat::builtin;
+    if (path && format == DataFormat::text) require_data_file(*path);
     switch (format) {
       case DataFormat::builtin:
         tokens_ = builtin_corpus_view();
         description_ = "built-in corpus";
         break;
-      case DataFormat::tokens:
-        // The checksum once at the start (docs/benchmarks.md, "Token files": about 1 s per GB
-        // here) rather than a damaged file trained on for hours.
-        dataset_ =
-            std::make_unique<TokenDataset>(TokenDataset::open(require_path(path), /*verify_tokens=*/true));
-        tokens_ = dataset_->view();
-        description_ = "token file " + *path;
+      case DataFormat::tokens: {
+        // Any of the token formats, one file or shards (docs/data.md). The checksum of ZTTOKENS
+        // files once at the start (docs/benchmarks.md, "Token files": about 1 s per GB here) rather
+        // than a damaged file trained on for hours; every token of the others checked < vocab_size.
+        TokenCorpusOptions corpus_options;
+        corpus_options.vocab_size = static_cast<std::uint32_t>(model.vocab_size);
+        corpus_options.verify_checksums = true;
+        corpus_ = std::make_unique<TokenCorpus>(TokenCorpus::open(require_path(path), corpus_options));
+        tokens_ = corpus_->view();
+        description_ = corpus_->description();
         break;
+      }
       case DataFormat::text: {
         std::ifstream in(require_path(path), std::ios::binary);
         ZT_CHECK_AS(IoError, in.good(), "cannot open text file '", *path, "': ", base::errno_text(errno));
         const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         text_tokens_ = tokenize_bytes(text);
-        tokens_ = TokenView(std::span<const std::uint32_t>(text_tokens_), kByteVocabSize, *path);
+        text_path_ = *path;  // the view's name for messages: it must outlive this constructor
+        tokens_ = TokenView(std::span<const std::uint32_t>(text_tokens_), kByteVocabSize, text_path_);
         description_ = "text file " + *path + " (bytes as tokens)";
         break;
       }
@@ -73,7 +80,7 @@ class TokenTrainingData final : public TrainingData {
         BatchShape{static_cast<std::uint64_t>(batch.train_micro_batch_size_per_gpu),
                    static_cast<std::uint64_t>(batch.gradient_accumulation_steps),
                    static_cast<std::uint64_t>(batch.data_parallel_size)},
-        static_cast<std::uint64_t>(engine.data_parallel_rank()), data_seed(config));
+        static_cast<std::uint64_t>(engine.data_parallel_rank()), data_seed(config), /*shuffle=*/!evaluation);
     description_ += " (" + std::to_string(tokens_.size()) + " tokens, " +
                     std::to_string(loader_->num_samples()) + " samples of " + std::to_string(model.seq_len) +
                     ")";
@@ -106,7 +113,8 @@ class TokenTrainingData final : public TrainingData {
     std::error_code error;
     const std::filesystem::file_status status = std::filesystem::status(path, error);
     constexpr const char* expected =
-        "expected a token file (from `zerotrain data convert` or zt::write_token_file) or a text file";
+        "expected a token file (ZTTOKENS from `zerotrain data convert` or zt::write_token_file, .npy, llm.c "
+        ".bin, Megatron .bin + .idx), a directory or glob of them, or a text file";
     ZT_CHECK_AS(IoError, std::filesystem::exists(status), "data file '", path, "' does not exist (",
                 error ? error.message() : std::string("no such file"), "); ", expected);
     ZT_CHECK_AS(IoError, !std::filesystem::is_directory(status), "data path '", path, "' is a directory; ",
@@ -114,20 +122,21 @@ class TokenTrainingData final : public TrainingData {
     ZT_CHECK_AS(IoError, std::filesystem::is_regular_file(status), "data path '", path,
                 "' is not a regular file; ", expected);
   }
+  /// Tokens: a file of a token format by its header, a directory or glob of shards, a Megatron
+  /// PREFIX; text: any other file.
   static DataFormat detect_format(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    ZT_CHECK_AS(IoError, in.good(), "cannot open data file '", path, "': ", base::errno_text(errno));
-    char magic[8] = {};
-    in.read(magic, sizeof magic);
-    return std::memcmp(magic, "ZTTOKENS", 8) == 0 ? DataFormat::tokens : DataFormat::text;
+    if (is_token_data_path(path)) return DataFormat::tokens;
+    require_data_file(path);
+    return DataFormat::text;
   }
   static const std::string& require_path(const std::optional<std::string>& path) {
     ZT_CHECK_AS(ConfigError, path.has_value(), "data.format needs a file: set data.path or pass --data PATH");
     return *path;
   }
 
-  std::unique_ptr<TokenDataset> dataset_;
+  std::unique_ptr<TokenCorpus> corpus_;
   std::vector<std::uint32_t> text_tokens_;
+  std::string text_path_;
   TokenView tokens_;
   SampleWindows windows_;
   std::unique_ptr<BatchLoader> loader_;
@@ -206,6 +215,14 @@ std::unique_ptr<TrainingData> make_training_data(const Config& config, const Eng
       "an MLP model trains on synthetic regression data (data.format \"synthetic\"); token or text files "
       "are for GPT models");
   return std::make_unique<SyntheticTrainingData>(config, engine);
+}
+
+std::unique_ptr<TrainingData> make_eval_data(const Config& config, const Engine& engine,
+                                             const std::string& path) {
+  ZT_CHECK_AS(
+      ConfigError, config.model.has_value() && std::holds_alternative<GptModelConfig>(*config.model),
+      "eval data (--eval-data, eval.data) is for GPT models: an MLP trains on synthetic regression data");
+  return std::make_unique<TokenTrainingData>(config, engine, path, /*evaluation=*/true);
 }
 
 }  // namespace zt

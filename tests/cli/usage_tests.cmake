@@ -115,7 +115,7 @@ zt_add_usage_error(help_unknown ARGS help trian
 zt_add_usage_error(estimate_extra_argument ARGS estimate --config ${zt_tiny} --world-size 2 extra
   LINE "zerotrain estimate: unexpected argument 'extra' \\(see 'zerotrain estimate --help'\\)")
 zt_add_usage_error(data_convert_missing_output ARGS data convert in.txt
-  LINE "zerotrain data convert: missing OUTPUT\\.bin \\(expected INPUT\\.txt OUTPUT\\.bin\\) \\(see 'zerotrain data convert --help'\\)")
+  LINE "zerotrain data convert: missing OUTPUT\\.bin \\(expected INPUT OUTPUT\\.bin\\) \\(see 'zerotrain data convert --help'\\)")
 zt_add_usage_error(version_argument ARGS version 2
   LINE "zerotrain version: unexpected argument '2' \\(see 'zerotrain version --help'\\)")
 

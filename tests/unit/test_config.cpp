@@ -1163,6 +1163,39 @@ TEST(ConfigDocumentShape, RepeatedKeysAreErrorsNamingBothPositions) {
       parse(R"({"fp16": {"enabled": false}, "bf16": {"enabled": false}, "x": [{"k": 1}, {"k": 2}]})"));
 }
 
+// ---- eval: the validation loss (docs/config.md, "eval") ------------------------------------------
+
+TEST(ConfigEval, KeysDefaultsAndRoundTrip) {
+  EXPECT_FALSE(parse("{}").eval.has_value());
+  const Config defaults = parse(R"({"eval": {}})");
+  ASSERT_TRUE(defaults.eval.has_value());
+  EXPECT_FALSE(defaults.eval->data.has_value());
+  EXPECT_EQ(defaults.eval->interval, 0);
+  EXPECT_EQ(defaults.eval->batches, 10);
+  const Config c = parse(R"({"eval": {"data": "val.bin", "interval": 50, "batches": 4}})");
+  EXPECT_EQ(c.eval->data, "val.bin");
+  EXPECT_EQ(c.eval->interval, 50);
+  EXPECT_EQ(c.eval->batches, 4);
+  const Config again = parse(c.to_json_string());
+  EXPECT_TRUE(again.warnings().empty());
+  EXPECT_EQ(again.eval->data, "val.bin");
+  EXPECT_EQ(again.eval->interval, 50);
+  EXPECT_EQ(again.eval->batches, 4);
+  EXPECT_FALSE(parse(parse("{}").to_json_string()).eval.has_value());
+}
+
+TEST(ConfigEval, BadValuesAreRefusedNamingTheKey) {
+  EXPECT_CONTAINS(parse_error(R"({"eval": {"batches": 0}})"), "eval.batches");
+  EXPECT_CONTAINS(parse_error(R"({"eval": {"interval": -1}})"), "eval.interval");
+  EXPECT_CONTAINS(parse_error(R"({"eval": {"interval": 2.5}})"), "eval.interval");
+  EXPECT_CONTAINS(parse_error(R"({"eval": {"data": ""}})"), "eval.data: expected a data path");
+  EXPECT_CONTAINS(parse_error(R"({"eval": {"data": 3}})"), "eval.data");
+  EXPECT_CONTAINS(parse_error(R"({"eval": 5})"), "eval");
+  const Config typo = parse(R"({"eval": {"intervall": 5}})");
+  ASSERT_EQ(typo.warnings().size(), 1U);
+  EXPECT_EQ(typo.warnings()[0], "eval.intervall: unknown key; did you mean 'interval'? (ignored)");
+}
+
 // ---- comm.timeout_s: the watchdog's collective timeout -----------------------------------------
 
 TEST(ConfigComm, TimeoutIsReadAndRoundTrips) {

@@ -300,6 +300,76 @@ TEST(Tokenize, BytesAreTokens) {
   EXPECT_TRUE(zt::tokenize_bytes("").empty());
 }
 
+TEST(TokenView, SegmentsReadAsOneSequence) {
+  const std::vector<std::uint16_t> first = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<std::uint32_t> second = {10, 11, 12, 13, 14, 15, 16, 17, 18, 300};
+  const std::vector<zt::TokenView::Segment> segments = {
+      {reinterpret_cast<const std::byte*>(first.data()), first.size(), 2, "a"},
+      {nullptr, 0, 4, "empty"},
+      {reinterpret_cast<const std::byte*>(second.data()), second.size(), 4, "b"}};
+  const zt::TokenView view(segments, 256, "a+b");
+  EXPECT_TRUE(view.segmented());
+  EXPECT_EQ(view.size(), 20U);
+  EXPECT_EQ(view[9], 9U);
+  EXPECT_EQ(view[10], 10U);
+  EXPECT_EQ(view[18], 18U);
+  std::vector<std::int32_t> out(10);
+  view.copy_to(5, out);  // across the boundary
+  EXPECT_EQ(out, (std::vector<std::int32_t>{5, 6, 7, 8, 9, 10, 11, 12, 13, 14}));
+  std::vector<std::int32_t> tail(2);
+  // The segment's own name and the index within it.
+  expect_io_error([&] { view.copy_to(18, tail); },
+                  {"tokens of 'b'", "token 9 is 300", "expected < vocab size 256"});
+  EXPECT_THROW((void)view.bytes(), zt::Error);
+  // One non-empty segment is the plain view.
+  const std::vector<zt::TokenView::Segment> one = {segments[0], segments[1]};
+  const zt::TokenView plain(one, 256, "a");
+  EXPECT_FALSE(plain.segmented());
+  EXPECT_EQ(plain.bytes().size(), 20U);
+}
+
+TEST_F(DataFiles, CorpusOfShardsIsTheirConcatenationInNameOrder) {
+  fs::create_directories(file("shards"));
+  const std::vector<std::uint32_t> tokens = ramp(3000, 500);
+  // Written out of name order: the corpus sorts by name.
+  zt::write_token_file(file("shards/b.tok"), std::span(tokens).subspan(1000, 1500), 500);
+  zt::write_token_file(file("shards/a.tok"), std::span(tokens).subspan(0, 1000), 500);
+  zt::write_token_file(file("shards/c.tok"), std::span(tokens).subspan(2500), 70000);  // 4-byte tokens
+  write_bytes(file("shards/notes.txt"), {'h', 'i', '\n'});
+  for (const std::string& path : {file("shards").string(), file("shards").string() + "/*.tok"}) {
+    SCOPED_TRACE(path);
+    const zt::TokenCorpus corpus = zt::TokenCorpus::open(path);
+    ASSERT_EQ(corpus.shards().size(), 3U);
+    EXPECT_EQ(corpus.shards()[0].path, file("shards/a.tok"));
+    EXPECT_EQ(corpus.shards()[2].token_width, 4U);
+    EXPECT_EQ(corpus.size(), 3000U);
+    EXPECT_EQ(corpus.vocab_size(), 70000U);  // the largest of the shards'
+    std::vector<std::int32_t> all(3000);
+    corpus.view().copy_to(0, all);
+    EXPECT_TRUE(std::equal(all.begin(), all.end(), tokens.begin()));
+    EXPECT_NE(corpus.description().find("3 token files"), std::string::npos) << corpus.description();
+  }
+  EXPECT_NE(zt::TokenCorpus::open(file("shards").string()).description().find("1 other file(s) ignored"),
+            std::string::npos);
+  EXPECT_EQ(zt::detect_token_file_format(file("shards/a.tok")), zt::TokenFileFormat::zttokens);
+  EXPECT_EQ(zt::detect_token_file_format(file("shards/notes.txt")), std::nullopt);
+  EXPECT_TRUE(zt::is_token_data_path(file("shards").string()));
+  EXPECT_FALSE(zt::is_token_data_path(file("shards/notes.txt").string()));
+  // Converted into one file: the same tokens.
+  const zt::TokenConvertStats stats = zt::convert_token_files(file("shards").string(), file("one.tok"));
+  EXPECT_EQ(stats.files, 3U);
+  EXPECT_EQ(stats.vocab_size, 70000U);
+  const zt::TokenDataset one = zt::TokenDataset::open(file("one.tok"), true);
+  std::vector<std::int32_t> back(3000);
+  one.view().copy_to(0, back);
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), tokens.begin()));
+  // A ZTTOKENS shard bounds its tokens by its own vocabulary; a corpus bound refuses larger ones
+  // only in the formats that record none (tested with them in cli.data_formats).
+  expect_io_error([&] { (void)zt::TokenCorpus::open(file("nothing").string()); },
+                  {file("nothing").string(), "does not exist"});
+  expect_io_error([&] { (void)zt::TokenCorpus::open(file("shards/*.npy").string()); }, {"matches no file"});
+}
+
 TEST_F(DataFiles, ConvertTextFile) {
   std::string text;
   for (int i = 0; i < 50'000; ++i) text += "line " + std::to_string(i) + " of the text\n";  // > 1 MiB chunk

@@ -160,7 +160,7 @@ for output in a.txt link.txt hard.txt; do
 done
 check convert_input_kept 0 "^some text to convert$" cat "$w/a.txt"
 mkdir -p "$w/data_dir"
-check data_directory 1 "data path '$w/data_dir' is a directory; expected a token file \(from \`zerotrain data convert\` or zt::write_token_file\) or a text file" "${train[@]}" --config "$base" --data "$w/data_dir"
+check data_directory 1 "data directory '$w/data_dir' holds no token file \(0 file\(s\) of no token format: ZTTOKENS, .npy, llm.c .bin, Megatron .bin \+ .idx\)" "${train[@]}" --config "$base" --data "$w/data_dir"
 check data_missing 1 "data file '$w/absent.tok' does not exist" "${train[@]}" --config "$base" --data "$w/absent.tok"
 check data_out_of_vocab 1 "token file '$w/out_of_vocab.tok': token 5000 is 300, expected < vocab size 256" "${train[@]}" --config "$base" --data "$w/out_of_vocab.tok"
 check data_damaged 1 "token file '$w/damaged.tok': checksum mismatch, header says CRC32C [0-9]+, tokens give [0-9]+; the file is corrupt" "${train[@]}" --config "$base" --data "$w/damaged.tok"
