@@ -759,7 +759,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         std::snprintf(bubble, sizeof bubble, " | bubble %.2f",
                       *std::max_element(fractions.begin(), fractions.end()));
       }
-      // Elapsed: this run's loop; the ETA from its mean step time, checkpoint saves included.
+      // Elapsed: this run's loop; the ETA from its mean step time, saves and evaluations included.
       const double elapsed = std::chrono::duration<double>(Clock::now() - loop_began).count();
       const double eta =
           elapsed / static_cast<double>(summary.steps) * static_cast<double>(options.steps - report.step);
