@@ -3,11 +3,15 @@
 
 #include <string.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace zt::base {
 
@@ -24,6 +28,36 @@ inline std::string byte_size_text(std::uint64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f %s", value, kUnits[unit]);
   return text;
+}
+
+/// The inverse of byte_size_text for options: "1048576", "512MiB", "2 GiB", "1.5GB", "64k" (binary units
+/// KiB MiB GiB TiB, or K M G T alone; decimal kB MB GB TB; B or nothing for bytes; case-insensitive).
+/// nullopt for anything else: no number, an unknown unit, a negative or too large value.
+inline std::optional<std::uint64_t> parse_byte_size(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size() && (text[i] == '.' || (text[i] >= '0' && text[i] <= '9'))) ++i;
+  const std::string number(text.substr(0, i));
+  if (number.empty() || number == "." || number.find('.') != number.rfind('.')) return std::nullopt;
+  std::string unit;
+  for (char c : text.substr(i)) {
+    if (c == ' ' && unit.empty()) continue;
+    unit += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  }
+  struct Unit {
+    const char* name;
+    double bytes;
+  };
+  constexpr Unit kUnits[] = {{"", 1.0},     {"b", 1.0},      {"k", 0x1p10}, {"kib", 0x1p10},
+                             {"m", 0x1p20}, {"mib", 0x1p20}, {"g", 0x1p30}, {"gib", 0x1p30},
+                             {"t", 0x1p40}, {"tib", 0x1p40}, {"kb", 1e3},   {"mb", 1e6},
+                             {"gb", 1e9},   {"tb", 1e12}};
+  for (const Unit& candidate : kUnits) {
+    if (unit != candidate.name) continue;
+    const double bytes = std::strtod(number.c_str(), nullptr) * candidate.bytes;
+    if (!std::isfinite(bytes) || bytes >= 0x1p63) return std::nullopt;
+    return static_cast<std::uint64_t>(std::llround(bytes));
+  }
+  return std::nullopt;
 }
 
 namespace detail {

@@ -1,83 +1,43 @@
-// Host AdamW throughput against the machine's memory bandwidth, measured in the same run.
+// Host AdamW on each ISA path (kernels/host_isa.hpp) side by side, against a STREAM triad and AdamW's
+// bytes-moved limit measured in the same process (bench/adamw_anchor.hpp).
 //
 // AdamW in fp32 reads p, g, m, v and writes p, m, v: 28 bytes per parameter, so its ceiling is the
-// memory bandwidth. The anchor is a STREAM triad (a[i] = b[i] + s * c[i], doubles, 24 bytes per
-// element as STREAM counts them; 32 really move, as the store first reads its line) over arrays of the same
-// total size (256 MiB by default, far past the caches). Each kernel runs `reps` times at 1 and 2 OpenMP
-// threads; we print the best and the median GB/s and the AdamW / triad ratio. The machine is noisy (+-20-30
-// %), hence the same-run anchor, run alternately with AdamW (rep by rep), and the ratio.
+// memory bandwidth. Every kernel runs once per round (after one untimed call of itself), all kernels
+// in each round, `reps` rounds: the anchors and every path see the same machine load. Printed per kernel: the median time, GB/s (bytes
+// as counted), the time as a ratio to the triad's (the figure that travels between machines), the
+// fraction of the limit (limit time / kernel time) and of the triad's counted bandwidth.
 //
-//   zt_bench_adamw [--params N] [--reps R] [--threads 1,2]
+//   zt_bench_adamw [--params N] [--reps R] [--threads 2] [--isa avx512,avx2,baseline]
 #include <omp.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/adamw_anchor.hpp"
+#include "bench/bench_helpers.hpp"
+#include "kernels/host_isa.hpp"
 #include "kernels/optimizer_kernels.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
 
 namespace {
 
-struct Stats {
-  double best = 0.0;
-  double median = 0.0;
-};
+constexpr const char* kUsage =
+    "usage: zt_bench_adamw [--params N] [--reps R] [--threads T1,T2,...] [--isa avx512,avx2,baseline]\n"
+    "  defaults: 16777216 params, 10 rounds, 2 threads, every ISA path this CPU supports";
 
-Stats summarize(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return {values.back(), values[values.size() / 2]};
-}
-
-/// GB/s of one timed run of `body` that moves `bytes`.
-double rate(double bytes, const std::function<void()>& body) {
-  const auto start = std::chrono::steady_clock::now();
-  body();
-  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-  return bytes / elapsed.count() / 1e9;
-}
-
-/// Run `body` once to warm up, then `reps` timed times.
-Stats measure(int reps, double bytes, const std::function<void()>& body) {
-  body();
-  std::vector<double> rates;
-  for (int r = 0; r < reps; ++r) rates.push_back(rate(bytes, body));
-  return summarize(rates);
-}
-
-/// The anchor and the kernel alternately, rep by rep, so both see the same machine load; the ratio
-/// is also taken per pair.
-struct Paired {
-  Stats anchor, kernel, ratio;
-};
-Paired measure_paired(int reps, double anchor_bytes, const std::function<void()>& anchor, double kernel_bytes,
-                      const std::function<void()>& kernel) {
-  anchor();
-  kernel();
-  std::vector<double> a, k, ratio;
-  for (int r = 0; r < reps; ++r) {
-    a.push_back(rate(anchor_bytes, anchor));
-    k.push_back(rate(kernel_bytes, kernel));
-    ratio.push_back(k.back() / a.back());
-  }
-  return {summarize(a), summarize(k), summarize(ratio)};
-}
-
-std::vector<int> parse_list(const char* text) {
-  std::vector<int> out;
-  for (const char* p = text; *p != '\0';) {
-    char* end = nullptr;
-    out.push_back(static_cast<int>(std::strtol(p, &end, 10)));
-    p = (*end == ',') ? end + 1 : end;
-    if (end == p && *end != '\0') break;
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t comma = text.find(',', begin);
+    const std::size_t end = comma == std::string::npos ? text.size() : comma;
+    if (end > begin) out.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
   }
   return out;
 }
@@ -85,25 +45,45 @@ std::vector<int> parse_list(const char* text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using zt::kernels::HostIsa;
   std::size_t params = 16'777'216;  // 16.8M fp32 parameters: 256 MiB of p, g, m, v
   int reps = 10;
-  std::vector<int> thread_counts = {1, 2};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--params" && i + 1 < argc) {
-      params = std::strtoull(argv[++i], nullptr, 10);
-    } else if (arg == "--reps" && i + 1 < argc) {
-      reps = std::atoi(argv[++i]);
-    } else if (arg == "--threads" && i + 1 < argc) {
-      thread_counts = parse_list(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--params N] [--reps R] [--threads 1,2]\n", argv[0]);
-      return 2;
+  std::vector<int> thread_counts = {2};
+  std::vector<HostIsa> paths;
+  try {
+    zt::bench::parse_flags(argc, argv, kUsage, [&](const std::string& flag, const std::string& value) {
+      if (flag == "--params") {
+        params = std::stoull(value);
+      } else if (flag == "--reps") {
+        reps = std::stoi(value);
+      } else if (flag == "--threads") {
+        thread_counts.clear();
+        for (const std::string& item : split(value)) thread_counts.push_back(std::stoi(item));
+      } else if (flag == "--isa") {
+        for (const std::string& item : split(value))
+          paths.push_back(zt::kernels::parse_host_isa(item, "--isa"));
+      } else {
+        return false;
+      }
+      return true;
+    });
+  } catch (const std::exception& error) {
+    zt::bench::exit_with_usage(error.what(), kUsage);
+  }
+  if (paths.empty()) {
+    for (int i = zt::kernels::kHostIsaCount - 1; i >= 0; --i) {
+      if (zt::kernels::host_isa_supported(static_cast<HostIsa>(i))) paths.push_back(static_cast<HostIsa>(i));
+    }
+  }
+  for (HostIsa path : paths) {
+    if (!zt::kernels::host_isa_supported(path)) {
+      zt::bench::exit_with_usage(std::string("--isa ") + zt::kernels::host_isa_name(path) +
+                                     ": this CPU supports " + zt::kernels::supported_host_isas(),
+                                 kUsage);
     }
   }
   if (params == 0 || reps < 1 || thread_counts.empty()) {
-    std::fprintf(stderr, "need --params > 0, --reps >= 1 and at least one thread count\n");
-    return 2;
+    zt::bench::exit_with_usage("need --params > 0, --reps >= 1 and at least one thread count", kUsage);
   }
 
   const zt::Device host = zt::Device::host();
@@ -113,36 +93,21 @@ int main(int argc, char** argv) {
   zt::Buffer m(host, bytes32, zt::MemoryCategory::optimizer_states);
   zt::Buffer v(host, bytes32, zt::MemoryCategory::optimizer_states);
   zt::Buffer p16(host, params * 2, zt::MemoryCategory::parameters);
-  // Triad arrays: the same total footprint as AdamW's four fp32 arrays.
-  const std::size_t triad_n = 4 * bytes32 / (3 * sizeof(double));
-  zt::Buffer ta(host, triad_n * sizeof(double)), tb(host, triad_n * sizeof(double)),
-      tc(host, triad_n * sizeof(double));
-  double* a = ta.as<double>();
-  double* b = tb.as<double>();
-  double* c = tc.as<double>();
-
-  // First touch in parallel with the kernels' static schedule.
-  {
+  {  // first touch in parallel, with the kernels' static block schedule
     float* pp = p.as<float>();
     float* gg = g.as<float>();
     float* mm = m.as<float>();
     float* vv = v.as<float>();
-    const auto n = static_cast<std::ptrdiff_t>(params);
-#pragma omp parallel for schedule(static)
-    for (std::ptrdiff_t i = 0; i < n; ++i) {
-      pp[i] = 1.0f;
-      gg[i] = 1e-3f * static_cast<float>(i % 17 - 8);
-      mm[i] = 0.0f;
-      vv[i] = 0.0f;
-    }
-    const auto tn = static_cast<std::ptrdiff_t>(triad_n);
-#pragma omp parallel for schedule(static)
-    for (std::ptrdiff_t i = 0; i < tn; ++i) {
-      a[i] = 0.0;
-      b[i] = 1.0;
-      c[i] = 2.0;
-    }
+    zt::bench::for_blocks(params, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        pp[i] = 1.0f;
+        gg[i] = 1e-3f * static_cast<float>(i % 17) - 8e-3f;
+        mm[i] = 0.0f;
+        vv[i] = 0.0f;
+      }
+    });
   }
+  zt::bench::AdamwAnchors anchors(params);
 
   zt::kernels::AdamStepArgs args;
   args.params = p.as<float>();
@@ -156,67 +121,73 @@ int main(int argc, char** argv) {
   args.weight_decay = 0.01f;
   args.adam_w_mode = true;
   std::int64_t step = 0;
+  const auto adamw = [&](HostIsa path, void* copy, zt::DType copy_dtype) {
+    return [&, path, copy, copy_dtype] {
+      zt::kernels::set_host_isa(path);
+      args.params_16bit = copy;
+      args.params_16bit_dtype = copy_dtype;
+      args.step = ++step;
+      zt::kernels::adam_step(zt::default_stream(host), args);
+    };
+  };
+  volatile double sink = 0.0;
 
+  std::string path_list;
+  for (HostIsa path : paths)
+    path_list += std::string(path_list.empty() ? "" : ", ") + zt::kernels::host_isa_name(path);
   std::printf(
-      "AdamW (host, fused, fp32) vs STREAM triad; %zu params (%.0f MiB of p,g,m,v), triad %zu doubles x 3 "
-      "(%.0f MiB), best/median of %d\n",
-      params, 4.0 * bytes32 / (1 << 20), triad_n, 3.0 * triad_n * sizeof(double) / (1 << 20), reps);
-  std::printf("%-8s %-34s %10s %10s\n", "threads", "kernel", "best GB/s", "median");
+      "AdamW (host, fused, fp32) per ISA path vs a STREAM triad and AdamW's bytes-moved limit, same process\n"
+      "%zu params (%.0f MiB of p,g,m,v); triad %zu doubles x 3 (%.0f MiB); median of %d interleaved rounds\n"
+      "CPU supports: %s; default path: %s; paths run: %s\n",
+      params, 4.0 * static_cast<double>(bytes32) / (1 << 20), anchors.triad_elements(),
+      3.0 * static_cast<double>(anchors.triad_elements() * sizeof(double)) / (1 << 20), reps,
+      zt::kernels::supported_host_isas().c_str(), zt::kernels::host_isa_name(zt::kernels::host_isa()),
+      path_list.c_str());
+  std::printf("%-7s %-34s %-9s %9s %8s %11s %9s %9s\n", "threads", "kernel", "path", "ms", "GB/s",
+              "time/triad", "of limit", "of triad");
+  const HostIsa default_path = zt::kernels::host_isa();
   for (int threads : thread_counts) {
     omp_set_num_threads(threads);
-    const double s = 3.0;
-    const auto tn = static_cast<std::ptrdiff_t>(triad_n);
-    const Paired paired = measure_paired(
-        reps, 24.0 * static_cast<double>(triad_n),
-        [&] {
-#pragma omp parallel for simd schedule(static)
-          for (std::ptrdiff_t i = 0; i < tn; ++i) a[i] = b[i] + s * c[i];
-        },
-        28.0 * static_cast<double>(params),
-        [&] {
-          args.params_16bit = nullptr;
-          args.step = ++step;
-          zt::kernels::adam_step(zt::default_stream(host), args);
-        });
-    const Stats& triad = paired.anchor;
-    const Stats& adamw = paired.kernel;
-    const Stats adamw_bf16 = measure(reps, 30.0 * static_cast<double>(params), [&] {
-      args.params_16bit = p16.data();
-      args.params_16bit_dtype = zt::DType::bf16;
-      args.step = ++step;
-      zt::kernels::adam_step(zt::default_stream(host), args);
-    });
-    const Stats adamw_fp16 = measure(reps, 30.0 * static_cast<double>(params), [&] {
-      args.params_16bit = p16.data();
-      args.params_16bit_dtype = zt::DType::fp16;
-      args.step = ++step;
-      zt::kernels::adam_step(zt::default_stream(host), args);
-    });
-    volatile double sink = 0.0;
-    const Stats sumsq = measure(reps, 4.0 * static_cast<double>(params), [&] {
-      sink =
-          sink +
-          zt::kernels::grad_sum_squares(zt::default_stream(host), g.data(), zt::DType::fp32, params).sum_sq;
-    });
-    std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "triad a=b+s*c (24 B/elem)", triad.best, triad.median);
-    std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "adamw fp32 (28 B/param)", adamw.best, adamw.median);
-    std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "adamw + bf16 copy (30 B/param)", adamw_bf16.best,
-                adamw_bf16.median);
-    std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "adamw + fp16 copy (30 B/param)", adamw_fp16.best,
-                adamw_fp16.median);
-    std::printf("%-8d %-34s %10.1f %10.1f\n", threads, "grad sum of squares (4 B/param)", sumsq.best,
-                sumsq.median);
-    std::printf("%-8d %-34s %10.2f %10.2f   (best/best, median/median; target >= 0.90)\n", threads,
-                "ratio adamw / triad", adamw.best / triad.best, adamw.median / triad.median);
-    std::printf("%-8d %-34s %10.2f %10.2f   (best, median of the per-rep ratios)\n", threads,
-                "ratio per interleaved pair", paired.ratio.best, paired.ratio.median);
-    // The triad's store to `a` also reads `a` first (write-allocate): 32 bytes move per element, 24
-    // counted. AdamW writes only what it has read, so against the bytes really moved:
-    std::printf("%-8d %-34s %10.2f %10.2f   (triad counted at 32 B/elem, its real traffic)\n", threads,
-                "ratio adamw / triad incl. w-alloc", paired.ratio.best * 0.75, paired.ratio.median * 0.75);
-    std::printf("%-8d %-34s %10.2f ms\n", threads, "adamw step time (best)",
-                28.0 * params / adamw.best / 1e6);
+    zt::bench::Rounds rounds;
+    const std::string best = zt::kernels::host_isa_name(zt::kernels::best_host_isa());
+    rounds.add("triad a=b+s*c (24 B/elem)", best, anchors.triad_bytes(), [&] { anchors.triad(); });
+    rounds.add("limit: AdamW's traffic, no math", best, anchors.adamw_bytes(), [&] { anchors.limit(); });
+    std::vector<std::size_t> fp32_rows;
+    for (HostIsa path : paths) {
+      const std::string name = zt::kernels::host_isa_name(path);
+      fp32_rows.push_back(rounds.add("adamw fp32 (28 B/param)", name, 28.0 * static_cast<double>(params),
+                                     adamw(path, nullptr, zt::DType::bf16)));
+      rounds.add("adamw + bf16 copy (30 B/param)", name, 30.0 * static_cast<double>(params),
+                 adamw(path, p16.data(), zt::DType::bf16));
+      rounds.add("adamw + fp16 copy (30 B/param)", name, 30.0 * static_cast<double>(params),
+                 adamw(path, p16.data(), zt::DType::fp16));
+      rounds.add("grad sum of squares (4 B/param)", name, 4.0 * static_cast<double>(params), [&, path] {
+        zt::kernels::set_host_isa(path);
+        sink =
+            sink +
+            zt::kernels::grad_sum_squares(zt::default_stream(host), g.data(), zt::DType::fp32, params).sum_sq;
+      });
+    }
+    rounds.run(reps);
+    const auto results = rounds.results();
+    for (const auto& row : results) {
+      std::printf("%-7d %-34s %-9s %9.2f %8.1f %11.2f %9.2f %9.2f\n", threads, row.name.c_str(),
+                  row.path.c_str(), row.ms, row.gbps, row.triad_ratio, row.limit_fraction,
+                  row.bandwidth_fraction);
+    }
+    // Speed-up of each path's fp32 AdamW over the baseline path's, when both ran.
+    for (std::size_t i = 0; i < paths.size(); ++i) {
+      if (paths[i] == HostIsa::baseline) {
+        for (std::size_t j = 0; j < paths.size(); ++j) {
+          if (j == i) continue;
+          std::printf("%-7d adamw fp32 %s / baseline: %.2fx faster (median times)\n", threads,
+                      zt::kernels::host_isa_name(paths[j]),
+                      results[fp32_rows[i]].ms / results[fp32_rows[j]].ms);
+        }
+      }
+    }
   }
+  zt::kernels::set_host_isa(default_path);
   // Keep the result observable so nothing is optimized away.
   return std::isfinite(p.as<float>()[params / 2]) ? 0 : 1;
 }

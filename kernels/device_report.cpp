@@ -1,4 +1,5 @@
-// The device part of `zerotrain report`.
+// The device part of `zerotrain report`: the host kernels' ISA path, then CUDA.
+#include "kernels/host_isa.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/report.hpp"
@@ -19,13 +20,19 @@ std::string cuda_version_text(int version) {
 }  // namespace
 
 Report device_report() {
-  const CudaStatus& status = cuda_status();
-  if (!status.compiled) return {{"cuda", "CUDA", "not compiled in; host kernels only"}};
   Report report{
-      {"cuda", "CUDA runtime", cuda_version_text(status.runtime_version)},
-      {"cuda", "CUDA driver",
-       status.driver_version ? cuda_version_text(status.driver_version) : std::string("none installed")},
+      {"host", "host kernels ISA path", kernels::host_isa_description()},
+      {"host", "host CPU supports", kernels::supported_host_isas()},
   };
+  const CudaStatus& status = cuda_status();
+  if (!status.compiled) {
+    report.push_back({"cuda", "CUDA", "not compiled in; host kernels only"});
+    return report;
+  }
+  report.push_back({"cuda", "CUDA runtime", cuda_version_text(status.runtime_version)});
+  report.push_back(
+      {"cuda", "CUDA driver",
+       status.driver_version ? cuda_version_text(status.driver_version) : std::string("none installed")});
 #ifdef CUDNN_MAJOR
   report.push_back({"cuda", "cuDNN (headers)",
                     std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR) + "." +

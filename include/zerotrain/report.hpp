@@ -9,7 +9,7 @@ namespace zt {
 class Runtime;
 
 struct ReportLine {
-  std::string section;  // "build", "mpi", "cuda", "io"
+  std::string section;  // "build", "mpi", "host", "cuda", "io"
   std::string key;
   std::string value;
 };
@@ -20,7 +20,8 @@ Report build_report();
 /// MPI library and version, thread level, ranks and nodes, UCX availability and how to select it,
 /// NCCL version when built with CUDA.
 Report mpi_report(const Runtime& runtime);
-/// CUDA runtime and driver, devices seen (or why none), cuDNN compiled in.
+/// The host kernels' ISA path (kernels/host_isa.hpp) and the paths the CPU supports; CUDA runtime and
+/// driver, devices seen (or why none), cuDNN compiled in.
 Report device_report();
 /// HDF5 version and whether it is parallel; io_uring and libaio usable on this kernel.
 Report io_report();

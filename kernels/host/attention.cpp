@@ -26,26 +26,49 @@ HeadView head_view(const AttentionShape& shape, std::int64_t batch_head) {
           b * shape.seq_len * channels + h * shape.head_dim, batch_head * shape.seq_len * shape.seq_len};
 }
 
-/// row[s] = exp(row[s] - shift) for s < count.
-ZT_HOST_SIMD_CLONES void exp_shifted_span(float* row, std::int64_t count, float shift) {
-#pragma omp simd
-  for (std::int64_t s = 0; s < count; ++s) row[s] = vector_exp(row[s] - shift);
-}
-
+/// Causal softmax of row t of a [T, T] score matrix, in place: the first t + 1 entries become
+/// probabilities (stable: shifted by their max; summed in order), the rest 0. A kernel with ISA paths:
+/// the exps, the scaling and the fill vectorize; the max and the sum stay in order, so every path gives
+/// the same bits.
 template <typename C>
-void exp_shifted(C* row, std::int64_t count, C shift) {
-  if constexpr (std::is_same_v<C, float>) {
-    exp_shifted_span(row, count, shift);
-  } else {
-    for (std::int64_t s = 0; s < count; ++s) row[s] = vector_exp(row[s] - shift);
+struct SoftmaxRow {
+  ZT_HOST_ISA_BODY static void run(C* row, std::int64_t t, std::int64_t T) {
+    C row_max = row[0];
+    for (std::int64_t s = 1; s <= t; ++s) row_max = std::max(row_max, row[s]);
+    if constexpr (std::is_same_v<C, float>) {
+#pragma omp simd
+      for (std::int64_t s = 0; s <= t; ++s) row[s] = vector_exp(row[s] - row_max);
+    } else {
+      for (std::int64_t s = 0; s <= t; ++s) row[s] = vector_exp(row[s] - row_max);  // std::exp
+    }
+    C sum = 0;
+    for (std::int64_t s = 0; s <= t; ++s) sum += row[s];  // in order
+    const C inverse_sum = C(1) / sum;
+#pragma omp simd
+    for (std::int64_t s = 0; s <= t; ++s) row[s] *= inverse_sum;
+    std::fill(row + t + 1, row + T, C(0));  // masked: future positions
   }
-}
+};
+
+/// Softmax backward of row t: ds = p * (ds - sum(p * ds)) over the first t + 1 entries (the sum in
+/// order), 0 above the diagonal.
+template <typename C>
+struct SoftmaxBackwardRow {
+  ZT_HOST_ISA_BODY static void run(const C* p_row, C* ds_row, std::int64_t t, std::int64_t T) {
+    C dot = 0;
+    for (std::int64_t s = 0; s <= t; ++s) dot += p_row[s] * ds_row[s];
+#pragma omp simd
+    for (std::int64_t s = 0; s <= t; ++s) ds_row[s] = p_row[s] * (ds_row[s] - dot);
+    std::fill(ds_row + t + 1, ds_row + T, C(0));
+  }
+};
 
 template <typename C>
 void attention_forward_compute(const C* qkv, C* output, C* probabilities, const AttentionShape& shape) {
   const std::int64_t T = shape.seq_len, head_dim = shape.head_dim;
   const std::int64_t channels = shape.n_head * head_dim, qkv_stride = 3 * channels;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const auto softmax_row = host_isa_kernel<SoftmaxRow<C>>(host_isa());
 #pragma omp parallel for schedule(static)
   for (std::int64_t batch_head = 0; batch_head < shape.batch * shape.n_head; ++batch_head) {
     const HeadView view = head_view(shape, batch_head);
@@ -54,17 +77,7 @@ void attention_forward_compute(const C* qkv, C* output, C* probabilities, const 
     const C* v = q + 2 * channels;
     C* p = probabilities + view.probability_offset;
     gemm(false, true, T, T, head_dim, scale, q, qkv_stride, k, qkv_stride, 0.0, p, T);  // scores
-    for (std::int64_t t = 0; t < T; ++t) {
-      C* row = p + t * T;
-      C row_max = row[0];
-      for (std::int64_t s = 1; s <= t; ++s) row_max = std::max(row_max, row[s]);
-      exp_shifted(row, t + 1, row_max);
-      C sum = 0;
-      for (std::int64_t s = 0; s <= t; ++s) sum += row[s];  // in order
-      const C inverse_sum = C(1) / sum;
-      for (std::int64_t s = 0; s <= t; ++s) row[s] *= inverse_sum;
-      std::fill(row + t + 1, row + T, C(0));  // masked: future positions
-    }
+    for (std::int64_t t = 0; t < T; ++t) softmax_row(p + t * T, t, T);
     gemm(false, false, T, head_dim, T, 1.0, p, T, v, qkv_stride, 0.0, output + view.output_offset, channels);
   }
 }
@@ -75,6 +88,7 @@ void attention_backward_compute(const C* grad_output, const C* qkv, const C* pro
   const std::int64_t T = shape.seq_len, head_dim = shape.head_dim;
   const std::int64_t channels = shape.n_head * head_dim, qkv_stride = 3 * channels;
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const auto softmax_backward_row = host_isa_kernel<SoftmaxBackwardRow<C>>(host_isa());
 #pragma omp parallel for schedule(static)
   for (std::int64_t batch_head = 0; batch_head < shape.batch * shape.n_head; ++batch_head) {
     thread_local std::vector<C> score_grad_storage;
@@ -90,14 +104,7 @@ void attention_backward_compute(const C* grad_output, const C* qkv, const C* pro
     C* dv = dq + 2 * channels;
     gemm(false, true, T, T, head_dim, 1.0, dout, channels, v, qkv_stride, 0.0, ds, T);  // dP = dO . V^T
     // Softmax backward per row: dS = P * (dP - sum(P * dP)); zero above the diagonal.
-    for (std::int64_t t = 0; t < T; ++t) {
-      const C* p_row = p + t * T;
-      C* ds_row = ds + t * T;
-      C dot = 0;
-      for (std::int64_t s = 0; s <= t; ++s) dot += p_row[s] * ds_row[s];
-      for (std::int64_t s = 0; s <= t; ++s) ds_row[s] = p_row[s] * (ds_row[s] - dot);
-      std::fill(ds_row + t + 1, ds_row + T, C(0));
-    }
+    for (std::int64_t t = 0; t < T; ++t) softmax_backward_row(p + t * T, ds + t * T, t, T);
     gemm(false, false, T, head_dim, T, scale, ds, T, k, qkv_stride, 0.0, dq, qkv_stride);  // dQ = s dS . K
     gemm(true, false, T, head_dim, T, scale, ds, T, q, qkv_stride, 0.0, dk, qkv_stride);   // dK = s dS^T . Q
     gemm(true, false, T, head_dim, T, 1.0, p, T, dout, channels, 0.0, dv, qkv_stride);     // dV = P^T . dO

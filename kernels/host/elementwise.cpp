@@ -107,17 +107,21 @@ void with_activation(Activation activation, Body&& body) {
   ZT_THROW("unknown activation ", static_cast<int>(activation));
 }
 
-ZT_HOST_SIMD_CLONES void gelu_forward_span(const float* input, float* output, std::int64_t count) {
+struct GeluForwardSpan {
+  ZT_HOST_ISA_BODY static void run(const float* input, float* output, std::int64_t count) {
 #pragma omp simd
-  for (std::int64_t i = 0; i < count; ++i) output[i] = activation_value<Activation::gelu, float>(input[i]);
-}
+    for (std::int64_t i = 0; i < count; ++i) output[i] = activation_value<Activation::gelu, float>(input[i]);
+  }
+};
 
-ZT_HOST_SIMD_CLONES void gelu_backward_span(const float* input, const float* grad_output, float* grad_input,
-                                            std::int64_t count) {
+struct GeluBackwardSpan {
+  ZT_HOST_ISA_BODY static void run(const float* input, const float* grad_output, float* grad_input,
+                                   std::int64_t count) {
 #pragma omp simd
-  for (std::int64_t i = 0; i < count; ++i)
-    grad_input[i] = activation_derivative<Activation::gelu, float>(input[i]) * grad_output[i];
-}
+    for (std::int64_t i = 0; i < count; ++i)
+      grad_input[i] = activation_derivative<Activation::gelu, float>(input[i]) * grad_output[i];
+  }
+};
 
 void check_dropout_probability(double p) {
   ZT_CHECK(p >= 0 && p < 1, "dropout probability must lie in [0, 1), got ", p);
@@ -213,6 +217,7 @@ void activation_forward(DType dtype, Activation activation, const void* input, v
       T* destination = out;
       const std::int64_t n = count;
       if constexpr (std::is_same_v<T, float> && kind.value == Activation::gelu) {
+        const auto gelu_forward_span = host_isa_kernel<GeluForwardSpan>(host_isa());
         const std::int64_t spans = (n + kSimdSpan - 1) / kSimdSpan;
 #pragma omp parallel for schedule(static) if (n > 16384)
         for (std::int64_t span = 0; span < spans; ++span) {
@@ -242,6 +247,7 @@ void activation_backward(DType dtype, Activation activation, const void* input, 
       T* destination = din;
       const std::int64_t n = count;
       if constexpr (std::is_same_v<T, float> && kind.value == Activation::gelu) {
+        const auto gelu_backward_span = host_isa_kernel<GeluBackwardSpan>(host_isa());
         const std::int64_t spans = (n + kSimdSpan - 1) / kSimdSpan;
 #pragma omp parallel for schedule(static) if (n > 16384)
         for (std::int64_t span = 0; span < spans; ++span) {

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/host/host_isa_kernels.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
 
@@ -69,19 +70,8 @@ template <typename C>
   }
 }
 
-/// Hot fp32 loops (GELU, softmax and cross-entropy exps) are compiled twice, for AVX2 and for the
-/// baseline ISA, and picked at load time: the library is built for plain x86-64 (SSE2), where these
-/// loops ran at a third of the speed. No FMA contraction happens in either (ISO C++ mode sets
-/// -ffp-contract=off), so element-wise loops give the same bits in both; a SIMD sum (cross-entropy's)
-/// depends on the vector width, i.e. on the CPU type, never on the thread count.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define ZT_HOST_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define ZT_HOST_SIMD_CLONES
-#endif
-
-/// Elements per call of a ZT_HOST_SIMD_CLONES span function inside a parallel loop.
-inline constexpr std::int64_t kSimdSpan = 4096;
+/// The hot fp32 loops built on vector_exp (GELU, the softmax and cross-entropy exps) are span kernels
+/// with ISA paths: kernels/host/host_isa_kernels.hpp.
 
 /// Call `body(T{})` with T the storage type of a floating dtype; throws for integer dtypes.
 template <typename Body>

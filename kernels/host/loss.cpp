@@ -12,21 +12,25 @@ namespace zt::kernels::host {
 
 namespace {
 
-/// sum over v of exp(row[v] - shift): a SIMD sum in a fixed order (per build and CPU type),
+/// sum over v of exp(row[v] - shift): a SIMD sum in a fixed order per ISA path (its vector width),
 /// independent of the thread count.
-ZT_HOST_SIMD_CLONES float sum_exp_span(const float* row, std::int64_t count, float shift) {
-  float sum = 0;
+struct SumExpSpan {
+  ZT_HOST_ISA_BODY static float run(const float* row, std::int64_t count, float shift) {
+    float sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (std::int64_t v = 0; v < count; ++v) sum += vector_exp(row[v] - shift);
-  return sum;
-}
+    for (std::int64_t v = 0; v < count; ++v) sum += vector_exp(row[v] - shift);
+    return sum;
+  }
+};
 
 /// grad[v] = factor * exp(row[v] - shift).
-ZT_HOST_SIMD_CLONES void scaled_exp_span(const float* row, float* grad, std::int64_t count, float shift,
-                                         float factor) {
+struct ScaledExpSpan {
+  ZT_HOST_ISA_BODY static void run(const float* row, float* grad, std::int64_t count, float shift,
+                                   float factor) {
 #pragma omp simd
-  for (std::int64_t v = 0; v < count; ++v) grad[v] = factor * vector_exp(row[v] - shift);
-}
+    for (std::int64_t v = 0; v < count; ++v) grad[v] = factor * vector_exp(row[v] - shift);
+  }
+};
 
 }  // namespace
 
@@ -46,6 +50,7 @@ CrossEntropyResult cross_entropy_forward(DType dtype, const void* logits, const 
     using C = acc_t<T>;
     const T* x = static_cast<const T*>(logits);
     C* lse = static_cast<C*>(row_logsumexp);
+    const auto sum_exp_span = host_isa_kernel<SumExpSpan>(host_isa());
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* row = x + r * vocab;
@@ -79,6 +84,7 @@ void cross_entropy_backward(DType dtype, const void* logits, const std::int32_t*
     const C* lse = static_cast<const C*>(row_logsumexp);
     T* dx = static_cast<T*>(grad_logits);
     const C factor = C(scale);
+    const auto scaled_exp_span = host_isa_kernel<ScaledExpSpan>(host_isa());
 #pragma omp parallel for schedule(static)
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* row = x + r * vocab;

@@ -3,7 +3,9 @@
 // The loops are written for the vectorizer: the dtype of the gradient, of the 16-bit copy and the
 // update variant are template parameters (chosen once per call, never per element), and the 16-bit
 // conversions are branch-free bit manipulation that produces exactly the bits of zt::bf16 and
-// zt::fp16. With -fno-math-errno (kernels/CMakeLists.txt) sqrt vectorizes too.
+// zt::fp16. With -fno-math-errno (kernels/CMakeLists.txt) sqrt vectorizes too. Each inner loop is a
+// span kernel with ISA paths (kernels/host/host_isa_kernels.hpp): the parallel loop over blocks stays
+// here, the block itself runs the path host_isa() names. No FMA contraction on any path: the same bits.
 #include "kernels/optimizer_kernels.hpp"
 
 #include <omp.h>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "kernels/dispatch.hpp"
+#include "kernels/host/host_isa_kernels.hpp"
+#include "kernels/host_isa.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::kernels::host {
@@ -184,6 +188,34 @@ struct AdamConstants {
       weight_decay, decay;
 };
 
+/// One block of the update: the arithmetic of every ISA path.
+template <DType kGrad, Copy kCopy, bool kDecoupled>
+struct AdamSpan {
+  ZT_HOST_ISA_BODY static void run(const AdamConstants* constants, std::size_t begin, std::size_t end) {
+    const AdamConstants k = *constants;  // locals: provably untouched by the stores below
+    float* const params = k.params;
+    float* const exp_avg = k.exp_avg;
+    float* const exp_avg_sq = k.exp_avg_sq;
+    const auto* const grads = static_cast<const Storage<kGrad>*>(k.grads);
+    std::uint16_t* const copy = k.copy;
+#pragma omp simd
+    for (std::size_t i = begin; i < end; ++i) {
+      float p = params[i];
+      float g = load<kGrad>(grads, i) * k.grad_scale;
+      if constexpr (!kDecoupled) g = g + k.weight_decay * p;  // L2: decay joins the gradient
+      const float m = k.beta1 * exp_avg[i] + k.one_minus_beta1 * g;
+      const float v = k.beta2 * exp_avg_sq[i] + k.one_minus_beta2 * (g * g);
+      const float denom = std::sqrt(v) * k.inv_sqrt_bc2 + k.eps;
+      if constexpr (kDecoupled) p = p * k.decay;  // AdamW: decay the weight, not the gradient
+      p = p - k.step_size * (m / denom);
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+      params[i] = p;
+      store_copy<kCopy>(copy, i, p);
+    }
+  }
+};
+
 template <DType kGrad, Copy kCopy, bool kDecoupled>
 void adam_kernel(const AdamStepArgs& a) {
   // Per-step constants in double, rounded once to fp32 (as DeepSpeed's and torch's kernels do).
@@ -206,30 +238,9 @@ void adam_kernel(const AdamStepArgs& a) {
       a.weight_decay,
       static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay),
   };
-
-  for_each_block(a.count, [&constants](std::size_t begin, std::size_t end) {
-    const AdamConstants k = constants;  // locals: provably untouched by the stores below
-    float* const params = k.params;
-    float* const exp_avg = k.exp_avg;
-    float* const exp_avg_sq = k.exp_avg_sq;
-    const auto* const grads = static_cast<const Storage<kGrad>*>(k.grads);
-    std::uint16_t* const copy = k.copy;
-#pragma omp simd
-    for (std::size_t i = begin; i < end; ++i) {
-      float p = params[i];
-      float g = load<kGrad>(grads, i) * k.grad_scale;
-      if constexpr (!kDecoupled) g = g + k.weight_decay * p;  // L2: decay joins the gradient
-      const float m = k.beta1 * exp_avg[i] + k.one_minus_beta1 * g;
-      const float v = k.beta2 * exp_avg_sq[i] + k.one_minus_beta2 * (g * g);
-      const float denom = std::sqrt(v) * k.inv_sqrt_bc2 + k.eps;
-      if constexpr (kDecoupled) p = p * k.decay;  // AdamW: decay the weight, not the gradient
-      p = p - k.step_size * (m / denom);
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
-      params[i] = p;
-      store_copy<kCopy>(copy, i, p);
-    }
-  });
+  const auto span = host_isa_kernel<AdamSpan<kGrad, kCopy, kDecoupled>>(host_isa());
+  for_each_block(a.count,
+                 [&constants, span](std::size_t begin, std::size_t end) { span(&constants, begin, end); });
 }
 
 // ---- SGD ----------------------------------------------------------------------------------------
@@ -245,19 +256,9 @@ struct SgdConstants {
 };
 
 template <DType kGrad, Copy kCopy, SgdMode kMode, bool kFirst>
-void sgd_kernel(const SgdStepArgs& a) {
-  const SgdConstants constants{a.params,
-                               a.momentum_buffer,
-                               a.grads,
-                               static_cast<std::uint16_t*>(a.params_16bit),
-                               a.lr,
-                               a.momentum,
-                               static_cast<float>(1.0 - a.dampening),
-                               a.grad_scale,
-                               a.weight_decay};
-
-  for_each_block(a.count, [&constants](std::size_t begin, std::size_t end) {
-    const SgdConstants k = constants;  // locals, as in adam_kernel
+struct SgdSpan {
+  ZT_HOST_ISA_BODY static void run(const SgdConstants* constants, std::size_t begin, std::size_t end) {
+    const SgdConstants k = *constants;  // locals, as in AdamSpan
     float* const params = k.params;
     float* const buffer = k.buffer;
     const auto* const grads = static_cast<const Storage<kGrad>*>(k.grads);
@@ -285,22 +286,33 @@ void sgd_kernel(const SgdStepArgs& a) {
       params[i] = p;
       store_copy<kCopy>(copy, i, p);
     }
-  });
+  }
+};
+
+template <DType kGrad, Copy kCopy, SgdMode kMode, bool kFirst>
+void sgd_kernel(const SgdStepArgs& a) {
+  const SgdConstants constants{a.params,
+                               a.momentum_buffer,
+                               a.grads,
+                               static_cast<std::uint16_t*>(a.params_16bit),
+                               a.lr,
+                               a.momentum,
+                               static_cast<float>(1.0 - a.dampening),
+                               a.grad_scale,
+                               a.weight_decay};
+  const auto span = host_isa_kernel<SgdSpan<kGrad, kCopy, kMode, kFirst>>(host_isa());
+  for_each_block(a.count,
+                 [&constants, span](std::size_t begin, std::size_t end) { span(&constants, begin, end); });
 }
 
 // ---- sum of squares + inf/nan -------------------------------------------------------------------
 
+/// The fp64 sum of squares of grads[begin, end): a fixed number of independent accumulators, so it
+/// vectorizes and the order of additions is fixed by this code, not by the compiler, the ISA path or
+/// the thread count.
 template <DType kGrad>
-double sum_squares_kernel(const void* data, std::size_t count) {
-  const auto* grads = static_cast<const Storage<kGrad>*>(data);
-  const std::size_t chunks = (count + kReductionChunk - 1) / kReductionChunk;
-  std::vector<double> partial(chunks, 0.0);
-#pragma omp parallel for schedule(static) if (chunks > 1)
-  for (std::ptrdiff_t c = 0; c < static_cast<std::ptrdiff_t>(chunks); ++c) {
-    const std::size_t begin = static_cast<std::size_t>(c) * kReductionChunk;
-    const std::size_t end = std::min(count, begin + kReductionChunk);
-    // A fixed number of independent accumulators: vectorizes, and the order of additions is
-    // fixed by this code, not by the compiler or the thread count.
+struct SumSquaresChunk {
+  ZT_HOST_ISA_BODY static double run(const Storage<kGrad>* grads, std::size_t begin, std::size_t end) {
     double lanes[kReductionLanes] = {};
     std::size_t i = begin;
     for (; i + kReductionLanes <= end; i += kReductionLanes) {
@@ -314,13 +326,35 @@ double sum_squares_kernel(const void* data, std::size_t count) {
       const double x = load<kGrad>(grads, i);
       lanes[j] += x * x;
     }
-    partial[static_cast<std::size_t>(c)] =
-        ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  }
+};
+
+template <DType kGrad>
+double sum_squares_kernel(const void* data, std::size_t count) {
+  const auto* grads = static_cast<const Storage<kGrad>*>(data);
+  const std::size_t chunks = (count + kReductionChunk - 1) / kReductionChunk;
+  std::vector<double> partial(chunks, 0.0);
+  const auto chunk_sum = host_isa_kernel<SumSquaresChunk<kGrad>>(host_isa());
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (std::ptrdiff_t c = 0; c < static_cast<std::ptrdiff_t>(chunks); ++c) {
+    const std::size_t begin = static_cast<std::size_t>(c) * kReductionChunk;
+    partial[static_cast<std::size_t>(c)] = chunk_sum(grads, begin, std::min(count, begin + kReductionChunk));
   }
   double sum = 0.0;
   for (double value : partial) sum += value;
   return sum;
 }
+
+/// out[i] = the 16-bit copy of params[i] for i in [begin, end).
+template <Copy kCopy>
+struct CastSpan {
+  ZT_HOST_ISA_BODY static void run(const float* params, std::uint16_t* out, std::size_t begin,
+                                   std::size_t end) {
+#pragma omp simd
+    for (std::size_t i = begin; i < end; ++i) store_copy<kCopy>(out, i, params[i]);
+  }
+};
 
 }  // namespace
 
@@ -370,11 +404,8 @@ GradCheck grad_sum_squares(const void* grads, DType grad_dtype, std::size_t coun
 void cast_params_to_16bit(const float* params, void* params_16bit, DType dtype, std::size_t count) {
   auto* out = static_cast<std::uint16_t*>(params_16bit);
   with_copy(params_16bit, dtype, "cast_params_to_16bit", [&](auto copy) {
-    constexpr Copy kCopy = decltype(copy)::value;
-    for_each_block(count, [&](std::size_t begin, std::size_t end) {
-#pragma omp simd
-      for (std::size_t i = begin; i < end; ++i) store_copy<kCopy>(out, i, params[i]);
-    });
+    const auto span = host_isa_kernel<CastSpan<decltype(copy)::value>>(host_isa());
+    for_each_block(count, [&](std::size_t begin, std::size_t end) { span(params, out, begin, end); });
   });
 }
 

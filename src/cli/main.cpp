@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "base/text.hpp"
+#include "src/cli/plan_command.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/config.hpp"
@@ -112,7 +113,9 @@ Launch launch_from_environment() {
 /// refuses the rest. Every error is a UsageError.
 class Arguments {
  public:
-  explicit Arguments(std::span<char* const> words) : words_(words.begin(), words.end()) {
+  /// `program`: argv[0], for a command that records its command line (plan).
+  Arguments(std::string program, std::span<char* const> words)
+      : program_(std::move(program)), words_(words.begin(), words.end()) {
     for (std::size_t i = 0; i < words.size(); ++i) {
       const std::string_view word = words[i];
       if (!word.starts_with("-") || word == "-") {
@@ -196,6 +199,7 @@ class Arguments {
       throw UsageError("unexpected argument '" + positionals_[names.size()] + "'");
     return std::move(positionals_);
   }
+  const std::string& program() const { return program_; }
   /// Every argument as given, for a command that hands them on (plot); nothing is left to refuse.
   std::vector<std::string> take_all() {
     options_.clear();
@@ -218,6 +222,7 @@ class Arguments {
     std::string name;  // with the dashes
     std::optional<std::string> value;
   };
+  std::string program_;
   std::vector<std::string> words_;
   std::vector<Option> options_;
   std::vector<std::string> positionals_;
@@ -404,6 +409,31 @@ Job prepare_estimate(Arguments& arguments) {
                   static_cast<double>(largest->resident()) / (1024.0 * 1024.0 * 1024.0));
     }
     return 0;
+  };
+  return job;
+}
+
+// ---- plan --------------------------------------------------------------------------------------
+
+/// `zerotrain plan` (docs/plan.md): src/cli/plan_command.cpp checks its options itself, once MPI
+/// runs (a bad one: the message from rank 0, exit 2 on every rank); the config's comm.timeout_s
+/// reaches the runtime as for train.
+Job prepare_plan(Arguments& arguments) {
+  std::vector<std::string> words = {arguments.program(), "plan"};
+  for (std::string& word : arguments.take_all()) words.push_back(std::move(word));
+  Job job;
+  for (std::size_t i = 2; i + 1 < words.size(); ++i) {
+    if (words[i] != "--config") continue;
+    try {
+      job.runtime_options = zt::runtime_options_for(ParsedConfig::from_file(words[i + 1]).config);
+    } catch (const UsageError&) {  // plan reports the config's error itself, on every rank alike
+    }
+  }
+  job.with_mpi = [words](zt::Runtime& runtime) mutable {
+    std::vector<char*> argv;
+    for (std::string& word : words) argv.push_back(word.data());
+    argv.push_back(nullptr);
+    return zt::cli::plan_command(runtime, static_cast<int>(words.size()), argv.data());
   };
   return job;
 }
@@ -746,6 +776,28 @@ const Command kCommands[] = {
      "  --world-size N           the number of ranks to plan for; required\n"
      "  --params P               the parameter count (default: the config's model's)\n",
      prepare_estimate},
+    {"plan", "--config FILE [options]",
+     "measure the configurations that fit and write the fastest as a config (under mpirun)",
+     "Run under mpirun at the world size to plan for (docs/plan.md): predicts each candidate's memory,\n"
+     "prunes what exceeds --memory-limit, times the rest, ranks them by tokens/s, checks the chosen one\n"
+     "against 1 rank, a save, resumes and an export, and writes DIR/plan.json (for train --config) and\n"
+     "DIR/plan-report.md|json.\n"
+     "\n"
+     "options:\n"
+     "  --config FILE            the ds_config JSON file to start from; required\n"
+     "  --global-batch B         the global batch to keep (default: the config's train_batch_size)\n"
+     "  --memory-limit SIZE      bytes per rank, such as 2GiB (default: what the host has per rank)\n"
+     "  --candidates SPEC        \"stage=0,1,2,3;offload=none,cpu,cpu+params;micro=4,8\"\n"
+     "  --data PATH              overrides the config's data.path\n"
+     "  --out DIR                where plan.json and the reports go (default plan)\n"
+     "  --warmup-steps N         per candidate, not timed (default 1)\n"
+     "  --measure-steps N        per candidate, timed; the median is ranked (default 3)\n"
+     "  --check-steps N          of the baseline and resume checks (default 8)\n"
+     "  --resume-world-size N    the second resume's world size (default: half; 0: none)\n"
+     "\n"
+     "Exit status: 0 planned; 2 bad options or config (every rank, no abort); 1 nothing fits, or an\n"
+     "error.\n",
+     prepare_plan},
     {"data convert", "INPUT OUTPUT.bin [--vocab-size N]", "a text file or token shards to one ZTTOKENS file",
      "Writes OUTPUT.bin, a ZTTOKENS file for `zerotrain train --data` (docs/data.md). INPUT: a text\n"
      "file, whose bytes become the tokens (vocab 256); or token data (.npy, llm.c .bin, Megatron .bin +\n"
@@ -930,7 +982,7 @@ Job print_job(std::string text) {
   return job;
 }
 
-Prepared prepare(std::span<char* const> words) {
+Prepared prepare(std::string_view program, std::span<char* const> words) {
   Prepared prepared;
   std::string hint = "zerotrain help";
   try {
@@ -968,7 +1020,7 @@ Prepared prepare(std::span<char* const> words) {
       prepared.job = print_job(command_usage(*command));
       return prepared;
     }
-    Arguments arguments(rest);
+    Arguments arguments(std::string(program), rest);
     prepared.job = command->prepare(arguments);
   } catch (const UsageError& error) {
     std::string text;
@@ -1027,7 +1079,8 @@ int main(int argc, char** argv) {
   // starts or a checkpoint loads then ends in exit 75 (requeue), not in a killed job.
   std::optional<zt::StopSignalScope> stop_signals;
   if (train) stop_signals.emplace();
-  const Prepared prepared = prepare(std::span<char* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
+  const Prepared prepared = prepare(argc > 0 ? argv[0] : "zerotrain",
+                                    std::span<char* const>(argv + 1, static_cast<std::size_t>(argc - 1)));
   if (!prepared.error && prepared.job.without_mpi) return prepared.job.without_mpi();
   // A usage error of a process started alone: no MPI at all. In a job of several processes MPI
   // starts, so that one rank prints it and all end with exit 2 together (exiting before MPI_Init,

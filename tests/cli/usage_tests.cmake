@@ -4,7 +4,7 @@
 # they run without the tests' watchdog timeout (a hang cannot pass for exit 2 either).
 
 # Every command's own page, not the global one: "usage: zerotrain COMMAND ...", its summary.
-set(zt_usage_commands report train estimate "data convert" "checkpoint inspect" "checkpoint verify"
+set(zt_usage_commands report train estimate plan "data convert" "checkpoint inspect" "checkpoint verify"
     "checkpoint export" "swap list" "swap clean" plot help version)
 foreach(command IN LISTS zt_usage_commands)
   string(REPLACE " " "_" id "${command}")

@@ -1,0 +1,189 @@
+// The anchors of the host AdamW benchmarks (bench/bench_adamw.cpp, bench/deepspeed_cpu_adam.cpp):
+// a STREAM triad and AdamW's bytes-moved limit, measured in the same process as the kernels, in
+// interleaved rounds so that all see the same machine load.
+//
+//   triad   a[i] = b[i] + s * c[i] over three double arrays whose total size is AdamW's (p, g, m, v),
+//           counted at 24 bytes per element as STREAM does (the store's write-allocate read is not
+//           counted). Its time travels between machines: report a kernel's time as a ratio to it.
+//   limit   AdamW's memory traffic without its arithmetic: read p, g, m, v, write p, m, v (28 bytes
+//           per parameter, no write-allocate since each line written was read). The fastest AdamW can
+//           be on this machine; a kernel's "fraction of the limit" is limit time / kernel time.
+// Both run on the best ISA path of this CPU (kernels/host/host_isa_kernels.hpp) and the same
+// OpenMP static block schedule as the kernels.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_helpers.hpp"
+#include "kernels/host/host_isa_kernels.hpp"
+#include "kernels/host_isa.hpp"
+
+namespace zt::bench {
+
+/// Seconds of one run of `body`.
+inline double seconds(const std::function<void()>& body) {
+  const auto start = std::chrono::steady_clock::now();
+  body();
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count();
+}
+
+struct TriadSpan {
+  ZT_HOST_ISA_BODY static void run(double* a, const double* b, const double* c, double s, std::size_t begin,
+                                   std::size_t end) {
+#pragma omp simd
+    for (std::size_t i = begin; i < end; ++i) a[i] = b[i] + s * c[i];
+  }
+};
+
+struct LimitSpan {
+  ZT_HOST_ISA_BODY static void run(float* p, const float* g, float* m, float* v, std::size_t begin,
+                                   std::size_t end) {
+#pragma omp simd
+    for (std::size_t i = begin; i < end; ++i) {
+      const float gi = g[i];
+      p[i] = p[i] - 1e-9f * gi;
+      m[i] = m[i] + gi;
+      v[i] = v[i] + gi;
+    }
+  }
+};
+
+/// Run span(begin, end) over blocks of 4096 elements of [0, count), statically spread over the threads,
+/// as the host kernels do.
+template <typename Span>
+void for_blocks(std::size_t count, Span&& span) {
+  constexpr std::size_t kBlock = 4096;
+  const auto blocks = static_cast<std::ptrdiff_t>((count + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static)
+  for (std::ptrdiff_t b = 0; b < blocks; ++b) {
+    const std::size_t begin = static_cast<std::size_t>(b) * kBlock;
+    span(begin, std::min(count, begin + kBlock));
+  }
+}
+
+/// The anchors' arrays, first touched in parallel with the kernels' schedule.
+class AdamwAnchors {
+ public:
+  explicit AdamwAnchors(std::size_t params)
+      : params_(params),
+        triad_n_(4 * params * sizeof(float) / (3 * sizeof(double))),
+        a_(std::make_unique_for_overwrite<double[]>(triad_n_)),
+        b_(std::make_unique_for_overwrite<double[]>(triad_n_)),
+        c_(std::make_unique_for_overwrite<double[]>(triad_n_)),
+        p_(std::make_unique_for_overwrite<float[]>(params)),
+        g_(std::make_unique_for_overwrite<float[]>(params)),
+        m_(std::make_unique_for_overwrite<float[]>(params)),
+        v_(std::make_unique_for_overwrite<float[]>(params)) {
+    for_blocks(triad_n_, [&](std::size_t begin, std::size_t end) {
+      std::fill(a_.get() + begin, a_.get() + end, 0.0);
+      std::fill(b_.get() + begin, b_.get() + end, 1.0);
+      std::fill(c_.get() + begin, c_.get() + end, 2.0);
+    });
+    for_blocks(params_, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        p_[i] = 1.0f;
+        g_[i] = 1e-3f * static_cast<float>(i % 17) - 8e-3f;
+        m_[i] = 0.0f;
+        v_[i] = 0.0f;
+      }
+    });
+  }
+
+  std::size_t triad_elements() const { return triad_n_; }
+  /// Bytes the triad is counted at (24 per element) and the bytes AdamW moves (28 per parameter).
+  double triad_bytes() const { return 24.0 * static_cast<double>(triad_n_); }
+  double adamw_bytes() const { return 28.0 * static_cast<double>(params_); }
+
+  void triad() {
+    const auto span = kernels::host::host_isa_kernel<TriadSpan>(kernels::best_host_isa());
+    double* a = a_.get();
+    const double* b = b_.get();
+    const double* c = c_.get();
+    for_blocks(triad_n_, [&](std::size_t begin, std::size_t end) { span(a, b, c, 3.0, begin, end); });
+  }
+
+  void limit() {
+    const auto span = kernels::host::host_isa_kernel<LimitSpan>(kernels::best_host_isa());
+    float* p = p_.get();
+    const float* g = g_.get();
+    float* m = m_.get();
+    float* v = v_.get();
+    for_blocks(params_, [&](std::size_t begin, std::size_t end) { span(p, g, m, v, begin, end); });
+  }
+
+ private:
+  std::size_t params_;
+  std::size_t triad_n_;
+  std::unique_ptr<double[]> a_, b_, c_;
+  std::unique_ptr<float[]> p_, g_, m_, v_;
+};
+
+/// Timed kernels run in rounds: each round runs every kernel once, in order, so that all see the same
+/// machine load; per-kernel medians of the times and of the per-round ratios to the anchors.
+class Rounds {
+ public:
+  /// Add a kernel; returns its index. The first two must be the triad and the limit.
+  std::size_t add(std::string name, std::string path, double bytes, std::function<void()> body) {
+    kernels_.push_back({std::move(name), std::move(path), bytes, std::move(body), {}});
+    return kernels_.size() - 1;
+  }
+
+  /// Each timed call follows an untimed call of the same kernel, so that every kernel starts from its
+  /// own arrays in whatever cache level they fit (in-cache sizes would otherwise favour the kernels
+  /// that share arrays with the one before them).
+  void run(int rounds) {
+    for (int r = 0; r < rounds; ++r) {
+      for (auto& kernel : kernels_) {
+        kernel.body();
+        kernel.times.push_back(seconds(kernel.body));
+      }
+    }
+  }
+
+  struct Result {
+    std::string name, path;
+    double ms = 0, gbps = 0;
+    double triad_ratio = 0;         // kernel time / triad time, median over rounds
+    double limit_fraction = 0;      // limit time / kernel time, median over rounds
+    double bandwidth_fraction = 0;  // kernel GB/s / triad GB/s (both as counted), median over rounds
+  };
+
+  std::vector<Result> results() const {
+    std::vector<Result> out;
+    const auto& triad = kernels_.at(0).times;
+    const auto& limit = kernels_.at(1).times;
+    for (const auto& kernel : kernels_) {
+      std::vector<double> triad_ratio, limit_fraction, bandwidth_fraction;
+      for (std::size_t r = 0; r < kernel.times.size(); ++r) {
+        triad_ratio.push_back(kernel.times[r] / triad[r]);
+        limit_fraction.push_back(limit[r] / kernel.times[r]);
+        bandwidth_fraction.push_back((kernel.bytes / kernel.times[r]) / (kernels_[0].bytes / triad[r]));
+      }
+      const double time = median(kernel.times);
+      out.push_back({kernel.name, kernel.path, 1e3 * time, kernel.bytes / time / 1e9, median(triad_ratio),
+                     median(limit_fraction), median(bandwidth_fraction)});
+    }
+    return out;
+  }
+
+ private:
+  struct Kernel {
+    std::string name, path;
+    double bytes;
+    std::function<void()> body;
+    std::vector<double> times;
+  };
+  std::vector<Kernel> kernels_;
+};
+
+}  // namespace zt::bench
