@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "base/resident_memory.hpp"
 #include "io/tensorboard_events.hpp"
 #include "zerotrain/error.hpp"
 
@@ -227,10 +228,7 @@ MemoryLimit host_memory_limit(const AlertsConfig& alerts) {
 }
 
 std::int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::int64_t size = 0, resident = 0;
-  if (!(statm >> size >> resident)) return 0;
-  return resident * static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+  return base::resident_memory().current;
 }
 
 }  // namespace zt::engine_detail

@@ -76,7 +76,7 @@ struct MemoryLimit {
   std::string source;      // "alerts.memory_limit", "cgroup memory.max", "physical memory"
 };
 MemoryLimit host_memory_limit(const AlertsConfig& alerts);
-/// This process's resident set size in bytes (/proc/self/statm), 0 where unknown.
+/// This process's resident set size in bytes (VmRSS), 0 where unknown.
 std::int64_t resident_bytes();
 
 }  // namespace zt::engine_detail

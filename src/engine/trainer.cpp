@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "base/resident_memory.hpp"
 #include "src/engine/checkpoint_directory.hpp"
 #include "src/engine/evaluation.hpp"
 #include "src/engine/metrics.hpp"
@@ -57,7 +58,10 @@ nlohmann::json model_description(const Config& config, std::int64_t parameters) 
 /// (parameters, gradients and states are steady; activations peak inside the step, and so do stage
 /// 3's gathered parameters and stages 2-3's transient full gradients), the peak of the total, and
 /// under "resident" the model states held between steps: what the run allocated since `baseline`
-/// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts.
+/// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts;
+/// next to them the process's resident set as the kernel counts it: now (`rss_bytes`) and its peak
+/// since the step began (`peak_rss_bytes`), which the accounted `peak` plus the runtime's own
+/// resident memory should explain (docs/metrics.md, "Resident memory").
 nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& baseline) {
   // Every kind of memory the engine may keep its state in: the host, a GPU, the emulated test device.
   const MemorySnapshot host = memory_snapshot(DeviceType::host);
@@ -74,7 +78,8 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   constexpr MemoryCategory kModelStates[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                              MemoryCategory::optimizer_states};
   constexpr std::size_t kPeak = std::size(kReported);
-  std::int64_t values[std::size(kReported) + 1 + std::size(kModelStates)];
+  constexpr std::size_t kRss = kPeak + 1 + std::size(kModelStates);
+  std::int64_t values[kRss + 2];
   for (std::size_t i = 0; i < std::size(kReported); ++i) {
     values[i] = static_cast<std::int64_t>(host[kReported[i]].peak + devices[kReported[i]].peak);
   }
@@ -84,6 +89,9 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
         static_cast<std::int64_t>(host[kModelStates[i]].current + devices[kModelStates[i]].current) -
         static_cast<std::int64_t>(baseline[kModelStates[i]].current);
   }
+  const base::ResidentMemory rss = base::resident_memory();
+  values[kRss] = rss.current;
+  values[kRss + 1] = rss.peak;
   world.all_reduce(values, values, std::size(values), DType::int64, ReduceOp::max);
   nlohmann::json memory;
   for (std::size_t i = 0; i < std::size(kReported); ++i)
@@ -91,6 +99,8 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   memory["peak"] = values[kPeak];
   for (std::size_t i = 0; i < std::size(kModelStates); ++i)
     memory["resident"][memory_category_name(kModelStates[i])] = values[kPeak + 1 + i];
+  memory["rss_bytes"] = values[kRss];
+  memory["peak_rss_bytes"] = values[kRss + 1];
   return memory;
 }
 
@@ -451,13 +461,19 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
           engine_detail::CheckpointDirectoryLock::acquire(*save_dir, config.checkpoint.file_mode);
     });
   }
-  // Before the model takes the memory (the probe's buffers are then reused) and the cores.
+  // The MFU's peak, before the model takes the memory and the cores. Its buffers go back to the
+  // kernel before the runtime's resident memory is read (the threads it started count there).
   const PeakFlops peak_flops = job_peak_flops(runtime, config, options);
+  base::release_freed_heap();
+  // What the process holds before the model (MPI, UCX, the libraries, OpenBLAS's buffers): the
+  // runtime's fixed resident memory, reported in the start record.
+  std::int64_t runtime_rss = base::resident_memory().current;
   // With pipeline stages each rank builds only its stage; the engine makes the pipeline x data grid.
   const int stages = static_cast<int>(config.pipeline.stage_count());
   std::unique_ptr<nn::Module> model =
       stages > 1 ? build_model(config, pipeline_stage_of(runtime, config)) : build_model(config);
   Engine engine(runtime, *model, std::move(config), EngineOptions{.device = options.device});
+  runtime.world().all_reduce(&runtime_rss, &runtime_rss, 1, DType::int64, ReduceOp::max);
   const Config& cfg = engine.config();
   // The whole model's parameters (the engine holds this stage's).
   const std::int64_t model_parameters = stages > 1 ? model_parameter_count(cfg) : engine.parameter_count();
@@ -618,7 +634,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"resumed_from_step", summary.resumed_from_step},
                           {"flops_per_token", flops_per_token},
                           {"peak_flops", peak_flops.total},
-                          {"peak_flops_source", peak_flops.source}};
+                          {"peak_flops_source", peak_flops.source},
+                          {"runtime_rss_bytes", runtime_rss}};
   const std::int64_t micro_batches = batch.gradient_accumulation_steps;
   if (stages > 1) {
     start["pipeline"] = {
@@ -701,8 +718,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const double tokens_per_step = static_cast<double>(batch.train_batch_size * data->tokens_per_sample());
   double total_seconds = 0;
   const auto loop_began = Clock::now();
+  std::int64_t peak_accounted = 0, peak_rss = 0;  // over the steps, maximum over ranks
   while (!summary.preempted && engine.global_steps() < options.steps) {
     reset_memory_peaks();
+    base::reset_resident_peak();
     const auto began = Clock::now();
     engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
     data->advance();
@@ -714,6 +733,8 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     ++summary.steps;
 
     const nlohmann::json memory = memory_max_over_ranks(runtime.world(), before_model);
+    peak_accounted = std::max(peak_accounted, memory["peak"].get<std::int64_t>());
+    peak_rss = std::max(peak_rss, memory["peak_rss_bytes"].get<std::int64_t>());
     const nlohmann::json pipeline_step =
         stages > 1
             ? pipeline_step_metrics(runtime.world(), report.pipeline, cfg.pipeline.schedule, micro_batches)
@@ -818,6 +839,11 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     std::printf("zerotrain train: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %lld skipped\n",
                 static_cast<long long>(summary.steps), summary.first_loss, summary.last_loss,
                 summary.mean_step_seconds * 1e3, static_cast<long long>(engine.skipped_steps()));
+    std::printf(
+        "zerotrain train: memory per rank: accounted peak %.1f MiB, peak RSS %.1f MiB (%.1f MiB before the "
+        "model: MPI and libraries)\n",
+        static_cast<double>(peak_accounted) / (1 << 20), static_cast<double>(peak_rss) / (1 << 20),
+        static_cast<double>(runtime_rss) / (1 << 20));
   }
   metrics.write({{"event", "end"},
                  {"steps", engine.global_steps()},
@@ -825,7 +851,9 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                  {"skipped_steps", engine.skipped_steps()},
                  {"first_loss", summary.first_loss},
                  {"last_loss", summary.last_loss},
-                 {"mean_step_time_s", summary.mean_step_seconds}});
+                 {"mean_step_time_s", summary.mean_step_seconds},
+                 {"peak_bytes", peak_accounted},
+                 {"peak_rss_bytes", peak_rss}});
   return summary;
 }
 

@@ -177,14 +177,16 @@ TEST(Engine, OverflowOnOneRankSkipsTheStepEverywhere) {
             std::to_string(stage) + "}"));
     auto model = zt::build_model(config);
     // Rank 0 writes +inf, -inf or nan into one gradient element right after that module's backward;
-    // the hook goes in before the engine's own, so the engine sees the bad value.
+    // the hook goes in before the engine's own, so the engine sees the bad value. The bias: at
+    // stages 2-3 the Linear's weight gradient is streamed into the reduce buckets (no full `grad`),
+    // its bias gradient is a full-shape tensor there too.
     int injections_left = 0;
     float injected = 0;
     zt::nn::Module* fc = model->find_module("h.0.mlp.fc");
     ASSERT_NE(fc, nullptr);
     fc->add_backward_post_hook([&](zt::nn::Module& module, const zt::Tensor&) {
       if (injections_left == 0 || runtime.world_rank() != 0) return;
-      zt::nn::Parameter* parameter = module.find_parameter("h.0.mlp.fc.weight");
+      zt::nn::Parameter* parameter = module.find_parameter("h.0.mlp.fc.bias");
       ASSERT_NE(parameter, nullptr);
       static_cast<zt::fp16*>(parameter->grad.raw_data())[7] = zt::fp16(injected);
       --injections_left;
