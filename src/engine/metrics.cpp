@@ -157,7 +157,7 @@ std::vector<MetricScalar> step_scalars(const nlohmann::json& record) {
   add("lr", field("lr"));
   add("loss_scale", field("loss_scale"));
   for (const char* key :
-       {"grad_norm", "tokens_per_s", "step_time_s", "comm_bytes", "comm_wait_s", "comm_busy_s"})
+       {"grad_norm", "tokens_per_s", "mfu", "step_time_s", "comm_bytes", "comm_wait_s", "comm_busy_s"})
     add(key, field(key));
   if (const nlohmann::json* memory = field("mem")) {
     for (const auto& [category, bytes] : memory->items())

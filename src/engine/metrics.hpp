@@ -26,8 +26,8 @@ struct MetricScalar {
   std::int64_t step = 0;
 };
 
-/// The scalars of a record: a "step" record's loss, lr, loss scale, gradient norm, throughput,
-/// communication and memory by category; an "eval" record's loss and perplexity
+/// The scalars of a record: a "step" record's loss, lr, loss scale, gradient norm, throughput and
+/// MFU, communication and memory by category; an "eval" record's loss and perplexity
 /// (Eval/Samples/eval_loss, eval_perplexity); none for other events.
 std::vector<MetricScalar> step_scalars(const nlohmann::json& record);
 

@@ -187,7 +187,7 @@ check(len(warnings) == 1 and "passed 95 % of its limit at step 1" in warnings[0]
 
 # CSV: DeepSpeed's csv_monitor layout and the JSON lines' values.
 expected = {"train_loss": "loss", "lr": "lr", "loss_scale": "loss_scale", "grad_norm": "grad_norm",
-            "tokens_per_s": "tokens_per_s", "comm_wait_s": "comm_wait_s"}
+            "tokens_per_s": "tokens_per_s", "mfu": "mfu", "comm_wait_s": "comm_wait_s"}
 for name, key in expected.items():
     path = os.path.join(work, "csv", "job", f"Train_Samples_{name}.csv")
     check(os.path.isfile(path), f"{path} exists")
