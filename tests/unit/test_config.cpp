@@ -860,7 +860,8 @@ std::string batch_json(std::optional<int> tb, std::optional<int> mb, std::option
   auto add = [&text](const char* key, std::optional<int> value) {
     if (!value) return;
     if (text.size() > 1) text += ", ";
-    text += "\"" + std::string(key) + "\": " + std::to_string(*value);
+    // Appended piece by piece: GCC 12's -Wrestrict misfires on "literal" + std::string&& (GCC bug 105329).
+    text.append("\"").append(key).append("\": ").append(std::to_string(*value));
   };
   add("train_batch_size", tb);
   add("train_micro_batch_size_per_gpu", mb);
