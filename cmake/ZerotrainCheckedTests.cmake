@@ -1,14 +1,15 @@
-# zt_add_checked_test(<name> TIMEOUT <s> EXPECT <regex>... [EXIT_CODE <n>] [SKIP_EXIT_CODE <n>]
-#                     COMMAND <command>...)
-# A ctest that passes when <command> exits with EXIT_CODE (default 0) and its output matches every
-# regex, through cmake/expect_success.cmake. Use it instead of PASS_REGULAR_EXPRESSION, which makes
-# ctest ignore the exit code. The command is stopped and reported as hung after TIMEOUT seconds;
-# the ctest TIMEOUT is set 30 s later so that the report, not ctest's kill, ends a hang. With
-# SKIP_EXIT_CODE, that exit code marks the test skipped. The function sets TIMEOUT (and
-# SKIP_REGULAR_EXPRESSION); set the other properties (LABELS, ENVIRONMENT, ...) afterwards.
+# zt_add_checked_test(<name> TIMEOUT <s> EXPECT <regex>... [ABSENT <regex>...] [EXIT_CODE <n>]
+#                     [SKIP_EXIT_CODE <n>] COMMAND <command>...)
+# A ctest that passes when <command> exits with EXIT_CODE (default 0), its output matches every
+# EXPECT regex and none of the ABSENT ones, through cmake/expect_success.cmake. Use it instead of
+# PASS_REGULAR_EXPRESSION, which makes ctest ignore the exit code. The command is stopped and
+# reported as hung after TIMEOUT seconds; the ctest TIMEOUT is set 30 s later so that the report,
+# not ctest's kill, ends a hang. With SKIP_EXIT_CODE, that exit code marks the test skipped. The
+# function sets TIMEOUT (and SKIP_REGULAR_EXPRESSION); set the other properties (LABELS,
+# ENVIRONMENT, ...) afterwards.
 function(zt_add_checked_test name)
   # PARSE_ARGV keeps an argument that holds a list (-DMPIEXEC=mpiexec;-n;2) one argument.
-  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "TIMEOUT;EXIT_CODE;SKIP_EXIT_CODE" "EXPECT;COMMAND")
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "" "TIMEOUT;EXIT_CODE;SKIP_EXIT_CODE" "EXPECT;ABSENT;COMMAND")
   if(NOT ARG_TIMEOUT OR NOT ARG_EXPECT OR NOT ARG_COMMAND OR ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "zt_add_checked_test(${name}): needs TIMEOUT, EXPECT and COMMAND "
                         "(unparsed: ${ARG_UNPARSED_ARGUMENTS})")
@@ -16,6 +17,10 @@ function(zt_add_checked_test name)
   string(REPLACE ";" "\\;" command "${ARG_COMMAND}")
   string(REPLACE ";" "\\;" regex "${ARG_EXPECT}")
   set(options -DTIMEOUT_SECONDS=${ARG_TIMEOUT})
+  if(ARG_ABSENT)
+    string(REPLACE ";" "\\;" absent "${ARG_ABSENT}")
+    list(APPEND options -DABSENT_REGEX=${absent})
+  endif()
   if(DEFINED ARG_EXIT_CODE)
     list(APPEND options -DEXPECT_EXIT_CODE=${ARG_EXIT_CODE})
   endif()

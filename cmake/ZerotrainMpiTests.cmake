@@ -6,8 +6,10 @@
 # With Open MPI it adds --oversubscribe (more ranks than cores) and allows running as root.
 execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _zt_mpiexec_version ERROR_QUIET)
 set(ZT_MPIEXEC_EXTRA_FLAGS "")
+set(ZT_MPIEXEC_IS_OPEN_MPI FALSE)  # tests of Open MPI's mpirun output (--quiet) check it
 if(_zt_mpiexec_version MATCHES "Open MPI|OpenRTE")
   set(ZT_MPIEXEC_EXTRA_FLAGS --oversubscribe --allow-run-as-root)
+  set(ZT_MPIEXEC_IS_OPEN_MPI TRUE)
 endif()
 set(ZT_MPIEXEC_EXTRA_FLAGS ${ZT_MPIEXEC_EXTRA_FLAGS} CACHE STRING "Extra flags for mpiexec in tests")
 

@@ -1,6 +1,7 @@
 # Shared by expect_success.cmake and expect_failure.cmake (included, not run on its own).
 # Inputs: COMMAND (a list), TIMEOUT_SECONDS (a hang is stopped and reported after that many
-# seconds), EXPECT_REGEX (a list of regexes, every one must match the output).
+# seconds), EXPECT_REGEX (a list of regexes, every one must match the output), optionally
+# ABSENT_REGEX (a list of regexes, none may match it).
 
 # Runs COMMAND; sets `result` (the exit code, or kwsys's text when it did not exit), `text` (stdout
 # and stderr merged in the order written, as ctest would show them) and `elapsed` (whole seconds).
@@ -25,11 +26,17 @@ macro(zt_expect_hung out_var)
   endif()
 endmacro()
 
-# Fails naming the first regex of EXPECT_REGEX that the output does not match.
+# Fails naming the first regex of EXPECT_REGEX that the output does not match, or the first of
+# ABSENT_REGEX that it does.
 macro(zt_expect_output_matches)
   foreach(zt_regex IN LISTS EXPECT_REGEX)
     if(NOT text MATCHES "${zt_regex}")
       message(FATAL_ERROR "output does not match '${zt_regex}' (exit: ${result}):\n${text}")
+    endif()
+  endforeach()
+  foreach(zt_regex IN LISTS ABSENT_REGEX)
+    if(text MATCHES "${zt_regex}")
+      message(FATAL_ERROR "output matches '${zt_regex}', which it must not (exit: ${result}):\n${text}")
     endif()
   endforeach()
 endmacro()

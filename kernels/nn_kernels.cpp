@@ -57,6 +57,30 @@ void matmul_backward(const Stream& stream, DType dtype, const void* grad_output,
       no_cuda_kernel);
 }
 
+void matmul_weight_grad_rows(const Stream& stream, DType dtype, const void* grad_output, const void* input,
+                             void* grad_weight_rows, const MatmulShape& shape, std::int64_t first_out,
+                             std::int64_t count) {
+  dispatch(
+      stream, "matmul_weight_grad_rows",
+      [&] {
+        return host::matmul_weight_grad_rows(dtype, grad_output, input, grad_weight_rows, shape, first_out,
+                                             count);
+      },
+      no_cuda_kernel);
+}
+
+void embedding_backward_rows(const Stream& stream, DType dtype, const std::int32_t* tokens,
+                             const void* grad_output, void* grad_rows, const EmbeddingShape& shape,
+                             std::int64_t first_row, std::int64_t row_count) {
+  dispatch(
+      stream, "embedding_backward_rows",
+      [&] {
+        return host::embedding_backward_rows(dtype, tokens, grad_output, grad_rows, shape, first_row,
+                                             row_count);
+      },
+      no_cuda_kernel);
+}
+
 void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* tokens, const void* token_table,
                        const void* position_table, void* output, const EmbeddingShape& shape) {
   dispatch(

@@ -65,6 +65,12 @@ void matmul_forward(const Stream& stream, DType dtype, const void* input, const 
 void matmul_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
                      const void* weight, void* grad_input, void* grad_weight, void* grad_bias,
                      const MatmulShape& shape);
+/// The weight gradient of output features [first_out, first_out + count) only:
+/// grad_weight_rows[count, in] += (grad_output^T . input)[first_out : first_out + count, :]. Each row is
+/// the same GEMM row as in matmul_backward's grad_weight (a streamed gradient, nn::GradientSink).
+void matmul_weight_grad_rows(const Stream& stream, DType dtype, const void* grad_output, const void* input,
+                             void* grad_weight_rows, const MatmulShape& shape, std::int64_t first_out,
+                             std::int64_t count);
 
 // ---- embedding --------------------------------------------------------------------------------
 
@@ -83,6 +89,12 @@ void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* to
 void embedding_backward(const Stream& stream, DType dtype, const std::int32_t* tokens,
                         const void* grad_output, void* grad_token_table, void* grad_position_table,
                         const EmbeddingShape& shape);
+/// The token table's gradient of rows [first_row, first_row + row_count) only:
+/// grad_rows[tokens[i] - first_row, :] += grad_output[i, :] for the tokens in that range, in position order
+/// (each row sums what embedding_backward adds to it, in the same order). shape.batch = token count.
+void embedding_backward_rows(const Stream& stream, DType dtype, const std::int32_t* tokens,
+                             const void* grad_output, void* grad_rows, const EmbeddingShape& shape,
+                             std::int64_t first_row, std::int64_t row_count);
 
 // ---- layer norm -------------------------------------------------------------------------------
 

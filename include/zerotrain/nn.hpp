@@ -42,6 +42,25 @@ enum class ParallelRole : std::uint8_t {
 /// `role`, `shard_dim` and `pipeline_stage` say where the tensor belongs in a 3-D parallel job: the
 /// engine counts a replicated parameter once in the gradient norm, and checkpoints record the
 /// global (unsliced) tensor whatever the grid.
+struct Parameter;
+
+/// Takes a parameter's gradient piece by piece instead of a full `grad` (ZeRO stages 2-3: the engine
+/// reduces each piece as it is produced, so no full-shape gradient of a large parameter exists). A
+/// module whose streams_gradients() is true hands the gradient of each parameter with a sink to it;
+/// `compute(first_row, row_count, rows)` must ADD rows [first_row, first_row + row_count) of this
+/// backward's gradient (the tensor as [rows, numel / rows]) into `rows`, zeroed memory of the run
+/// context's device in the parameter's dtype. Rows may be asked for more than once (a row that two
+/// pieces share), and the rows asked for cover the parameter.
+class GradientSink {
+ public:
+  using RowsFunction = std::function<void(std::int64_t first_row, std::int64_t row_count, void* rows)>;
+  virtual ~GradientSink() = default;
+  virtual void stream(Parameter& parameter, std::int64_t rows, const RowsFunction& compute) = 0;
+  /// A full-shape `grad` for a part of the backward that does not stream (a bias, say): zeroed,
+  /// taken over by the sink after the module's backward.
+  virtual Tensor& full_gradient(Parameter& parameter) = 0;
+};
+
 struct Parameter {
   std::string name;
   Tensor value;
@@ -49,6 +68,9 @@ struct Parameter {
   ParallelRole role = ParallelRole::replicated;
   int shard_dim = 0;
   int pipeline_stage = 0;
+  /// Set by an engine for the duration of a streaming module's backward (see GradientSink); then
+  /// `grad` is undefined and the module gives its gradient to the sink.
+  GradientSink* gradient_sink = nullptr;
 };
 
 class Module;
@@ -125,6 +147,10 @@ class Module {
   /// Parameters this module's forward/backward use but another module owns (a tied lm_head uses the
   /// token embedding). A hook that gathers a module's parameters must gather these too.
   virtual std::vector<Parameter*> borrowed_parameters() { return {}; }
+  /// Whether backward can hand its parameters' gradients to their Parameter::gradient_sink (set by
+  /// an engine around the backward) instead of accumulating into `grad`. Modules that read `grad`
+  /// directly keep the default: the engine then gives them full-shape gradients.
+  virtual bool streams_gradients() const { return false; }
   /// Direct children in registration order.
   std::vector<Module*> children();
   /// This module and all its descendants, pre-order.
@@ -296,6 +322,8 @@ class Linear : public Module {
   Parameter* bias() { return bias_; }
   std::int64_t in_features() const { return in_features_; }
   std::int64_t out_features() const { return out_features_; }
+  /// Streams the weight's gradient by rows of output features (the bias is full-shape).
+  bool streams_gradients() const override { return true; }
 
  protected:
   Tensor forward(const Tensor& input, const RunContext& context) override;
@@ -315,6 +343,8 @@ class Embedding : public Module {
   Embedding(std::int64_t num_embeddings, std::int64_t dim, DType dtype = DType::fp32,
             Device device = Device::host());
   Parameter& weight() { return *weight_; }
+  /// Streams the table's gradient by rows (each row only from the tokens that fall in it).
+  bool streams_gradients() const override { return true; }
 
  protected:
   Tensor forward(const Tensor& tokens, const RunContext& context) override;
@@ -527,6 +557,8 @@ class LmHead : public Module {
   Parameter& weight() { return *weight_; }
   bool tied() const { return tied_; }
   std::vector<Parameter*> borrowed_parameters() override;
+  /// Streams the weight's gradient by rows of the vocabulary.
+  bool streams_gradients() const override { return true; }
 
  protected:
   Tensor forward(const Tensor& input, const RunContext& context) override;

@@ -116,6 +116,10 @@ struct TrainOptions {
   std::optional<std::string> resume_job_id;
   /// Where the engine keeps the model's state and runs its kernels (EngineOptions::device).
   Device device = Device::host();
+  /// One rank's peak FLOP/s, the denominator of the MFU (model FLOPs utilization) in the progress
+  /// line and the metrics: the hardware's figure for the compute dtype. Not given: each rank
+  /// measures its matmul rate once before the model is built (docs/metrics.md, "MFU").
+  std::optional<double> peak_flops;
   /// Called on every rank after each optimizer step (progress hooks, tests).
   std::function<void(const StepReport&)> on_step;
 };

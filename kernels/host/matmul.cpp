@@ -68,6 +68,19 @@ void matmul_backward(DType dtype, const void* grad_output, const void* input, co
   });
 }
 
+void matmul_weight_grad_rows(DType dtype, const void* grad_output, const void* input, void* grad_weight_rows,
+                             const MatmulShape& shape, std::int64_t first_out, std::int64_t count) {
+  with_floating_type(dtype, "matmul_weight_grad_rows", [&](auto tag) {
+    using T = decltype(tag);
+    const auto [rows, in, out] = shape;
+    ZT_CHECK(first_out >= 0 && count >= 0 && first_out + count <= out, "matmul_weight_grad_rows: rows [",
+             first_out, ", ", first_out + count, ") of a weight with ", out, " output features");
+    // Column first_out of grad_output (leading dimension out) is row first_out of its transpose.
+    gemm(true, false, count, in, rows, 1.0, static_cast<const T*>(grad_output) + first_out, out,
+         static_cast<const T*>(input), in, 1.0, static_cast<T*>(grad_weight_rows), in);
+  });
+}
+
 void embedding_forward(DType dtype, const std::int32_t* tokens, const void* token_table,
                        const void* position_table, void* output, const EmbeddingShape& shape) {
   const auto [batch, seq_len, vocab, channels] = shape;
@@ -132,6 +145,33 @@ void embedding_backward(DType dtype, const std::int32_t* tokens, const void* gra
         }
       }
       (void)vocab;
+    }
+  });
+}
+
+void embedding_backward_rows(DType dtype, const std::int32_t* tokens, const void* grad_output,
+                             void* grad_rows, const EmbeddingShape& shape, std::int64_t first_row,
+                             std::int64_t row_count) {
+  const std::int64_t positions = shape.batch * std::max<std::int64_t>(shape.seq_len, 1);
+  const std::int64_t channels = shape.channels;
+  with_floating_type(dtype, "embedding_backward_rows", [&](auto tag) {
+    using T = decltype(tag);
+    const T* dy = static_cast<const T*>(grad_output);
+    T* rows = static_cast<T*>(grad_rows);
+    // As embedding_backward: each thread a block of columns, the positions in order.
+    const std::int64_t blocks = (channels + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+    for (std::int64_t block = 0; block < blocks; ++block) {
+      const std::int64_t begin = block * kColumnBlock;
+      const std::int64_t end = std::min(channels, begin + kColumnBlock);
+      for (std::int64_t i = 0; i < positions; ++i) {
+        const std::int64_t row = static_cast<std::int64_t>(tokens[i]) - first_row;
+        if (row < 0 || row >= row_count) continue;
+        T* table_row = rows + row * channels;
+        const T* grad_row = dy + i * channels;
+        for (std::int64_t c = begin; c < end; ++c)
+          table_row[c] = store<T>(load(table_row[c]) + load(grad_row[c]));
+      }
     }
   });
 }

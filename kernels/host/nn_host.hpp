@@ -21,6 +21,11 @@ void embedding_forward(DType dtype, const std::int32_t* tokens, const void* toke
                        const void* position_table, void* output, const EmbeddingShape& shape);
 void embedding_backward(DType dtype, const std::int32_t* tokens, const void* grad_output,
                         void* grad_token_table, void* grad_position_table, const EmbeddingShape& shape);
+void matmul_weight_grad_rows(DType dtype, const void* grad_output, const void* input, void* grad_weight_rows,
+                             const MatmulShape& shape, std::int64_t first_out, std::int64_t count);
+void embedding_backward_rows(DType dtype, const std::int32_t* tokens, const void* grad_output,
+                             void* grad_rows, const EmbeddingShape& shape, std::int64_t first_row,
+                             std::int64_t row_count);
 void layernorm_forward(DType dtype, const void* input, const void* weight, const void* bias, void* output,
                        void* mean, void* rstd, std::int64_t rows, std::int64_t channels, double eps);
 void layernorm_backward(DType dtype, const void* grad_output, const void* input, const void* weight,

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "base/text.hpp"
+#include "src/cli/plain_message.hpp"
 #include "src/engine/plan.hpp"
 #include "zerotrain/error.hpp"
 
@@ -24,14 +25,6 @@ std::int64_t integer_option(const std::string& name, const std::string& text, st
   ZT_CHECK_AS(ConfigError, value >= min, "--", name, " ", value,
               " is out of range: expected an integer >= ", min);
   return value;
-}
-
-/// The message without the "zerotrain error on rank R (file:line): " prefix.
-std::string plain(const std::exception& error) {
-  const std::string_view text = error.what();
-  const std::size_t end = text.find("): ");
-  if (!text.starts_with("zerotrain error") || end == std::string_view::npos) return std::string(text);
-  return std::string(text.substr(end + 3));
 }
 
 engine_detail::PlanOptions parse_options(int argc, char** argv) {
@@ -86,7 +79,7 @@ int plan_command(Runtime& runtime, int argc, char** argv) {
   try {
     return engine_detail::run_plan(runtime, parse_options(argc, argv));
   } catch (const ConfigError& error) {  // thrown alike on every rank, before anything trains
-    if (runtime.world_rank() == 0) std::fprintf(stderr, "zerotrain plan: %s\n", plain(error).c_str());
+    if (runtime.world_rank() == 0) std::fprintf(stderr, "zerotrain plan: %s\n", plain_message(error).c_str());
     return 2;
   }
 }

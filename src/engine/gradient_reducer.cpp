@@ -64,39 +64,72 @@ void GradientReducer::open_bucket() {
   has_open_ = true;
 }
 
-void GradientReducer::add(std::size_t index, const void* gradient, DType gradient_dtype) {
+void GradientReducer::add(std::size_t index, const void* gradient, DType gradient_dtype, bool add_to_shard) {
   ZT_CHECK(index < layout_.size(), "GradientReducer::add: parameter index ", index, " out of range");
   const FlatParameter& parameter = layout_[index];
-  const std::int64_t size = footprint(index);
-  const std::int64_t limit = partitioned() ? region_ : capacity_;
-  if (has_open_ && open_.used + size > limit) launch_open_bucket();
-  if (!has_open_) open_bucket();
-
-  const DType wire = options_.wire_dtype;
-  void* staging = open_.staging.raw_data();
   if (!partitioned()) {
-    kernels::convert(execution_.compute(), gradient, gradient_dtype, at(staging, open_.used, wire), wire,
-                     parameter.numel);
-  } else {
-    // Rank q's piece of this parameter goes to rank q's region; the padding past numel is zero.
-    const std::int64_t piece = parameter.piece_numel;
-    for (int q = 0; q < ranks_; ++q) {
-      const std::int64_t begin = q * piece;
-      const std::int64_t real = std::clamp<std::int64_t>(parameter.numel - begin, 0, piece);
-      std::byte* target = at(staging, q * region_ + open_.used, wire);
-      if (real > 0) {
-        kernels::convert(execution_.compute(),
-                         static_cast<const std::byte*>(gradient) +
-                             static_cast<std::size_t>(begin) * dtype_size(gradient_dtype),
-                         gradient_dtype, target, wire, real);
-      }
-      if (real < piece)
-        execution_.zero(at(target, real, wire), static_cast<std::size_t>(piece - real) * dtype_size(wire));
-    }
+    const std::int64_t size = footprint(index);
+    if (has_open_ && open_.used + size > capacity_) launch_open_bucket();
+    if (!has_open_) open_bucket();
+    const DType wire = options_.wire_dtype;
+    kernels::convert(execution_.compute(), gradient, gradient_dtype,
+                     at(open_.staging.raw_data(), open_.used, wire), wire, parameter.numel);
+    open_.members.push_back({.index = index, .offset = open_.used, .count = parameter.numel});
+    open_.used += size;
+    return;
   }
-  open_.members.push_back(index);
-  open_.member_offsets.push_back(open_.used);
-  open_.used += size;
+  const auto* values = static_cast<const std::byte*>(gradient);
+  for (std::int64_t piece_offset = 0; piece_offset < parameter.piece_numel;) {
+    const std::int64_t length = begin_range(index, piece_offset, add_to_shard);
+    for (int q = 0; q < ranks_; ++q) {
+      write_range(q,
+                  values + static_cast<std::size_t>(q * parameter.piece_numel + piece_offset) *
+                               dtype_size(gradient_dtype),
+                  gradient_dtype);
+    }
+    end_range();
+    piece_offset += length;
+  }
+}
+
+std::int64_t GradientReducer::begin_range(std::size_t index, std::int64_t piece_offset, bool add_to_shard) {
+  ZT_CHECK(index < layout_.size(), "GradientReducer::begin_range: parameter index ", index, " out of range");
+  ZT_CHECK(partitioned() && !writing_, "GradientReducer::begin_range: ",
+           partitioned() ? "the previous range is not ended" : "the destination is not partitioned");
+  const std::int64_t piece = layout_[index].piece_numel;
+  ZT_CHECK(piece_offset >= 0 && piece_offset < piece, "GradientReducer::begin_range: offset ", piece_offset,
+           " in a piece of ", piece);
+  if (has_open_ && open_.used >= region_) launch_open_bucket();
+  if (!has_open_) open_bucket();
+  const std::int64_t length = std::min(piece - piece_offset, region_ - open_.used);
+  open_.members.push_back({.index = index,
+                           .offset = open_.used,
+                           .piece_offset = piece_offset,
+                           .count = length,
+                           .add_to_shard = add_to_shard});
+  writing_ = true;
+  return length;
+}
+
+void GradientReducer::write_range(int q, const void* values, DType dtype) {
+  ZT_CHECK(writing_ && q >= 0 && q < ranks_, "GradientReducer::write_range: piece ", q, " of ", ranks_,
+           writing_ ? "" : " outside begin_range/end_range");
+  // Rank q's range of this parameter goes to rank q's region; the padding past numel is zero.
+  const Member& member = open_.members.back();
+  const FlatParameter& parameter = layout_[member.index];
+  const DType wire = options_.wire_dtype;
+  const std::int64_t first = q * parameter.piece_numel + member.piece_offset;
+  const std::int64_t real = std::clamp<std::int64_t>(parameter.numel - first, 0, member.count);
+  std::byte* target = at(open_.staging.raw_data(), q * region_ + member.offset, wire);
+  if (real > 0) kernels::convert(execution_.compute(), values, dtype, target, wire, real);
+  if (real < member.count)
+    execution_.zero(at(target, real, wire), static_cast<std::size_t>(member.count - real) * dtype_size(wire));
+}
+
+void GradientReducer::end_range() {
+  ZT_CHECK(writing_, "GradientReducer::end_range without begin_range");
+  open_.used += open_.members.back().count;
+  writing_ = false;
 }
 
 void GradientReducer::launch_open_bucket() {
@@ -136,32 +169,32 @@ void GradientReducer::complete(Bucket& bucket) {
   const DType wire = options_.wire_dtype;
   const DType target_dtype = options_.gradient_dtype;
   void* staging = bucket.staging.raw_data();
-  for (std::size_t m = 0; m < bucket.members.size(); ++m) {
-    const FlatParameter& parameter = layout_[bucket.members[m]];
-    const std::byte* reduced = at(staging, bucket.member_offsets[m], wire);
+  for (const Member& member : bucket.members) {
+    const FlatParameter& parameter = layout_[member.index];
+    const std::byte* reduced = at(staging, member.offset, wire);
     switch (options_.destination) {
       case GradientDestination::flat_whole:
         kernels::convert(execution_.compute(), reduced, wire,
                          at(destination_, parameter.offset, target_dtype), target_dtype, parameter.numel);
         break;
       case GradientDestination::flat_own_piece:
-        kernels::convert(execution_.compute(), reduced, wire,
-                         at(destination_, parameter.offset + rank_ * parameter.piece_numel, target_dtype),
-                         target_dtype, parameter.piece_numel);
+        kernels::convert(
+            execution_.compute(), reduced, wire,
+            at(destination_, parameter.offset + rank_ * parameter.piece_numel + member.piece_offset,
+               target_dtype),
+            target_dtype, member.count);
         break;
       case GradientDestination::shard: {
-        std::byte* target = at(destination_, parameter.shard_offset, target_dtype);
-        if (!accumulate_) {
-          kernels::convert(execution_.compute(), reduced, wire, target, target_dtype, parameter.piece_numel);
+        std::byte* target = at(destination_, parameter.shard_offset + member.piece_offset, target_dtype);
+        if (!accumulate_ && !member.add_to_shard) {
+          kernels::convert(execution_.compute(), reduced, wire, target, target_dtype, member.count);
         } else if (wire == target_dtype) {
-          kernels::accumulate(execution_.compute(), target_dtype, target, reduced, parameter.piece_numel);
+          kernels::accumulate(execution_.compute(), target_dtype, target, reduced, member.count);
         } else {
-          Tensor converted =
-              execution_.empty({parameter.piece_numel}, target_dtype, MemoryCategory::comm_buffers);
+          Tensor converted = execution_.empty({member.count}, target_dtype, MemoryCategory::comm_buffers);
           kernels::convert(execution_.compute(), reduced, wire, converted.raw_data(), target_dtype,
-                           parameter.piece_numel);
-          kernels::accumulate(execution_.compute(), target_dtype, target, converted.raw_data(),
-                              parameter.piece_numel);
+                           member.count);
+          kernels::accumulate(execution_.compute(), target_dtype, target, converted.raw_data(), member.count);
         }
         break;
       }
@@ -187,6 +220,7 @@ void GradientReducer::poll() {
 }
 
 void GradientReducer::finish() {
+  ZT_CHECK(!writing_, "GradientReducer::finish while a range is being written");
   launch_open_bucket();
   while (!in_flight_.empty()) wait_oldest();
 }

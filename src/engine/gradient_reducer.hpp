@@ -1,7 +1,8 @@
 // Gradient reduction across data-parallel ranks in buckets, started as gradients become final
 // during backward (ZeRO stages 0-3). Internal to the engine.
 //
-// Each parameter's gradient is copied into the open bucket's staging buffer when it is final; a full
+// Each parameter's gradient is copied into the open bucket's staging buffer when it is final (split
+// over buckets when it does not fit, stages 1-3); a full
 // bucket (reduce_bucket_size elements) is reduced at once, non-blocking when overlap_comm is set, so
 // that it travels while the rest of backward computes. Stage 0 all-reduces the bucket; stages 1-3
 // pack it rank-major (rank r's pieces of every member together) and reduce-scatter it, so each rank
@@ -55,7 +56,19 @@ class GradientReducer {
   void begin(bool accumulate);
   /// The gradient of parameter `index` is final: copy it (numel elements, any floating dtype) into
   /// the open bucket; a full bucket is launched. `gradient` may be freed when this returns.
-  void add(std::size_t index, const void* gradient, DType gradient_dtype);
+  /// add_to_shard: with the shard as destination, add the reduced piece to it even in a pass that
+  /// overwrites (a parameter's second contribution in one backward, e.g. a tied embedding's).
+  /// Partitioned, a parameter whose pieces do not fit the open bucket's regions is split over
+  /// several buckets (piece-local ranges: the same range of every rank's piece).
+  void add(std::size_t index, const void* gradient, DType gradient_dtype, bool add_to_shard = false);
+  /// The same range by range (stages 1-3; a streamed gradient, nn::GradientSink): begin_range opens
+  /// the range of every rank's piece that starts at `piece_offset` and returns its length L (at
+  /// least 1, at most what the open bucket's regions have left); then write_range for every rank q
+  /// with elements [q piece + piece_offset, min(numel, q piece + piece_offset + L)) of the gradient
+  /// (nothing past numel; `values` may be freed when it returns); then end_range.
+  std::int64_t begin_range(std::size_t index, std::int64_t piece_offset, bool add_to_shard);
+  void write_range(int q, const void* values, DType dtype);
+  void end_range();
   /// Let in-flight reductions progress (MPI moves non-blocking collectives only inside MPI calls)
   /// and finish the completed ones.
   void poll();
@@ -68,10 +81,17 @@ class GradientReducer {
   std::int64_t staging_elements() const { return capacity_; }
 
  private:
+  /// A parameter's gradient in a bucket: whole (stage 0), or a range of every rank's piece.
+  struct Member {
+    std::size_t index = 0;
+    std::int64_t offset = 0;        // in the bucket (stage 0) or in each rank region
+    std::int64_t piece_offset = 0;  // stages 1-3: where the range starts in the piece
+    std::int64_t count = 0;         // elements (stage 0: numel; else the range's length)
+    bool add_to_shard = false;      // add into the shard rather than overwrite it
+  };
   struct Bucket {
-    Tensor staging;                    // wire dtype
-    std::vector<std::size_t> members;  // parameter indices
-    std::vector<std::int64_t> member_offsets;
+    Tensor staging;  // wire dtype
+    std::vector<Member> members;
     std::int64_t used = 0;  // elements per rank region (stages 1-3) or in total (stage 0)
     Work work;
   };
@@ -97,6 +117,7 @@ class GradientReducer {
   std::deque<Bucket> in_flight_;
   Bucket open_;
   bool has_open_ = false;
+  bool writing_ = false;  // between begin_range and end_range (the open bucket's last member)
   double wait_seconds_ = 0.0;
 };
 

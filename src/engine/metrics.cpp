@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "base/resident_memory.hpp"
 #include "io/tensorboard_events.hpp"
 #include "zerotrain/error.hpp"
 
@@ -156,7 +157,7 @@ std::vector<MetricScalar> step_scalars(const nlohmann::json& record) {
   add("lr", field("lr"));
   add("loss_scale", field("loss_scale"));
   for (const char* key :
-       {"grad_norm", "tokens_per_s", "step_time_s", "comm_bytes", "comm_wait_s", "comm_busy_s"})
+       {"grad_norm", "tokens_per_s", "mfu", "step_time_s", "comm_bytes", "comm_wait_s", "comm_busy_s"})
     add(key, field(key));
   if (const nlohmann::json* memory = field("mem")) {
     for (const auto& [category, bytes] : memory->items())
@@ -227,10 +228,7 @@ MemoryLimit host_memory_limit(const AlertsConfig& alerts) {
 }
 
 std::int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::int64_t size = 0, resident = 0;
-  if (!(statm >> size >> resident)) return 0;
-  return resident * static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+  return base::resident_memory().current;
 }
 
 }  // namespace zt::engine_detail

@@ -26,8 +26,8 @@ struct MetricScalar {
   std::int64_t step = 0;
 };
 
-/// The scalars of a record: a "step" record's loss, lr, loss scale, gradient norm, throughput,
-/// communication and memory by category; an "eval" record's loss and perplexity
+/// The scalars of a record: a "step" record's loss, lr, loss scale, gradient norm, throughput and
+/// MFU, communication and memory by category; an "eval" record's loss and perplexity
 /// (Eval/Samples/eval_loss, eval_perplexity); none for other events.
 std::vector<MetricScalar> step_scalars(const nlohmann::json& record);
 
@@ -76,7 +76,7 @@ struct MemoryLimit {
   std::string source;      // "alerts.memory_limit", "cgroup memory.max", "physical memory"
 };
 MemoryLimit host_memory_limit(const AlertsConfig& alerts);
-/// This process's resident set size in bytes (/proc/self/statm), 0 where unknown.
+/// This process's resident set size in bytes (VmRSS), 0 where unknown.
 std::int64_t resident_bytes();
 
 }  // namespace zt::engine_detail

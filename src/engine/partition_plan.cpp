@@ -118,7 +118,9 @@ PartitionPlan::PartitionPlan(std::vector<PlannedParameter> parameters, const Pla
               settings_.reduce_bucket_elements);
   if (partitioning_.optimizer_states) {
     const std::int64_t per_rank = (settings_.reduce_bucket_elements + parts - 1) / parts;
-    reduce_region_ = std::max(std::min(per_rank, total_pieces), largest_piece);
+    // No floor at the largest piece: the reducer splits a parameter over buckets, so the staging
+    // (and a streamed gradient's rows) stay within reduce_bucket_size at any vocabulary.
+    reduce_region_ = std::max<std::int64_t>(std::min(per_rank, total_pieces), 1);
     reduce_capacity_ = reduce_region_ * parts;
   } else {
     reduce_capacity_ = std::max(std::min(settings_.reduce_bucket_elements, parameter_count_), largest_numel);

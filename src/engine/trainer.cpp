@@ -9,13 +9,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "base/resident_memory.hpp"
 #include "src/engine/checkpoint_directory.hpp"
 #include "src/engine/evaluation.hpp"
 #include "src/engine/metrics.hpp"
+#include "src/engine/model_flops.hpp"
 #include "src/engine/model_layers.hpp"
 #include "src/engine/partition_plan.hpp"
 #include "src/engine/pipeline_schedule.hpp"
@@ -55,7 +58,10 @@ nlohmann::json model_description(const Config& config, std::int64_t parameters) 
 /// (parameters, gradients and states are steady; activations peak inside the step, and so do stage
 /// 3's gathered parameters and stages 2-3's transient full gradients), the peak of the total, and
 /// under "resident" the model states held between steps: what the run allocated since `baseline`
-/// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts.
+/// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts;
+/// next to them the process's resident set as the kernel counts it: now (`rss_bytes`) and its peak
+/// since the step began (`peak_rss_bytes`), which the accounted `peak` plus the runtime's own
+/// resident memory should explain (docs/metrics.md, "Resident memory").
 nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& baseline) {
   // Every kind of memory the engine may keep its state in: the host, a GPU, the emulated test device.
   const MemorySnapshot host = memory_snapshot(DeviceType::host);
@@ -72,7 +78,8 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   constexpr MemoryCategory kModelStates[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                              MemoryCategory::optimizer_states};
   constexpr std::size_t kPeak = std::size(kReported);
-  std::int64_t values[std::size(kReported) + 1 + std::size(kModelStates)];
+  constexpr std::size_t kRss = kPeak + 1 + std::size(kModelStates);
+  std::int64_t values[kRss + 2];
   for (std::size_t i = 0; i < std::size(kReported); ++i) {
     values[i] = static_cast<std::int64_t>(host[kReported[i]].peak + devices[kReported[i]].peak);
   }
@@ -82,6 +89,9 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
         static_cast<std::int64_t>(host[kModelStates[i]].current + devices[kModelStates[i]].current) -
         static_cast<std::int64_t>(baseline[kModelStates[i]].current);
   }
+  const base::ResidentMemory rss = base::resident_memory();
+  values[kRss] = rss.current;
+  values[kRss + 1] = rss.peak;
   world.all_reduce(values, values, std::size(values), DType::int64, ReduceOp::max);
   nlohmann::json memory;
   for (std::size_t i = 0; i < std::size(kReported); ++i)
@@ -89,6 +99,8 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   memory["peak"] = values[kPeak];
   for (std::size_t i = 0; i < std::size(kModelStates); ++i)
     memory["resident"][memory_category_name(kModelStates[i])] = values[kPeak + 1 + i];
+  memory["rss_bytes"] = values[kRss];
+  memory["peak_rss_bytes"] = values[kRss + 1];
   return memory;
 }
 
@@ -281,6 +293,95 @@ class MemoryAlerts {
   bool active_ = false;
 };
 
+/// "1:02:03": hours, minutes and seconds, for the progress line's elapsed time and ETA.
+std::string clock_text(double seconds) {
+  const auto whole = static_cast<long long>(std::max(0.0, std::round(seconds)));
+  char text[32];
+  std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", whole / 3600, whole / 60 % 60, whole % 60);
+  return text;
+}
+
+/// The MFU's denominator, the peak FLOP/s of the whole job: options.peak_flops per rank, or the sum
+/// of every rank's measured matmul rate (the ranks measure side by side, sharing their node's cores
+/// as they will in training). Collective. `description` says where the figure came from.
+struct PeakFlops {
+  double total = 0.0;
+  std::string source;       // "--peak-flops", "matmul probe"
+  std::string description;  // for the run's header
+};
+PeakFlops job_peak_flops(Runtime& runtime, const Config& config, const TrainOptions& options) {
+  PeakFlops peak;
+  char text[256];
+  if (options.peak_flops) {
+    peak.total = *options.peak_flops * runtime.world_size();
+    peak.source = "--peak-flops";
+    std::snprintf(text, sizeof text, "peak %.3g FLOP/s = %d rank(s) x --peak-flops %.3g", peak.total,
+                  runtime.world_size(), *options.peak_flops);
+  } else {
+    const DType dtype = compute_dtype_of(config);
+    runtime.world().barrier();
+    const engine_detail::MatmulProbe probe = engine_detail::probe_matmul(dtype);
+    peak.total = probe.flops_per_second;
+    runtime.world().all_reduce(&peak.total, &peak.total, 1, DType::fp64, ReduceOp::sum);
+    peak.source = "matmul probe";
+    std::snprintf(text, sizeof text,
+                  "peak %.3g FLOP/s = the ranks' matmul probes (rank 0: %.3g, %lld^3 %s, best of %d calls in "
+                  "%.0f ms; --peak-flops sets it)",
+                  peak.total, probe.flops_per_second, static_cast<long long>(probe.size),
+                  std::string(dtype_name(dtype)).c_str(), probe.calls, probe.seconds * 1e3);
+  }
+  peak.description = text;
+  return peak;
+}
+
+/// The warning for a run whose --steps goes past the end of its lr schedule (total_num_steps of
+/// WarmupDecayLR and WarmupCosineLR; the other schedules have no end): the steps after it train
+/// with the lr the schedule ends at, which is rarely what was meant. Step s runs with the lr of
+/// scheduler iteration L + s - g - 1 (L the scheduler's iteration and g the global steps now; steps
+/// skipped on an fp16 overflow do not advance it), so a fresh run's schedule ends at step
+/// total_num_steps.
+std::optional<std::string> schedule_end_warning(Engine& engine, std::int64_t target_steps) {
+  const Config& cfg = engine.config();
+  const LRScheduler* scheduler = engine.lr_scheduler();
+  if (!cfg.scheduler || scheduler == nullptr) return std::nullopt;
+  const std::optional<std::int64_t> total = std::visit(
+      [](const auto& params) -> std::optional<std::int64_t> {
+        if constexpr (requires { params.total_num_steps; }) {
+          return params.total_num_steps;
+        } else {
+          return std::nullopt;
+        }
+      },
+      cfg.scheduler->params);
+  if (!total) return std::nullopt;
+  const std::int64_t now = engine.global_steps();
+  const auto iteration = [&](std::int64_t step) {
+    return scheduler->last_batch_iteration() + step - now - 1;
+  };
+  const std::int64_t end_step = *total + (now - 1 - scheduler->last_batch_iteration());
+  if (target_steps <= end_step) return std::nullopt;
+  const std::int64_t first = std::max(end_step + 1, now + 1);
+  const double first_lr = scheduler->lr_at(iteration(first));
+  const double last_lr = scheduler->lr_at(iteration(target_steps));
+  char text[512];
+  const int written = std::snprintf(
+      text, sizeof text,
+      "--steps %lld goes past the end of the %s schedule (scheduler.params.total_num_steps = %lld",
+      static_cast<long long>(target_steps), std::string(scheduler->name()).c_str(),
+      static_cast<long long>(*total));
+  std::string message(text, static_cast<std::size_t>(std::max(0, written)));
+  if (end_step != *total) message += ", its end at global step " + std::to_string(end_step) + " in this run";
+  if (first_lr == last_lr) {
+    std::snprintf(text, sizeof text, "): steps %lld..%lld all train with lr %.3e, the value it ends at",
+                  static_cast<long long>(first), static_cast<long long>(target_steps), first_lr);
+  } else {
+    std::snprintf(text, sizeof text, "): steps %lld..%lld train with lr %.3e (step %lld) to %.3e (step %lld)",
+                  static_cast<long long>(first), static_cast<long long>(target_steps), first_lr,
+                  static_cast<long long>(first), last_lr, static_cast<long long>(target_steps));
+  }
+  return message + text;
+}
+
 int stop_scope_depth = 0;
 struct sigaction previous_term = {};
 struct sigaction previous_usr1 = {};
@@ -360,11 +461,19 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
           engine_detail::CheckpointDirectoryLock::acquire(*save_dir, config.checkpoint.file_mode);
     });
   }
+  // The MFU's peak, before the model takes the memory and the cores. Its buffers go back to the
+  // kernel before the runtime's resident memory is read (the threads it started count there).
+  const PeakFlops peak_flops = job_peak_flops(runtime, config, options);
+  base::release_freed_heap();
+  // What the process holds before the model (MPI, UCX, the libraries, OpenBLAS's buffers): the
+  // runtime's fixed resident memory, reported in the start record.
+  std::int64_t runtime_rss = base::resident_memory().current;
   // With pipeline stages each rank builds only its stage; the engine makes the pipeline x data grid.
   const int stages = static_cast<int>(config.pipeline.stage_count());
   std::unique_ptr<nn::Module> model =
       stages > 1 ? build_model(config, pipeline_stage_of(runtime, config)) : build_model(config);
   Engine engine(runtime, *model, std::move(config), EngineOptions{.device = options.device});
+  runtime.world().all_reduce(&runtime_rss, &runtime_rss, 1, DType::int64, ReduceOp::max);
   const Config& cfg = engine.config();
   // The whole model's parameters (the engine holds this stage's).
   const std::int64_t model_parameters =
@@ -522,6 +631,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   }
   if (startup_signal == 0) stopped_during_startup("the first step");
   summary.preempted = startup_signal != 0;
+  const double flops_per_token = engine_detail::model_flops_per_token(cfg, model_parameters);
+  if (const std::optional<std::string> warning = schedule_end_warning(engine, options.steps);
+      leader && warning)
+    std::fprintf(stderr, "zerotrain train: warning: %s\n", warning->c_str());
   nlohmann::json start = {{"event", "start"},
                           {"world_size", runtime.world_size()},
                           {"data_parallel_size", batch.data_parallel_size},
@@ -536,7 +649,11 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                           {"optimizer", to_string(cfg.optimizer->type)},
                           {"data", data->description()},
                           {"target_steps", options.steps},
-                          {"resumed_from_step", summary.resumed_from_step}};
+                          {"resumed_from_step", summary.resumed_from_step},
+                          {"flops_per_token", flops_per_token},
+                          {"peak_flops", peak_flops.total},
+                          {"peak_flops_source", peak_flops.source},
+                          {"runtime_rss_bytes", runtime_rss}};
   const std::int64_t micro_batches = batch.gradient_accumulation_steps;
   if (stages > 1) {
     start["pipeline"] = {
@@ -608,13 +725,21 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
       std::printf("  optimizer states (rank 0): %s\n", placement.describe().c_str());
     if (parameters.device != OffloadDevice::none)
       std::printf("  parameters (rank 0): %s\n", parameters.describe().c_str());
+    std::printf("  MFU: %.4g model FLOPs per token (%s), %s\n", flops_per_token,
+                std::holds_alternative<GptModelConfig>(*cfg.model)
+                    ? "6 x parameters + 12 x layers x seq_len x d_model"
+                    : "6 x parameters",
+                peak_flops.description.c_str());
     std::fflush(stdout);
   }
 
   const double tokens_per_step = static_cast<double>(batch.train_batch_size * data->tokens_per_sample());
   double total_seconds = 0;
+  const auto loop_began = Clock::now();
+  std::int64_t peak_accounted = 0, peak_rss = 0;  // over the steps, maximum over ranks
   while (!summary.preempted && engine.global_steps() < options.steps) {
     reset_memory_peaks();
+    base::reset_resident_peak();
     const auto began = Clock::now();
     engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
     data->advance();
@@ -626,11 +751,14 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     ++summary.steps;
 
     const nlohmann::json memory = memory_max_over_ranks(runtime.world(), before_model);
+    peak_accounted = std::max(peak_accounted, memory["peak"].get<std::int64_t>());
+    peak_rss = std::max(peak_rss, memory["peak_rss_bytes"].get<std::int64_t>());
     const nlohmann::json pipeline_step =
         stages > 1
             ? pipeline_step_metrics(runtime.world(), report.pipeline, cfg.pipeline.schedule, micro_batches)
             : nlohmann::json();
     const double tokens_per_second = tokens_per_step / seconds;
+    const double mfu = tokens_per_second * flops_per_token / peak_flops.total;
     nlohmann::json step_line = {
         {"event", "step"},
         {"step", report.step},
@@ -644,6 +772,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         {"skipped", report.skipped},
         {"step_time_s", seconds},
         {"tokens_per_s", tokens_per_second},
+        {"mfu", mfu},
         {"mem", memory},
         {"comm_bytes", report.comm_bytes},
         {"comm_wait_s", report.comm.wait_seconds},
@@ -669,12 +798,17 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         std::snprintf(bubble, sizeof bubble, " | bubble %.2f",
                       *std::max_element(fractions.begin(), fractions.end()));
       }
+      // Elapsed: this run's loop; the ETA from its mean step time, saves and evaluations included.
+      const double elapsed = std::chrono::duration<double>(Clock::now() - loop_began).count();
+      const double eta =
+          elapsed / static_cast<double>(summary.steps) * static_cast<double>(options.steps - report.step);
       std::printf(
-          "step %6lld | loss %.4f | lr %.3e | scale %g | grad norm %.3f%s | %.0f tok/s | %.1f ms/step | "
-          "peak %.1f MiB%s\n",
-          static_cast<long long>(report.step), report.loss, report.lr, report.loss_scale, report.grad_norm,
-          report.skipped ? " (skipped)" : "", tokens_per_second, seconds * 1e3,
-          static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20), bubble);
+          "step %6lld/%lld | loss %.4f | lr %.3e | scale %g | grad norm %.3f%s | %.0f tok/s | %.1f ms/step | "
+          "MFU %.1f%% | peak %.1f MiB%s | elapsed %s | ETA %s\n",
+          static_cast<long long>(report.step), static_cast<long long>(options.steps), report.loss, report.lr,
+          report.loss_scale, report.grad_norm, report.skipped ? " (skipped)" : "", tokens_per_second,
+          seconds * 1e3, mfu * 100.0, static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20),
+          bubble, clock_text(elapsed).c_str(), clock_text(eta).c_str());
       std::fflush(stdout);
     }
     if (evaluator && evaluator->due(report.step, report.step == options.steps)) {
@@ -723,6 +857,11 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     std::printf("zerotrain train: %lld steps, loss %.4f -> %.4f, %.1f ms/step, %lld skipped\n",
                 static_cast<long long>(summary.steps), summary.first_loss, summary.last_loss,
                 summary.mean_step_seconds * 1e3, static_cast<long long>(engine.skipped_steps()));
+    std::printf(
+        "zerotrain train: memory per rank: accounted peak %.1f MiB, peak RSS %.1f MiB (%.1f MiB before the "
+        "model: MPI and libraries)\n",
+        static_cast<double>(peak_accounted) / (1 << 20), static_cast<double>(peak_rss) / (1 << 20),
+        static_cast<double>(runtime_rss) / (1 << 20));
   }
   metrics.write({{"event", "end"},
                  {"steps", engine.global_steps()},
@@ -730,7 +869,9 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
                  {"skipped_steps", engine.skipped_steps()},
                  {"first_loss", summary.first_loss},
                  {"last_loss", summary.last_loss},
-                 {"mean_step_time_s", summary.mean_step_seconds}});
+                 {"mean_step_time_s", summary.mean_step_seconds},
+                 {"peak_bytes", peak_accounted},
+                 {"peak_rss_bytes", peak_rss}});
   return summary;
 }
 

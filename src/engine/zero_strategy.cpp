@@ -100,9 +100,14 @@ void ZeroStrategy::begin_backward(BackwardPass pass) {
 void ZeroStrategy::before_backward(const ModuleUse& use) {
   gather_for_backward(use);
   if (plan_.partitioning().gradients) {
+    // A streaming module hands its gradients to the sink; any other gets zeroed full-shape ones.
+    const bool streams = use.module != nullptr && use.module->streams_gradients();
+    if (streams) streaming_use_ = &use;
     for (std::size_t index : use.parameters) {
       nn::Parameter& parameter = *model_parameters_[index];
-      if (!parameter.grad.defined()) {
+      if (streams) {
+        parameter.gradient_sink = this;
+      } else if (!parameter.grad.defined()) {
         parameter.grad = execution_.zeros(plan_.layout()[index].shape, dtype_, MemoryCategory::gradients);
       }
     }
@@ -112,16 +117,80 @@ void ZeroStrategy::before_backward(const ModuleUse& use) {
 
 void ZeroStrategy::reduce(std::size_t index) {
   nn::Parameter& parameter = *model_parameters_[index];
-  reducer_->add(index, parameter.grad.raw_data(), dtype_);
+  // A later contribution of the same backward adds to the shard where the first one overwrote it.
+  reducer_->add(index, parameter.grad.raw_data(), dtype_, reduced_this_pass_[index] != 0);
   reduced_this_pass_[index] = 1;
   if (plan_.partitioning().gradients) parameter.grad = Tensor();
 }
 
+void ZeroStrategy::stream(nn::Parameter& parameter, std::int64_t rows, const RowsFunction& compute) {
+  ZT_CHECK(streaming_use_ != nullptr, "parameter '", parameter.name,
+           "': a gradient streamed outside a streaming module's backward");
+  const auto found = std::find_if(streaming_use_->parameters.begin(), streaming_use_->parameters.end(),
+                                  [&](std::size_t index) { return model_parameters_[index] == &parameter; });
+  ZT_CHECK(found != streaming_use_->parameters.end(), "parameter '", parameter.name,
+           "': streamed by a module that does not use it");
+  const std::size_t index = *found;
+  const FlatParameter& slot = plan_.layout()[index];
+  ZT_CHECK(rows > 0 && slot.numel % rows == 0, "parameter '", parameter.name, "' (", slot.numel,
+           " elements) streamed as ", rows, " rows");
+  const std::int64_t row = slot.numel / rows;
+  const std::int64_t piece = slot.piece_numel;
+  // Range by range of the pieces, as the open bucket takes them: rank q's elements
+  // [q piece + offset, + length) lie in rows [first, last), computed into a buffer of those rows
+  // only (a row two ranges share is computed for each), then converted into the bucket. One buffer
+  // for the longest range (at most a bucket region) serves every range.
+  const std::int64_t longest = std::min(piece, plan_.reduce_bucket_region());
+  Tensor range_rows =
+      execution_.empty({((longest + row - 1) / row + 1) * row}, dtype_, MemoryCategory::gradients);
+  for (std::int64_t offset = 0; offset < piece;) {
+    const std::int64_t length = reducer_->begin_range(index, offset, reduced_this_pass_[index] != 0);
+    for (int q = 0; q < plan_.partition_count(); ++q) {
+      const std::int64_t begin = q * piece + offset;
+      const std::int64_t end = std::min(slot.numel, begin + length);
+      if (begin >= end) {
+        reducer_->write_range(q, nullptr, dtype_);  // all padding
+        continue;
+      }
+      const std::int64_t first = begin / row;
+      const std::int64_t last = (end + row - 1) / row;
+      ZT_CHECK((last - first) * row <= range_rows.numel(), "parameter '", parameter.name, "': a range of ",
+               (last - first) * row, " elements for a buffer of ", range_rows.numel());
+      execution_.zero(range_rows.raw_data(), static_cast<std::size_t>((last - first) * row) * element_size());
+      compute(first, last - first, range_rows.raw_data());
+      reducer_->write_range(q,
+                            static_cast<const std::byte*>(range_rows.raw_data()) +
+                                static_cast<std::size_t>(begin - first * row) * element_size(),
+                            dtype_);
+    }
+    reducer_->end_range();
+    offset += length;
+  }
+  reduced_this_pass_[index] = 1;
+}
+
+Tensor& ZeroStrategy::full_gradient(nn::Parameter& parameter) {
+  ZT_CHECK(!parameter.grad.defined(), "parameter '", parameter.name, "': a full gradient asked for twice");
+  parameter.grad = execution_.zeros(parameter.value.shape(), dtype_, MemoryCategory::gradients);
+  return parameter.grad;
+}
+
 void ZeroStrategy::after_backward(const ModuleUse& use) {
+  const bool partitioned = plan_.partitioning().gradients;
+  if (partitioned) {
+    for (std::size_t index : use.parameters) model_parameters_[index]->gradient_sink = nullptr;
+    streaming_use_ = nullptr;
+  }
   if (reducing_this_pass_) {
-    // A parameter's gradient is final when every module that uses it has run its backward (a tied
-    // embedding gets its last contribution from the token embedding, long after the lm_head).
     for (std::size_t index : use.parameters) {
+      if (partitioned) {
+        // This module's contribution: streamed already, or a full-shape gradient to reduce now.
+        if (model_parameters_[index]->grad.defined()) reduce(index);
+        continue;
+      }
+      // In place, a parameter's gradient is final when every module that uses it has run its
+      // backward (a tied embedding gets its last contribution from the token embedding, long
+      // after the lm_head).
       if (--pending_uses_[index] > 0 || reduced_this_pass_[index]) continue;
       reduce(index);
     }

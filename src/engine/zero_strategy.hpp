@@ -9,8 +9,11 @@
 //     module's parameters around its forward and backward.
 // Both reduce gradients the same way (this base class): in place in a flat gradient buffer,
 // communicated in the boundary micro-batch's backward (stages 0-1), or per micro-batch into the
-// rank's gradient shard, each parameter's full gradient living only from its first module's
-// backward to its last (stages 2-3).
+// rank's gradient shard (stages 2-3). There every module's contribution is reduced on its own when
+// its backward ends (a tied embedding's two contributions travel separately and add up in the
+// shard), and a module that streams its gradients (nn::Module::streams_gradients) hands them over
+// one rank's piece at a time, straight into the reduce bucket: no full-shape gradient of a
+// streamed parameter exists, only the rows of one piece (docs/zero.md, "Memory per rank").
 #pragma once
 
 #include <cstddef>
@@ -56,7 +59,7 @@ struct StrategyInputs {
   ExternalModel* external = nullptr;  // the caller's buffers (bring your own model), or null
 };
 
-class ZeroStrategy {
+class ZeroStrategy : private nn::GradientSink {
  public:
   virtual ~ZeroStrategy();
   ZeroStrategy(const ZeroStrategy&) = delete;
@@ -131,16 +134,21 @@ class ZeroStrategy {
   DType dtype_;
 
  private:
-  /// Parameter `index`'s gradient is final in this pass: into the reducer (and freed, when the
-  /// gradients are partitioned).
+  /// Parameter `index`'s full gradient (or, partitioned, one module's contribution to it) is final
+  /// in this pass: into the reducer (and freed, when the gradients are partitioned).
   void reduce(std::size_t index);
+  // nn::GradientSink, for the parameters of the streaming module whose backward runs.
+  void stream(nn::Parameter& parameter, std::int64_t rows, const RowsFunction& compute) override;
+  Tensor& full_gradient(nn::Parameter& parameter) override;
 
   Buffer gradients_;  // flat (accumulated in place) or this rank's reduced shard
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<int> uses_per_parameter_;  // modules whose backward accumulates into the gradient
   std::vector<int> pending_uses_;        // of the current backward
-  std::vector<char> reduced_this_pass_;  // the gradient went to the reducer in this backward
-  bool reducing_this_pass_ = false;      // this backward's gradients are communicated
+  std::vector<char>
+      reduced_this_pass_;  // (a contribution to) the gradient went to the reducer in this backward
+  const ModuleUse* streaming_use_ = nullptr;  // the module whose backward streams into the reducer
+  bool reducing_this_pass_ = false;           // this backward's gradients are communicated
 };
 
 /// The strategy the plan calls for: flat parameters when they are not partitioned, else sharded.

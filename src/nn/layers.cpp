@@ -71,9 +71,13 @@ Tensor Linear::backward(const Tensor& grad_output, const RunContext& context) {
   Tensor grad_input = activation_tensor(input.shape(), input, context);
   const kernels::MatmulShape shape{input.numel() / in_features_, in_features_, out_features_};
   kernels::matmul_backward(stream_of(context), grad_output.dtype(), grad_output.raw_data(), input.raw_data(),
-                           value_of(*this, *weight_, context).raw_data(), grad_input.raw_data(),
-                           grad_pointer(*this, *weight_, context),
+                           value_of(*this, *weight_, context).raw_data(), grad_input.raw_data(), nullptr,
                            bias_ != nullptr ? grad_pointer(*this, *bias_, context) : nullptr, shape);
+  detail::accumulate_gradient_rows(
+      *this, *weight_, context, out_features_, [&](std::int64_t first, std::int64_t count, void* rows) {
+        kernels::matmul_weight_grad_rows(stream_of(context), grad_output.dtype(), grad_output.raw_data(),
+                                         input.raw_data(), rows, shape, first, count);
+      });
   return grad_input;
 }
 
@@ -111,8 +115,17 @@ Tensor Embedding::backward(const Tensor& grad_output, const RunContext& context)
   ZT_CHECK(grad_output.numel() == tokens.numel() * dim_, "Embedding '", name(), "': grad_output ",
            grad_output.description(), " does not match the tokens ", tokens.description());
   const kernels::EmbeddingShape shape{tokens.numel(), 1, num_embeddings_, dim_};  // positions unused
-  kernels::embedding_backward(stream_of(context), grad_output.dtype(), tokens.data<std::int32_t>(),
-                              grad_output.raw_data(), grad_pointer(*this, *weight_, context), nullptr, shape);
+  if (weight_->gradient_sink == nullptr || weight_->grad.defined()) {
+    kernels::embedding_backward(stream_of(context), grad_output.dtype(), tokens.data<std::int32_t>(),
+                                grad_output.raw_data(), grad_pointer(*this, *weight_, context), nullptr,
+                                shape);
+    return {};
+  }
+  detail::accumulate_gradient_rows(
+      *this, *weight_, context, num_embeddings_, [&](std::int64_t first, std::int64_t count, void* rows) {
+        kernels::embedding_backward_rows(stream_of(context), grad_output.dtype(), tokens.data<std::int32_t>(),
+                                         grad_output.raw_data(), rows, shape, first, count);
+      });
   return {};
 }
 
@@ -412,9 +425,14 @@ Tensor LmHead::backward(const Tensor& grad_output, const RunContext& context) {
   const std::int64_t vocab = weight.size(0), d_model = weight.size(1);
   check_input(*this, "grad_output", grad_output, weight.dtype(), vocab, context);
   Tensor grad_input = activation_tensor(input.shape(), input, context);
+  const kernels::MatmulShape shape{input.numel() / d_model, d_model, vocab};
   kernels::matmul_backward(stream_of(context), grad_output.dtype(), grad_output.raw_data(), input.raw_data(),
-                           weight.raw_data(), grad_input.raw_data(), grad_pointer(*this, *weight_, context),
-                           nullptr, {input.numel() / d_model, d_model, vocab});
+                           weight.raw_data(), grad_input.raw_data(), nullptr, nullptr, shape);
+  detail::accumulate_gradient_rows(
+      *this, *weight_, context, vocab, [&](std::int64_t first, std::int64_t count, void* rows) {
+        kernels::matmul_weight_grad_rows(stream_of(context), grad_output.dtype(), grad_output.raw_data(),
+                                         input.raw_data(), rows, shape, first, count);
+      });
   return grad_input;
 }
 

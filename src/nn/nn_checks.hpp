@@ -45,6 +45,9 @@ inline Tensor activation_tensor(const Shape& shape, const Tensor& like, const Ru
 
 /// The parameter's gradient buffer, or nullptr when it has none (frozen parameter).
 inline void* grad_pointer(const Module& module, Parameter& parameter, const RunContext& context) {
+  // A streaming backward's full-shape part (a bias next to a streamed weight): the sink provides it.
+  if (!parameter.grad.defined() && parameter.gradient_sink != nullptr)
+    parameter.gradient_sink->full_gradient(parameter);
   if (!parameter.grad.defined()) return nullptr;
   ZT_CHECK(
       parameter.grad.numel() == parameter.value.numel() && parameter.grad.dtype() == parameter.value.dtype(),
@@ -54,6 +57,18 @@ inline void* grad_pointer(const Module& module, Parameter& parameter, const RunC
            "': the gradient of '", parameter.name, "' is ", parameter.grad.description(),
            ", expected memory of the run context's device ", context.exec().device().str());
   return parameter.grad.raw_data();
+}
+
+/// A parameter's gradient of this backward, given by rows ([rows, numel / rows]; see GradientSink):
+/// to its gradient sink when the engine set one, else accumulated into `grad` in one call (none
+/// when the parameter has no gradient buffer).
+inline void accumulate_gradient_rows(const Module& module, Parameter& parameter, const RunContext& context,
+                                     std::int64_t rows, const GradientSink::RowsFunction& compute) {
+  if (parameter.gradient_sink != nullptr && !parameter.grad.defined()) {
+    parameter.gradient_sink->stream(parameter, rows, compute);
+    return;
+  }
+  if (void* grad = grad_pointer(module, parameter, context)) compute(0, rows, grad);
 }
 
 }  // namespace zt::nn::detail

@@ -197,8 +197,10 @@ with tempfile.TemporaryDirectory(prefix="zt-formats-") as work:
         check([r["loss"] for r in runs["with eval"] if r["event"] == "step"]
               == [r["loss"] for r in runs["without eval"] if r["event"] == "step"],
               "2 ranks: the training losses with eval are those without")
+    # A config error on one process: a usage error, exit 2 (docs/cli.md).
     run("train", "--config", w("eval.json"), "--steps", "1", name="eval section without data",
-        expect=1, pattern=r"the config's \"eval\" section names no eval data: set eval\.data or pass --eval-data PATH")
+        expect=2, pattern=r"zerotrain train: the config's \"eval\" section names no eval data: set eval\.data or "
+                          r"pass --eval-data PATH")
 
     # ---- bad files: exit 1, the file, offset and value named ----
     bad = tokens.astype(np.uint16).copy()

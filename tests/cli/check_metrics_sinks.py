@@ -19,6 +19,7 @@ Prints "PASS: metrics_sinks" when everything holds; exit 1 otherwise.
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -157,6 +158,22 @@ steps = [r for r in records if r["event"] == "step"]
 check(len(steps) == 4, f"4 step records, got {len(steps)}")
 check(f"metrics: csv_monitor {work}/csv/job/" in run.stdout, "the header names the csv_monitor directory")
 
+# Resident memory next to the accounted peak: every step's, the run's peak in the end record, the
+# runtime's own in the start record, and the summary line.
+start = [r for r in records if r["event"] == "start"][0]
+end = [r for r in records if r["event"] == "end"][0]
+check(start.get("runtime_rss_bytes", 0) > 0, f"start record: runtime_rss_bytes {start.get('runtime_rss_bytes')}")
+for s in steps:
+    mem = s["mem"]
+    check(mem.get("peak_rss_bytes", 0) >= mem.get("rss_bytes", 0) > start["runtime_rss_bytes"] // 2,
+          f"step {s['step']}: rss_bytes {mem.get('rss_bytes')}, peak_rss_bytes {mem.get('peak_rss_bytes')}")
+check(end.get("peak_rss_bytes") == max(s["mem"]["peak_rss_bytes"] for s in steps)
+      and end.get("peak_bytes") == max(s["mem"]["peak"] for s in steps), f"end record: {end}")
+check(re.search(r"memory per rank: accounted peak [0-9.]+ MiB, peak RSS [0-9.]+ MiB \([0-9.]+ MiB before the model",
+                run.stdout) is not None, "the summary names the accounted peak and the peak RSS")
+rss_csv = os.path.join(work, "csv", "job", "Train_Samples_mem_peak_rss_bytes.csv")
+check(os.path.isfile(rss_csv), "peak RSS in the CSV files")
+
 # Memory alert: once (not every step), on stderr and in the metrics.
 alerts = [r for r in records if r["event"] == "alert"]
 check(len(alerts) == 1 and alerts[0]["kind"] == "memory", f"one memory alert, got {alerts}")
@@ -170,7 +187,7 @@ check(len(warnings) == 1 and "passed 95 % of its limit at step 1" in warnings[0]
 
 # CSV: DeepSpeed's csv_monitor layout and the JSON lines' values.
 expected = {"train_loss": "loss", "lr": "lr", "loss_scale": "loss_scale", "grad_norm": "grad_norm",
-            "tokens_per_s": "tokens_per_s", "comm_wait_s": "comm_wait_s"}
+            "tokens_per_s": "tokens_per_s", "mfu": "mfu", "comm_wait_s": "comm_wait_s"}
 for name, key in expected.items():
     path = os.path.join(work, "csv", "job", f"Train_Samples_{name}.csv")
     check(os.path.isfile(path), f"{path} exists")

@@ -30,7 +30,8 @@ for name in pp2 pp2-dp2; do
     fail "$name: no line for stage 0"
   grep -Eq "^    stage 1: h\.[0-9] \.\. head \([0-9] layers\), [0-9]+ parameters$" "$work/$name.txt" ||
     fail "$name: no line for stage 1"
-  grep -Eq "^step +$steps \| loss [0-9.]+ \|.* \| bubble 0\.[0-9]+$" "$work/$name.txt" || fail "$name: no progress line"
+  grep -Eq "^step +$steps/$steps \| loss [0-9.]+ \|.* \| MFU [0-9]+\.[0-9]% \| peak [0-9.]+ MiB \| bubble 0\.[0-9]+ \| elapsed [0-9]+:[0-5][0-9]:[0-5][0-9] \| ETA 0:00:00$" \
+    "$work/$name.txt" || fail "$name: no progress line"
 done
 
 /usr/bin/python3 - "$work" $steps <<'PY' || fail "the metrics are not as expected"

@@ -291,7 +291,7 @@ def symlinked_temp(runner, case):
     os.symlink(victim, os.path.join(directory, ".zerotrain.lock"))
     runner.train(directory, "--resume", "auto", steps=5, expect_code=1,
                  expect=[r"cannot open the checkpoint directory's lock file '[^']*\.zerotrain\.lock': [^\n]*"
-                         r"\(it is a symbolic link; remove it\)"], absent=[r"step +5 \|"])
+                         r"\(it is a symbolic link; remove it\)"], absent=[r"step +5/[0-9]+ \|"])
     with open(victim) as f:
         check(f.read() == "precious\n", "the file behind the planted lock link was changed")
 
@@ -307,7 +307,7 @@ def all_damaged(runner, case):
                        expect=[r"skipping checkpoint 'global_step3'", r"skipping checkpoint 'global_step1'",
                                r"--resume auto: none of the 3 checkpoint\(s\) in '[^']*' is valid [^\n]*refusing "
                                r"to start from step 0 over them"],
-                       absent=[r"step +1 \|"])
+                       absent=[r"step +1/[0-9]+ \|"])
     check(sorted(n for n in os.listdir(directory) if n.endswith(".h5")) ==
           ["global_step1.h5", "global_step2.h5", "global_step3.h5"], "the damaged checkpoints were touched", out)
     # With no checkpoint at all, --resume auto starts afresh (the first run of a requeue loop).
@@ -322,7 +322,7 @@ def other_model(runner, case):
     runner.config("config-n_head4.json", n_head=4)
     runner.train(directory, "--resume", "auto", config="config-n_head4.json", expect_code=1,
                  expect=[r"was saved from another model configuration: model\.n_head: 2 in the checkpoint, 4 in "
-                         r"this run"], absent=[r"step +4 \|"])
+                         r"this run"], absent=[r"step +4/[0-9]+ \|"])
 
 
 def wait_for(predicate, seconds, what):
@@ -365,7 +365,7 @@ def two_jobs(runner, case):
         out = runner.train(directory, "--save-interval", "1", expect_code=1,
                            expect=[rf"checkpoint directory '[^']*' is in use by another job: its lock [^\n]*"
                                    rf"\.zerotrain\.lock is held by host {re.escape(host)} pid {pid} \(since "],
-                           absent=[r"step +1 \|"])
+                           absent=[r"step +1/[0-9]+ \|"])
         saved = len([n for n in os.listdir(directory) if n.endswith(".h5")])
         wait_for(lambda: len([n for n in os.listdir(directory) if n.endswith(".h5")]) > saved + 1, 180,
                  "job A to go on saving after job B was refused")
@@ -398,14 +398,14 @@ def unwritable_dir(runner, case):
     if os.geteuid() == 0:
         directory = "/proc/zerotrain-checkpoints"  # not even root creates files in /proc
         expect = r"cannot create checkpoint directory '/proc/zerotrain-checkpoints'"
-        runner.train(directory, expect_code=1, expect=[expect], absent=[r"step +1 \|"])
+        runner.train(directory, expect_code=1, expect=[expect], absent=[r"step +1/[0-9]+ \|"])
         directory, expect = "/proc", r"(cannot create the temporary file '/proc/\.write-test\.tmp-|is not writable)"
     else:
         directory = os.path.join(runner.work, case, "read-only")
         os.makedirs(directory, exist_ok=True)
         os.chmod(directory, 0o500)
         expect = r"checkpoint directory '[^']*read-only' is not writable: Permission denied"
-    runner.train(directory, expect_code=1, expect=[expect], absent=[r"step +1 \|"])
+    runner.train(directory, expect_code=1, expect=[expect], absent=[r"step +1/[0-9]+ \|"])
 
 
 CASES = {name: file_case for name in FILE_CASES}

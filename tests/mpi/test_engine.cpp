@@ -177,14 +177,16 @@ TEST(Engine, OverflowOnOneRankSkipsTheStepEverywhere) {
             std::to_string(stage) + "}"));
     auto model = zt::build_model(config);
     // Rank 0 writes +inf, -inf or nan into one gradient element right after that module's backward;
-    // the hook goes in before the engine's own, so the engine sees the bad value.
+    // the hook goes in before the engine's own, so the engine sees the bad value. The bias: at
+    // stages 2-3 the Linear's weight gradient is streamed into the reduce buckets (no full `grad`),
+    // its bias gradient is a full-shape tensor there too.
     int injections_left = 0;
     float injected = 0;
     zt::nn::Module* fc = model->find_module("h.0.mlp.fc");
     ASSERT_NE(fc, nullptr);
     fc->add_backward_post_hook([&](zt::nn::Module& module, const zt::Tensor&) {
       if (injections_left == 0 || runtime.world_rank() != 0) return;
-      zt::nn::Parameter* parameter = module.find_parameter("h.0.mlp.fc.weight");
+      zt::nn::Parameter* parameter = module.find_parameter("h.0.mlp.fc.bias");
       ASSERT_NE(parameter, nullptr);
       static_cast<zt::fp16*>(parameter->grad.raw_data())[7] = zt::fp16(injected);
       --injections_left;
@@ -286,15 +288,24 @@ TEST(Trainer, WritesMetricsAndLearns) {
   EXPECT_EQ(start["dtype"], "fp32");
   EXPECT_EQ(start["model"]["type"], "gpt");
   EXPECT_EQ(start["params_total"], zt::nn::gpt_parameter_count({2, 2, 32, 16, 256, true, 0.0}));
+  // 6 per parameter, 12 x n_layer x seq_len x d_model for the attention; the peak from the probe.
+  EXPECT_EQ(start["flops_per_token"].get<double>(),
+            6.0 * start["params_total"].get<double>() + 12.0 * 2 * 16 * 32);
+  EXPECT_EQ(start["peak_flops_source"], "matmul probe");
+  EXPECT_GT(start["peak_flops"].get<double>(), 0.0);
   for (int i = 1; i <= 30; ++i) {
     const auto& step = events[static_cast<std::size_t>(i)];
     EXPECT_EQ(step["event"], "step");
     EXPECT_EQ(step["step"], i);
     EXPECT_EQ(step["samples"], i * kGlobalBatch);
     EXPECT_EQ(step["tokens"], i * kGlobalBatch * 16);
-    for (const char* key : {"loss", "lr", "loss_scale", "grad_norm", "step_time_s", "tokens_per_s"}) {
+    for (const char* key : {"loss", "lr", "loss_scale", "grad_norm", "step_time_s", "tokens_per_s", "mfu"}) {
       EXPECT_TRUE(step[key].is_number()) << key;
     }
+    // MFU: the step's model FLOPs per second over the job's peak (docs/metrics.md, "MFU").
+    EXPECT_DOUBLE_EQ(step["mfu"].get<double>(), step["tokens_per_s"].get<double>() *
+                                                    start["flops_per_token"].get<double>() /
+                                                    start["peak_flops"].get<double>());
     EXPECT_EQ(step["skipped"], false);
     const auto& mem = step["mem"];
     // fp32 AdamW: parameters 4 bytes, gradients 4 bytes, moments 8 bytes per (padded) element.

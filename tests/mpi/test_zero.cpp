@@ -193,6 +193,78 @@ TEST(Zero, Stage3GatheringPoliciesGiveTheSameRun) {
   EXPECT_GT(on_demand.peak_gathered, 0);
 }
 
+/// Stages 2-3 at GPT-2's vocabulary (the 50257 x 16 token table is ~35x a rank's whole shard at 4
+/// ranks): at every moment of a step a rank holds its gradient shard (the ZeRO formula, k Psi / N)
+/// plus at most one reduce bucket region's rows of a streamed weight (the Linear and LmHead weights
+/// and the token table go straight into the buckets, range by range; a tied table's two
+/// contributions separately), next to the full-shape gradients of the module whose backward runs
+/// (a bias, LayerNorms, positions). So the excess is bounded by reduce_bucket_size, whatever the
+/// vocabulary. Stage 3's gathered parameters stay within stage3_max_live_parameters plus the module
+/// that runs, in the memory accounting as in the gatherer's own count.
+TEST(Zero, GradientsStayWithinTheShardAndOneBucketAtAnyVocabulary) {
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  constexpr std::int64_t kVocab = 50257, kWidth = 16, kPositions = 8;
+  constexpr const char* kWideVocabulary =
+      R"({"type": "gpt", "n_layer": 1, "n_head": 1, "d_model": 16, "seq_len": 8, "vocab_size": 50257})";
+  constexpr std::int64_t kBucket = 4000, kMaxLive = 2000;
+  for (int stage : {2, 3}) {
+    for (const char* precision : {"", R"(, "bf16": {"enabled": true})"}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + precision);
+      const zt::Config config = parse(gpt_config(
+          kGlobalBatch / world / 2, 2,
+          zero_section(stage, R"(, "reduce_bucket_size": 4000, "stage3_param_persistence_threshold": 0,
+                                            "stage3_prefetch_bucket_size": 1000, "stage3_max_live_parameters": 2000)") +
+              precision,
+          kAdamW, kWideVocabulary));
+      const std::uint64_t element = config.bf16.enabled ? 2 : 4;
+      const auto before = zt::memory_snapshot(zt::DeviceType::host);
+      auto model = zt::build_model(config);
+      zt::Engine engine(runtime, *model, config);
+      const auto& plan = zt::engine_detail::inspect(engine).plan();
+      const auto shard = static_cast<std::uint64_t>(plan.shard_size());
+      const auto region = static_cast<std::uint64_t>(plan.reduce_bucket_region());
+      EXPECT_EQ(region, static_cast<std::uint64_t>((kBucket + world - 1) / world));
+      auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
+      for (int step = 0; step < 2; ++step) {
+        zt::reset_memory_peaks();
+        for (std::int64_t micro = 0; micro < engine.batch().gradient_accumulation_steps; ++micro) {
+          engine.forward(data->load(static_cast<std::uint64_t>(micro)));
+          engine.backward();
+          engine.step();
+        }
+        data->advance();
+        const auto after = zt::memory_snapshot(zt::DeviceType::host);
+        const auto peak = [&](zt::MemoryCategory category) {
+          return after[category].peak - before[category].current;
+        };
+        // Next to a streamed Linear weight's range (at most `region` elements of its rows plus the two
+        // rows a range may share with its neighbours, rows of at most 4C) lives its bias (4C); the
+        // other modules' full-shape gradients are smaller (positions T x C, LayerNorms 2C).
+        const std::uint64_t transient = region + 2 * 4 * kWidth + 4 * kWidth;
+        EXPECT_LE(peak(zt::MemoryCategory::gradients), (shard + transient) * element) << "step " << step + 1;
+        EXPECT_GE(transient, static_cast<std::uint64_t>(kPositions * kWidth));
+        // The same as the formula plus the reduce buckets (the staging of reduce_bucket_size).
+        if (world > 1) {
+          EXPECT_LE(peak(zt::MemoryCategory::gradients),
+                    shard * element + static_cast<std::uint64_t>(plan.reduce_bucket_capacity()) * element);
+        }
+        if (stage == 3) {
+          // Gathered: within the live bound beyond the running module (the token table, used by the
+          // embedding and the lm_head; nothing is persistent).
+          const std::int64_t largest_module = kVocab * kWidth;
+          const std::int64_t gathered = zt::engine_detail::inspect(engine).peak_gathered_parameters();
+          EXPECT_LE(gathered, kMaxLive + largest_module);
+          EXPECT_GT(gathered, 0);
+          EXPECT_LE(peak(zt::MemoryCategory::parameters),
+                    (shard + static_cast<std::uint64_t>(kMaxLive + largest_module)) * element);
+        }
+      }
+      EXPECT_TRUE(std::isfinite(engine.last_step().loss));
+    }
+  }
+}
+
 /// Parameters at or below stage3_param_persistence_threshold stay gathered between steps.
 TEST(Zero, Stage3KeepsSmallParametersResident) {
   zt::Runtime& runtime = zt::testing::runtime();

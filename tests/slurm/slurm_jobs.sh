@@ -16,6 +16,10 @@
 #   scancel    scancel mid-run: every rank saves (SIGTERM), the checkpoint verifies, no requeue
 #   binding    the CPUs each rank may run on (Cpus_allowed_list, read inside the script's step) are
 #              exactly its --cpus-per-task cores: 1 task x 2 CPUs, then 2 tasks x 1 CPU
+#   forgotten_srun  a batch script of 2 tasks that runs zerotrain without srun: one warning naming
+#              SLURM_NTASKS=2 and srun; none from srun -n 1 and srun -n 2 in the same script
+#   usage_error  srun -n 1 and -n 2 of `zerotrain train --stpes 5`: exit 2, the usage error's line
+#              once, no MPI_Abort
 # usage: slurm_jobs.sh MODE ZEROTRAIN SOURCE_DIR CLUSTER_DIR WORK_DIR
 # Exits 77 after "SKIPPED: ..." when the cluster is not up. Every wait is bounded.
 set -euo pipefail
@@ -311,6 +315,40 @@ case "$mode" in
       done <<<"$lines"
       [ "$(awk '{print $5}' <<<"$lines" | sort -u | wc -l)" = "$tasks" ] || fail "job $job: ranks share CPUs: $lines"
       echo "$tasks task(s) x $cpus CPU(s): $(tr '\n' ';' <<<"$lines")"
+    done
+    ;;
+  forgotten_srun)
+    # One batch script: zerotrain without srun, then under srun -n 1 and -n 2.
+    run_args="train --config $ZT_CONFIG --steps 2 --peak-flops 1e9"
+    printf '%s\n' '#!/bin/bash' "echo '==== direct'" "$zt $run_args 2>&1" "echo '==== srun -n 1'" \
+      "srun -n 1 --mpi=pmix $zt $run_args 2>&1" "echo '==== srun -n 2'" "srun -n 2 --mpi=pmix $zt $run_args 2>&1" \
+      "echo '==== end'" >"$work/direct.sh"
+    job=$(submit -n 2 -c 1 "$work/direct.sh")
+    state=$(wait_job "$job" 120)
+    [ "$state" = COMPLETED ] || fail "job $job ended $state"
+    part() { sed -n "/^==== $1\$/,/^==== /p" "$work/job-$job.out"; }
+    direct=$(part direct)
+    warning='warning: the Slurm allocation has 2 tasks (SLURM_NTASKS=2) but zerotrain runs as one process: start it with `srun zerotrain train'
+    [ "$(grep -cF "$warning" <<<"$direct")" = 1 ] || fail "not one forgotten-srun warning in the direct run: $direct"
+    grep -q "1 rank(s) on 1 node(s)" <<<"$direct" || fail "the direct run is not one process: $direct"
+    for shape in "1" "2"; do
+      run=$(part "srun -n $shape")
+      grep -q "zerotrain train: 2 steps, loss" <<<"$run" || fail "srun -n $shape did not train: $run"
+      grep -q "$shape rank(s) on 1 node(s)" <<<"$run" || fail "srun -n $shape did not start $shape rank(s): $run"
+      if grep -q "warning" <<<"$run"; then fail "a warning under srun -n $shape: $run"; fi
+    done
+    echo "job $job: the warning without srun; none under srun -n 1 and srun -n 2"
+    ;;
+  usage_error)
+    # Under srun as under mpirun: exit 2, the one line once, no MPI_Abort (docs/cli.md).
+    line="zerotrain train: unknown option '--stpes' (see 'zerotrain train --help')"
+    for tasks in 1 2; do
+      code=0
+      output=$(timeout 120 srun -n "$tasks" -c 1 --mpi=pmix "$zt" train --config "$ZT_CONFIG" --stpes 5 2>&1) || code=$?
+      [ "$code" = 2 ] || fail "srun -n $tasks: exit $code, expected 2: $output"
+      [ "$(grep -cxF "$line" <<<"$output")" = 1 ] || fail "srun -n $tasks: not the line once: $output"
+      if grep -q "MPI_ABORT\|fatal error" <<<"$output"; then fail "srun -n $tasks: an abort: $output"; fi
+      echo "srun -n $tasks: exit 2, the line once; all the output: $(tr '\n' '|' <<<"$output")"
     done
     ;;
   *)

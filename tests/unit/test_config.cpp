@@ -904,7 +904,8 @@ std::string batch_json(std::optional<int> tb, std::optional<int> mb, std::option
   auto add = [&text](const char* key, std::optional<int> value) {
     if (!value) return;
     if (text.size() > 1) text += ", ";
-    text += "\"" + std::string(key) + "\": " + std::to_string(*value);
+    // Appended piece by piece: GCC 12's -Wrestrict misfires on "literal" + std::string&& (GCC bug 105329).
+    text.append("\"").append(key).append("\": ").append(std::to_string(*value));
   };
   add("train_batch_size", tb);
   add("train_micro_batch_size_per_gpu", mb);
@@ -1150,9 +1151,7 @@ TEST(ConfigFile, ValidationErrorsNameTheFile) {
 }
 
 TEST(ConfigFile, ExampleConfigsParseWithoutWarnings) {
-  // This file is tests/unit/test_config.cpp; the examples are in examples/configs.
-  const std::filesystem::path examples =
-      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "examples" / "configs";
+  const std::filesystem::path examples = std::filesystem::path(ZT_SOURCE_ROOT) / "examples" / "configs";
   ASSERT_TRUE(std::filesystem::is_directory(examples)) << examples;
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(examples)) {

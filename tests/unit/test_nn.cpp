@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <span>
 #include <string>
@@ -352,6 +353,98 @@ std::vector<Tensor> gradients_of(nn::Module& module) {
   std::vector<Tensor> grads;
   for (nn::Parameter* parameter : module.parameters()) grads.push_back(parameter->grad.clone());
   return grads;
+}
+
+/// Collects streamed gradients (nn::GradientSink) in ranges of a few rows, as an engine's reduce
+/// buckets would ask for them, into full tensors of its own.
+class RowsCollector final : public nn::GradientSink {
+ public:
+  explicit RowsCollector(std::int64_t rows_per_range) : rows_per_range_(rows_per_range) {}
+  void stream(nn::Parameter& parameter, std::int64_t rows, const RowsFunction& compute) override {
+    const DType dtype = parameter.value.dtype();
+    Tensor& total = collected_[parameter.name];
+    EXPECT_FALSE(total.defined()) << parameter.name << " streamed twice";
+    total = Tensor::zeros(parameter.value.shape(), dtype);
+    const std::int64_t row = parameter.value.numel() / rows;
+    const std::size_t element = zt::dtype_size(dtype);
+    for (std::int64_t first = 0; first < rows; first += rows_per_range_) {
+      const std::int64_t count = std::min(rows_per_range_, rows - first);
+      Tensor part = Tensor::zeros({count * row}, dtype);
+      compute(first, count, part.raw_data());
+      std::memcpy(static_cast<std::byte*>(total.raw_data()) + static_cast<std::size_t>(first * row) * element,
+                  part.raw_data(), static_cast<std::size_t>(count * row) * element);
+    }
+  }
+  Tensor& full_gradient(nn::Parameter& parameter) override {
+    parameter.grad = Tensor::zeros(parameter.value.shape(), parameter.value.dtype());
+    return parameter.grad;
+  }
+  const Tensor& collected(const std::string& name) { return collected_[name]; }
+
+ private:
+  std::int64_t rows_per_range_;
+  std::map<std::string, Tensor> collected_;
+};
+
+/// The layers that stream their gradients (Linear and LmHead weights by output rows, the token
+/// table by rows of tokens) give, range by range, the gradient they accumulate in one call, in fp32
+/// and bf16: the token table's bits; the GEMM rows within rounding (a BLAS GEMM of 3 rows may sum in
+/// another order than one of all rows: OpenBLAS's kernels depend on the row count), everything else
+/// (biases, LayerNorms, positions, which stay full-shape) bit for bit.
+TEST(GradientSink, StreamedRowsAreTheFullGradients) {
+  nn::GptConfig config = kSmallGpt;
+  config.tie_embeddings = false;  // one contribution per parameter (a tied table would get two)
+  for (DType dtype : {DType::fp32, DType::bf16}) {
+    SCOPED_TRACE(zt::dtype_name(dtype));
+    const Tensor tokens = random_tokens({3, 8}, 13, 6), targets = random_tokens({3, 8}, 13, 7);
+    nn::Gpt reference(config, dtype, 5);
+    train_step(reference, tokens, targets);
+    nn::Gpt streamed(config, dtype, 5);
+    RowsCollector collector(3);  // 3 rows at a time: ranges end inside every table
+    int streaming_modules = 0;
+    for (nn::Module* module : streamed.modules()) {
+      if (!module->streams_gradients()) continue;
+      ++streaming_modules;
+      module->add_backward_pre_hook([&collector](nn::Module& self, const Tensor&) {
+        for (nn::Parameter* parameter : self.direct_parameters()) {
+          if (parameter->name.ends_with(".bias")) continue;  // full-shape, through grad_pointer
+          parameter->grad = Tensor();
+          parameter->gradient_sink = &collector;
+        }
+      });
+      module->add_backward_post_hook([](nn::Module& self, const Tensor&) {
+        for (nn::Parameter* parameter : self.direct_parameters()) parameter->gradient_sink = nullptr;
+      });
+    }
+    EXPECT_EQ(streaming_modules, 2 * config.n_layer * 2 + 2);  // qkv, proj, fc, proj per layer; wte, lm_head
+    train_step(streamed, tokens, targets);
+    const std::vector<nn::Parameter*> expected = reference.parameters();
+    const std::vector<nn::Parameter*> actual = streamed.parameters();
+    ASSERT_EQ(actual.size(), expected.size());
+    int compared_streams = 0;
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      const std::string& name = actual[i]->name;
+      const bool streamed_rows = !actual[i]->grad.defined();
+      const Tensor& gradient = streamed_rows ? collector.collected(name) : actual[i]->grad;
+      compared_streams += streamed_rows ? 1 : 0;
+      if (!streamed_rows || name == "wte.weight") {
+        EXPECT_TRUE(same_bits(gradient, expected[i]->grad)) << name;
+        continue;
+      }
+      // fp32: a few ulps of the largest element; bf16: one rounding of an fp32 sum that differs
+      // that much can move an element by one bf16 ulp (2^-8 relative).
+      const Tensor got = gradient.to(DType::fp32), want = expected[i]->grad.to(DType::fp32);
+      double largest = 0, difference = 0;
+      for (std::int64_t k = 0; k < want.numel(); ++k) {
+        largest = std::max(largest, static_cast<double>(std::abs(want.data<float>()[k])));
+        difference =
+            std::max(difference, static_cast<double>(std::abs(got.data<float>()[k] - want.data<float>()[k])));
+      }
+      ASSERT_GT(largest, 0.0) << name;
+      EXPECT_LE(difference, (dtype == DType::fp32 ? 1e-6 : 1.0 / 128) * largest) << name;
+    }
+    EXPECT_EQ(compared_streams, streaming_modules);
+  }
 }
 
 TEST(MicroBatches, TwoForwardsThenTwoBackwardsEqualTwoPairsForAGptWithDropout) {

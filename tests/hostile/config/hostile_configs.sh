@@ -3,7 +3,9 @@
 # deep nesting, repeated keys, sizes that cannot fit, bad timeouts (config and environment), bad
 # numbers, a conversion onto its own input, a directory as data, token files with tokens outside
 # their vocabulary or a damaged checksum. Each case asserts the exit code and the message, and that
-# no signal ended the process (exit codes above 128).
+# no signal ended the process (exit codes above 128). A config or an option that is wrong is a
+# usage error, exit 2 (docs/cli.md); errors in the environment (ZT_COLLECTIVE_TIMEOUT) and the
+# data, exit 1.
 # Usage: hostile_configs.sh ZEROTRAIN CONFIG (a gpt-tiny config to derive the cases from)
 set -uo pipefail
 zerotrain=$1 base=$2
@@ -101,24 +103,24 @@ train=("$zerotrain" train --steps 1)
 w=$work
 
 # ---- the document's shape -----------------------------------------------------------------------
-check deep_arrays 1 "config file '$w/deep_arrays.json': x\[0\]\[0\].*: nesting deeper than 64 levels at line 1, column" "${train[@]}" --config "$w/deep_arrays.json"
-check deep_objects 1 "nesting deeper than 64 levels at line 1, column" "${train[@]}" --config "$w/deep_objects.json"
-check deep_arrays_report 1 "nesting deeper than 64 levels" "$zerotrain" report --config "$w/deep_arrays.json"
-check duplicate_section 1 "zero_optimization: duplicate key 'zero_optimization' at line [0-9]+, column 3 \(first at line [0-9]+, column 3\)" "${train[@]}" --config "$w/duplicate_section.json"
-check duplicate_nested 1 "optimizer.params.lr: duplicate key 'lr' at line [0-9]+, column [0-9]+ \(first at line [0-9]+, column [0-9]+\)" "${train[@]}" --config "$w/duplicate_nested.json"
+check deep_arrays 2 "config file '$w/deep_arrays.json': x\[0\]\[0\].*: nesting deeper than 64 levels at line 1, column" "${train[@]}" --config "$w/deep_arrays.json"
+check deep_objects 2 "nesting deeper than 64 levels at line 1, column" "${train[@]}" --config "$w/deep_objects.json"
+check deep_arrays_report 2 "nesting deeper than 64 levels" "$zerotrain" report --config "$w/deep_arrays.json"
+check duplicate_section 2 "zero_optimization: duplicate key 'zero_optimization' at line [0-9]+, column 3 \(first at line [0-9]+, column 3\)" "${train[@]}" --config "$w/duplicate_section.json"
+check duplicate_nested 2 "optimizer.params.lr: duplicate key 'lr' at line [0-9]+, column [0-9]+ \(first at line [0-9]+, column [0-9]+\)" "${train[@]}" --config "$w/duplicate_nested.json"
 
 # ---- sizes that cannot fit: refused at once, naming the keys ------------------------------------
-check huge_layers 1 "the model cannot fit in this host's memory: .*most from model.n_layer x 12 model.d_model\^2.*Reduce model.n_layer" "${train[@]}" --config "$w/huge_layers.json"
-check huge_seq 1 "the model cannot fit in this host's memory: .*(model.seq_len x model.d_model|model.n_head x model.seq_len\^2)" "${train[@]}" --config "$w/huge_seq.json"
-check huge_vocab 1 "the model cannot fit in this host's memory: .*model.vocab_size x model.d_model" "${train[@]}" --config "$w/huge_vocab.json"
+check huge_layers 2 "the model cannot fit in this host's memory: .*most from model.n_layer x 12 model.d_model\^2.*Reduce model.n_layer" "${train[@]}" --config "$w/huge_layers.json"
+check huge_seq 2 "the model cannot fit in this host's memory: .*(model.seq_len x model.d_model|model.n_head x model.seq_len\^2)" "${train[@]}" --config "$w/huge_seq.json"
+check huge_vocab 2 "the model cannot fit in this host's memory: .*model.vocab_size x model.d_model" "${train[@]}" --config "$w/huge_vocab.json"
 
 # ---- the watchdog's timeout: config key and environment variable --------------------------------
-check timeout_tiny 1 "comm.timeout_s: 0.001 s is below the minimum of 1 s \(a healthy job would be reported as hung\); expected 0 or \"off\" \(no watchdog\) or 1 to 1e\+09 seconds" "${train[@]}" --config "$w/timeout_tiny.json"
-check timeout_denormal 1 "comm.timeout_s: 1e-300 s is below the minimum of 1 s" "${train[@]}" --config "$w/timeout_denormal.json"
-check timeout_negative 1 "comm.timeout_s: expected a number >= 0, got -1" "${train[@]}" --config "$w/timeout_negative.json"
-check timeout_huge 1 "comm.timeout_s: 1e\+300 s is above the maximum of 1e\+09 s" "${train[@]}" --config "$w/timeout_huge.json"
-check timeout_word 1 "comm.timeout_s: expected a number of seconds, or \"off\", got \"never\"" "${train[@]}" --config "$w/timeout_word.json"
-check timeout_report_tiny 1 "comm.timeout_s: 0.001 s is below the minimum" "$zerotrain" report --config "$w/timeout_tiny.json"
+check timeout_tiny 2 "comm.timeout_s: 0.001 s is below the minimum of 1 s \(a healthy job would be reported as hung\); expected 0 or \"off\" \(no watchdog\) or 1 to 1e\+09 seconds" "${train[@]}" --config "$w/timeout_tiny.json"
+check timeout_denormal 2 "comm.timeout_s: 1e-300 s is below the minimum of 1 s" "${train[@]}" --config "$w/timeout_denormal.json"
+check timeout_negative 2 "comm.timeout_s: expected a number >= 0, got -1" "${train[@]}" --config "$w/timeout_negative.json"
+check timeout_huge 2 "comm.timeout_s: 1e\+300 s is above the maximum of 1e\+09 s" "${train[@]}" --config "$w/timeout_huge.json"
+check timeout_word 2 "comm.timeout_s: expected a number of seconds, or \"off\", got \"never\"" "${train[@]}" --config "$w/timeout_word.json"
+check timeout_report_tiny 2 "comm.timeout_s: 0.001 s is below the minimum" "$zerotrain" report --config "$w/timeout_tiny.json"
 check timeout_report_four 0 "collective timeout from: +comm.timeout_s in config file '$w/timeout_four.json' \(4 s\), ZT_COLLECTIVE_TIMEOUT not set" "$zerotrain" report --config "$w/timeout_four.json"
 check timeout_report_on 0 "watchdog: +on: collective timeout 4.0 s, heartbeat timeout 4.0 s" "$zerotrain" report --config "$w/timeout_four.json"
 check timeout_report_off 0 "watchdog: +off: collective timeout 0 from comm.timeout_s in config file '$w/timeout_off.json' \(off\)" "$zerotrain" report --config "$w/timeout_off.json"
@@ -134,20 +136,20 @@ check timeout_env_negative 1 "ZT_COLLECTIVE_TIMEOUT='-5': -5 s is negative" env 
 check timeout_env_word 1 "ZT_COLLECTIVE_TIMEOUT='ten' is not a number of seconds" env ZT_COLLECTIVE_TIMEOUT=ten "$zerotrain" train --config "$base"
 
 # ---- bad numbers in the config ------------------------------------------------------------------
-check batch_overflow 1 "config file '$w/batch_overflow.json': invalid JSON: number overflow parsing '1e400' at line [0-9]+, column [0-9]+" "${train[@]}" --config "$w/batch_overflow.json"
-check batch_big_integer 1 "train_batch_size: expected a positive integer, got 1e\+20|train_batch_size: expected a positive integer, got 99999999999999999999" "${train[@]}" --config "$w/batch_big_integer.json"
-check batch_fraction 1 "train_batch_size: expected a positive integer, got 16.5" "${train[@]}" --config "$w/batch_fraction.json"
-check nan_literal 1 "config file '$w/nan_literal.json': invalid JSON: .*line [0-9]+, column [0-9]+" "${train[@]}" --config "$w/nan_literal.json"
+check batch_overflow 2 "config file '$w/batch_overflow.json': invalid JSON: number overflow parsing '1e400' at line [0-9]+, column [0-9]+" "${train[@]}" --config "$w/batch_overflow.json"
+check batch_big_integer 2 "train_batch_size: expected a positive integer, got 1e\+20|train_batch_size: expected a positive integer, got 99999999999999999999" "${train[@]}" --config "$w/batch_big_integer.json"
+check batch_fraction 2 "train_batch_size: expected a positive integer, got 16.5" "${train[@]}" --config "$w/batch_fraction.json"
+check nan_literal 2 "config file '$w/nan_literal.json': invalid JSON: .*line [0-9]+, column [0-9]+" "${train[@]}" --config "$w/nan_literal.json"
 
 # ---- bad numbers on the command line: one parser, one rule --------------------------------------
-check steps_overflow 1 "--steps 99999999999999999999 is out of range: expected an integer >= 0" "$zerotrain" train --config "$base" --steps 99999999999999999999
-check steps_negative 1 "--steps -1 is out of range: expected an integer >= 0" "$zerotrain" train --config "$base" --steps -1
-check steps_text 1 "--steps expects an integer >= 0, got '5x'" "$zerotrain" train --config "$base" --steps 5x
-check keep_last_negative 1 "--keep-last -2 is out of range: expected an integer >= 0" "${train[@]}" --config "$base" --keep-last -2
-check save_interval_negative 1 "--save-interval -1 is out of range: expected an integer >= 0" "${train[@]}" --config "$base" --save-interval -1
-check print_every_negative 1 "--print-every -3 is out of range: expected an integer >= 0" "${train[@]}" --config "$base" --print-every -3
-check world_size_zero 1 "--world-size 0 is out of range: expected an integer in 1..2147483647" "$zerotrain" estimate --config "$base" --world-size 0
-check world_size_overflow 1 "--world-size 4294967296 is out of range: expected an integer in 1..2147483647" "$zerotrain" estimate --config "$base" --world-size 4294967296
+check steps_overflow 2 "--steps 99999999999999999999 is out of range: expected an integer >= 0" "$zerotrain" train --config "$base" --steps 99999999999999999999
+check steps_negative 2 "--steps -1 is out of range: expected an integer >= 0" "$zerotrain" train --config "$base" --steps -1
+check steps_text 2 "--steps expects an integer >= 0, got '5x'" "$zerotrain" train --config "$base" --steps 5x
+check keep_last_negative 2 "--keep-last -2 is out of range: expected an integer >= 0" "${train[@]}" --config "$base" --keep-last -2
+check save_interval_negative 2 "--save-interval -1 is out of range: expected an integer >= 0" "${train[@]}" --config "$base" --save-interval -1
+check print_every_negative 2 "--print-every -3 is out of range: expected an integer >= 0" "${train[@]}" --config "$base" --print-every -3
+check world_size_zero 2 "--world-size 0 is out of range: expected an integer in 1..2147483647" "$zerotrain" estimate --config "$base" --world-size 0
+check world_size_overflow 2 "--world-size 4294967296 is out of range: expected an integer in 1..2147483647" "$zerotrain" estimate --config "$base" --world-size 4294967296
 
 # ---- data -----------------------------------------------------------------------------------------
 printf 'some text to convert\n' > "$w/a.txt"
