@@ -3,9 +3,9 @@
 //
 // AdamW in fp32 reads p, g, m, v and writes p, m, v: 28 bytes per parameter, so its ceiling is the
 // memory bandwidth. Every kernel runs once per round (after one untimed call of itself), all kernels
-// in each round, `reps` rounds: the anchors and every path see the same machine load. Printed per kernel: the median time, GB/s (bytes
-// as counted), the time as a ratio to the triad's (the figure that travels between machines), the
-// fraction of the limit (limit time / kernel time) and of the triad's counted bandwidth.
+// in each round, `reps` rounds: the anchors and every path see the same machine load. Printed per kernel: the
+// median time, GB/s (bytes as counted), the time as a ratio to the triad's (the figure that travels between
+// machines), the fraction of the limit (limit time / kernel time) and of the triad's counted bandwidth.
 //
 //   zt_bench_adamw [--params N] [--reps R] [--threads 2] [--isa avx512,avx2,baseline]
 #include <omp.h>
