@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <iterator>
 #include <optional>
 #include <span>
@@ -86,6 +87,16 @@ inline std::string shape_text(std::span<const std::int64_t> shape) {
     text += std::to_string(shape[i]);
   }
   return text + "]";
+}
+
+/// "2026-12-02T08:15:00Z": the current time in UTC, ISO 8601, for reports and lock files.
+inline std::string utc_timestamp_text() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
 }
 
 }  // namespace zt::base

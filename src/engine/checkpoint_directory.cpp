@@ -62,15 +62,6 @@ std::string read_small_file(int fd) {
   return text;
 }
 
-std::string now_text() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 }  // namespace
 
 std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const fs::path& dir,
@@ -127,8 +118,8 @@ std::shared_ptr<CheckpointDirectoryLock> CheckpointDirectoryLock::acquire(const 
   }
   if (held && writable) {
     // Who holds it, for the message of the next job that tries; the lock, not this text, decides.
-    const std::string owner =
-        "host " + base::host_name() + " pid " + std::to_string(::getpid()) + " (since " + now_text() + ")\n";
+    const std::string owner = "host " + base::host_name() + " pid " + std::to_string(::getpid()) +
+                              " (since " + base::utc_timestamp_text() + ")\n";
     if (::ftruncate(fd, 0) != 0 ||
         ::pwrite(fd, owner.data(), owner.size(), 0) != static_cast<ssize_t>(owner.size())) {
       const int saved = errno;

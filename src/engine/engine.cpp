@@ -39,6 +39,18 @@
 namespace zt {
 namespace {
 
+/// The model in eval mode (no dropout) for a scope, back in training mode however the scope ends.
+class EvalModeScope {
+ public:
+  explicit EvalModeScope(nn::Module& model) : model_(model) { model_.eval(); }
+  ~EvalModeScope() { model_.train(); }
+  EvalModeScope(const EvalModeScope&) = delete;
+  EvalModeScope& operator=(const EvalModeScope&) = delete;
+
+ private:
+  nn::Module& model_;
+};
+
 LossScalerParams loss_scaler_params_of(const Config& config) {
   LossScalerParams params;
   if (config.fp16.enabled) {
@@ -795,14 +807,8 @@ double Engine::Impl::eval_pipelined(const Batch& batch) {
     }
     return output;
   };
-  model_.eval();
-  try {
-    pipeline_executor_->run(schedule, work);
-  } catch (...) {
-    model_.train();
-    throw;
-  }
-  model_.train();
+  const EvalModeScope eval_mode(model_);
+  pipeline_executor_->run(schedule, work);
   parallel_.pipeline().host->all_reduce(&value, &value, 1, DType::fp64,
                                         ReduceOp::sum);  // from the last stage
   return value;
@@ -845,14 +851,8 @@ std::vector<double> Engine::Impl::eval_rows_pipelined(const Batch& batch) {
     if (last) values = row_losses(output, loaded.targets);
     return output;
   };
-  model_.eval();
-  try {
-    pipeline_executor_->run(schedule, work);
-  } catch (...) {
-    model_.train();
-    throw;
-  }
-  model_.train();
+  const EvalModeScope eval_mode(model_);
+  pipeline_executor_->run(schedule, work);
   // Only the last stage holds the values: the sum adds zeros to them, exact in any order.
   parallel_.pipeline().host->all_reduce(values.data(), values.data(), values.size(), DType::fp64,
                                         ReduceOp::sum);
@@ -998,12 +998,13 @@ double Engine::Impl::eval(const Batch& batch) {
   ZT_CHECK(in_flight_.empty() && !pending_loss_,
            "Engine::eval while a forward waits for its backward; call backward() first");
   if (stage_model_ != nullptr) return eval_pipelined(batch);
-  model_.eval();
-  strategy_->begin_forward(false);
-  const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),
-                                           {.execution = &execution_, .save_for_backward = false});
-  const Loss loss = builtin_loss(output, batch.targets);
-  model_.train();
+  const Loss loss = [&] {
+    const EvalModeScope eval_mode(model_);
+    strategy_->begin_forward(false);
+    const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),
+                                             {.execution = &execution_, .save_for_backward = false});
+    return builtin_loss(output, batch.targets);
+  }();
   double value = 0;
   execution_.to_host(&value, loss.value.raw_data(), sizeof value);
   return value;
@@ -1015,19 +1016,11 @@ std::vector<double> Engine::Impl::eval_rows(const Batch& batch) {
   ZT_CHECK(in_flight_.empty() && !pending_loss_,
            "Engine::eval_rows while a forward waits for its backward; call backward() first");
   if (stage_model_ != nullptr) return eval_rows_pipelined(batch);
-  model_.eval();
-  std::vector<double> values;
-  try {
-    strategy_->begin_forward(false);
-    const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),
-                                             {.execution = &execution_, .save_for_backward = false});
-    values = row_losses(output, batch.targets);
-  } catch (...) {
-    model_.train();
-    throw;
-  }
-  model_.train();
-  return values;
+  const EvalModeScope eval_mode(model_);
+  strategy_->begin_forward(false);
+  const Tensor output = model_.run_forward(execution_.on_device(batch.inputs),
+                                           {.execution = &execution_, .save_for_backward = false});
+  return row_losses(output, batch.targets);
 }
 
 engine_detail::TrainingState Engine::Impl::training_state() {

@@ -300,15 +300,6 @@ std::string markdown_table(const std::vector<std::vector<std::string>>& rows) {
   return text;
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 /// How two loss sequences agree, for the report: "bitwise" or "max relative difference 3.1e-07".
 std::string agreement_text(double difference) {
   return difference == 0.0 ? std::string("bitwise equal")
@@ -713,7 +704,7 @@ int run_plan(Runtime& runtime, const PlanOptions& options) {
     for (const ReportLine& line : part) environment[line.section][line.key] = line.value;
   }
   nlohmann::json report = {{"zerotrain", build_info::version},
-                           {"date", utc_now()},
+                           {"date", base::utc_timestamp_text()},
                            {"command", options.command_line},
                            {"base_config", options.config_path},
                            {"world_size", ranks},
@@ -766,8 +757,8 @@ int run_plan(Runtime& runtime, const PlanOptions& options) {
 
   std::ostringstream md;
   md << "# zerotrain plan\n\n"
-     << "`" << options.command_line << "` on " << utc_now() << ": zerotrain " << build_info::version << ", "
-     << environment["mpi"].value("library", std::string("MPI")) << ", HDF5 "
+     << "`" << options.command_line << "` on " << base::utc_timestamp_text() << ": zerotrain "
+     << build_info::version << ", " << environment["mpi"].value("library", std::string("MPI")) << ", HDF5 "
      << environment["io"].value("HDF5", std::string(build_info::hdf5_version)) << ".\n\n"
      << "- ranks: " << ranks << " on " << runtime.node_count() << " node(s) (";
   for (std::size_t node = 0; node < ranks_per_node.size(); ++node)
