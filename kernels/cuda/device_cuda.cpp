@@ -6,16 +6,9 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/cuda_common.hpp"
 #include "kernels/device_backend.hpp"
 #include "zerotrain/error.hpp"
-
-#define ZT_CHECK_CUDA(call)                                                                       \
-  do {                                                                                            \
-    const cudaError_t zt_cuda_status_ = (call);                                                   \
-    if (zt_cuda_status_ != cudaSuccess)                                                           \
-      ZT_THROW_AS(::zt::CudaError, #call, " failed: ", cudaGetErrorName(zt_cuda_status_), " (",   \
-                  static_cast<int>(zt_cuda_status_), "): ", cudaGetErrorString(zt_cuda_status_)); \
-  } while (0)
 
 namespace zt::detail {
 namespace {
