@@ -5,6 +5,10 @@
 
 #include "kernels/dispatch.hpp"
 #include "kernels/host/nn_host.hpp"
+#if ZT_HAVE_CUDA
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/layers.hpp"
+#endif
 
 namespace zt::kernels {
 
@@ -78,7 +82,14 @@ void embedding_backward_rows(const Stream& stream, DType dtype, const std::int32
         return host::embedding_backward_rows(dtype, tokens, grad_output, grad_rows, shape, first_row,
                                              row_count);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::embedding_backward_rows(dtype, tokens, grad_output, grad_rows, shape, first_row, row_count,
+                                      native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* tokens, const void* token_table,
@@ -86,7 +97,13 @@ void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* to
   dispatch(
       stream, "embedding_forward",
       [&] { return host::embedding_forward(dtype, tokens, token_table, position_table, output, shape); },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::embedding_forward(dtype, tokens, token_table, position_table, output, shape, native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void embedding_backward(const Stream& stream, DType dtype, const std::int32_t* tokens,
@@ -98,7 +115,14 @@ void embedding_backward(const Stream& stream, DType dtype, const std::int32_t* t
         return host::embedding_backward(dtype, tokens, grad_output, grad_token_table, grad_position_table,
                                         shape);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::embedding_backward(dtype, tokens, grad_output, grad_token_table, grad_position_table, shape,
+                                 native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void layernorm_forward(const Stream& stream, DType dtype, const void* input, const void* weight,
@@ -109,7 +133,13 @@ void layernorm_forward(const Stream& stream, DType dtype, const void* input, con
       [&] {
         return host::layernorm_forward(dtype, input, weight, bias, output, mean, rstd, rows, channels, eps);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::layernorm_forward(dtype, input, weight, bias, output, mean, rstd, rows, channels, eps, native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void layernorm_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
@@ -121,7 +151,14 @@ void layernorm_backward(const Stream& stream, DType dtype, const void* grad_outp
         return host::layernorm_backward(dtype, grad_output, input, weight, mean, rstd, grad_input,
                                         grad_weight, grad_bias, rows, channels);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::layernorm_backward(dtype, grad_output, input, weight, mean, rstd, grad_input, grad_weight,
+                                 grad_bias, rows, channels, native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void activation_forward(const Stream& stream, DType dtype, Activation activation, const void* input,
@@ -159,7 +196,12 @@ void attention_forward(const Stream& stream, DType dtype, const void* qkv, void*
                        const AttentionShape& shape) {
   dispatch(
       stream, "attention_forward",
-      [&] { return host::attention_forward(dtype, qkv, output, probabilities, shape); }, no_cuda_kernel);
+      [&] { return host::attention_forward(dtype, qkv, output, probabilities, shape); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::attention_forward(dtype, qkv, output, probabilities, shape, native); });
+#else
+      no_cuda_kernel);
+#endif
 }
 
 void attention_backward(const Stream& stream, DType dtype, const void* grad_output, const void* qkv,
@@ -167,7 +209,13 @@ void attention_backward(const Stream& stream, DType dtype, const void* grad_outp
   dispatch(
       stream, "attention_backward",
       [&] { return host::attention_backward(dtype, grad_output, qkv, probabilities, grad_qkv, shape); },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::attention_backward(dtype, grad_output, qkv, probabilities, grad_qkv, shape, native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void scale(const Stream& stream, DType dtype, void* data, std::int64_t count, double factor) {
@@ -187,7 +235,14 @@ void cross_entropy_forward(const Stream& stream, DType dtype, const void* logits
         result->mean_loss = forward.loss;
         result->counted_rows = static_cast<double>(forward.counted_rows);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::cross_entropy_forward(dtype, logits, targets, row_logsumexp, rows, vocab, ignore_index, result,
+                                    native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void cross_entropy_backward(const Stream& stream, DType dtype, const void* logits,
@@ -203,7 +258,14 @@ void cross_entropy_backward(const Stream& stream, DType dtype, const void* logit
         return host::cross_entropy_backward(dtype, logits, targets, row_logsumexp, grad_logits, rows, vocab,
                                             ignore_index, row_scale);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::cross_entropy_backward(dtype, logits, targets, row_logsumexp, forward_result, grad_logits, rows,
+                                     vocab, ignore_index, scale, native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void mse_forward(const Stream& stream, DType dtype, const void* prediction, const void* target,
@@ -211,7 +273,11 @@ void mse_forward(const Stream& stream, DType dtype, const void* prediction, cons
   ZT_CHECK(loss != nullptr, "mse_forward: the loss scalar is null");
   dispatch(
       stream, "mse_forward", [&] { *loss = host::mse_forward(dtype, prediction, target, count); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::mse_forward(dtype, prediction, target, count, loss, native); });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void mse_backward(const Stream& stream, DType dtype, const void* prediction, const void* target,
@@ -219,7 +285,23 @@ void mse_backward(const Stream& stream, DType dtype, const void* prediction, con
   dispatch(
       stream, "mse_backward",
       [&] { return host::mse_backward(dtype, prediction, target, grad_prediction, count, scale); },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::mse_backward(dtype, prediction, target, grad_prediction, count, scale, native);
+      });
+#else
       no_cuda_kernel);
+#endif
+}
+
+void check_index_errors(const Stream& stream) {
+  dispatch(
+      stream, "check_index_errors", [] {},
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::throw_on_index_errors(native); });
+#else
+      no_cuda_kernel);
+#endif
 }
 
 }  // namespace zt::kernels

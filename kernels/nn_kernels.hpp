@@ -177,4 +177,12 @@ void mse_forward(const Stream& stream, DType dtype, const void* prediction, cons
 void mse_backward(const Stream& stream, DType dtype, const void* prediction, const void* target,
                   void* grad_prediction, std::int64_t count, double scale);
 
+/// Throws naming the first token (embedding kernels) or target (cross_entropy_forward) outside its range
+/// that a kernel on stream.device() met since the last call. The host and emulated kernels throw at
+/// once, so there this does nothing; the CUDA kernels cannot without a host sync per call, so they keep
+/// clear of the bad index (NaN output row, skipped gradient, NaN loss) and record the first one in
+/// device memory (kernels/cuda/layers.hpp), which this reads: a host sync, for where a step reads its
+/// device scalars anyway.
+void check_index_errors(const Stream& stream);
+
 }  // namespace zt::kernels
