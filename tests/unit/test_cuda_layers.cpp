@@ -327,8 +327,8 @@ TEST(CudaLayers, CrossEntropyForwardAndBackwardMatchTheHost) {
       Tolerance grad_tolerance = default_tolerance(dtype);
       // Relative to the gradients' size (about 1 / vocab), but at least two fp16 subnormal steps (6e-8):
       // probabilities that small are subnormal in fp16.
-      grad_tolerance.absolute = std::max(grad_tolerance.absolute / static_cast<double>(vocab),
-                                         dtype == DType::fp16 ? 1.2e-7 : 0.0);
+      grad_tolerance.absolute =
+          std::max(grad_tolerance.absolute / static_cast<double>(vocab), dtype == DType::fp16 ? 1.2e-7 : 0.0);
       EXPECT_TRUE(matches_host(grad, dtype, "cross-entropy grad_logits " + name, grad_tolerance));
       for (std::int64_t r = 0; r < rows; ++r) {
         if (target_values[static_cast<std::size_t>(r)] != kIgnoreIndex) continue;
