@@ -16,7 +16,7 @@
 //     through fixed-size chunks added in order).
 //   - Thread count: set_host_threads() in kernels/optimizer_kernels.hpp.
 //   - Linear layers follow PyTorch: weight is [out_features, in_features].
-// The CUDA slot of every entry point is no_cuda_kernel for now.
+// CUDA versions: kernels/cuda/<family>.cu (docs/gpu.md); an entry point without one passes no_cuda_kernel.
 #pragma once
 
 #include <cstdint>
