@@ -16,15 +16,14 @@
 #include "kernels/cuda/stream_scratch.hpp"
 
 namespace zt::kernels::cuda {
+namespace {
 
-// The first out-of-range index of each kind since the last throw_on_index_errors(), as
+// The first out-of-range index of each kind since the last throw_on_index_errors(), per device, as
 // (position << 32) | uint32(value): atomicMin (an integer atomic, order-independent) keeps the
 // lowest position.
 constexpr unsigned long long kNoIndexError = ~0ull;
 __device__ unsigned long long g_first_bad_token = kNoIndexError;
 __device__ unsigned long long g_first_bad_target = kNoIndexError;
-
-namespace {
 
 constexpr unsigned int kRowThreads = 256;
 constexpr unsigned int kReduceThreads = 1024;
