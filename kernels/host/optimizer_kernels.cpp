@@ -22,6 +22,9 @@
 #include "kernels/host/host_isa_kernels.hpp"
 #include "kernels/host_isa.hpp"
 #include "zerotrain/error.hpp"
+#if ZT_HAVE_CUDA
+#include "kernels/cuda/optimizer.hpp"
+#endif
 
 namespace zt::kernels::host {
 namespace {
@@ -429,7 +432,13 @@ void adam_step(const Stream& stream, const AdamStepArgs& args) {
   ZT_CHECK(args.step >= 1, "adam_step: step is ", args.step,
            "; expected the 1-based count of updates (>= 1)");
   dispatch(
-      stream, "adam_step", [&] { host::adam_step(args); }, no_cuda_kernel);
+      stream, "adam_step", [&] { host::adam_step(args); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::adam_step(args, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void sgd_step(const Stream& stream, const SgdStepArgs& args) {
@@ -437,7 +446,13 @@ void sgd_step(const Stream& stream, const SgdStepArgs& args) {
   check_buffer(args.grads, args.count, "sgd_step", "grads");
   if (args.momentum != 0.0f) check_buffer(args.momentum_buffer, args.count, "sgd_step", "momentum_buffer");
   dispatch(
-      stream, "sgd_step", [&] { host::sgd_step(args); }, no_cuda_kernel);
+      stream, "sgd_step", [&] { host::sgd_step(args); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::sgd_step(args, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
@@ -445,7 +460,12 @@ GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_d
   check_buffer(grads, count, "grad_sum_squares", "grads");
   return dispatch(
       stream, "grad_sum_squares", [&] { return host::grad_sum_squares(grads, grad_dtype, count, scale); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { return cuda::grad_sum_squares(grads, grad_dtype, count, scale, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
@@ -459,7 +479,12 @@ void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype,
         accumulator->sum_sq = accumulator->sum_sq + partial.sum_sq;
         accumulator->found_inf = accumulator->found_inf + (partial.found_inf ? 1.0 : 0.0);
       },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::grad_sum_squares(grads, grad_dtype, count, scale, accumulator, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void cast_params_to_16bit(const Stream& stream, const float* params, void* params_16bit, DType dtype,
@@ -468,7 +493,12 @@ void cast_params_to_16bit(const Stream& stream, const float* params, void* param
   check_buffer(params_16bit, count, "cast_params_to_16bit", "params_16bit");
   dispatch(
       stream, "cast_params_to_16bit", [&] { host::cast_params_to_16bit(params, params_16bit, dtype, count); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::cast_params_to_16bit(params, params_16bit, dtype, count, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void set_host_threads(int threads) {
