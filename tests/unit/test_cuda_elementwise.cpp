@@ -409,7 +409,9 @@ TEST_F(CudaElementwise, ActivationForwardMatchesTheHost) {
                                     count);
         output.download();
         EXPECT_TRUE(all_close(output, dtype, activation_tolerance(activation, dtype), what));
-        if (activation == kernels::Activation::relu) EXPECT_TRUE(same_bits(output, dtype, what));
+        if (activation == kernels::Activation::relu) {
+          EXPECT_TRUE(same_bits(output, dtype, what));
+        }
       }
     }
   }
@@ -431,7 +433,9 @@ TEST_F(CudaElementwise, ActivationBackwardMatchesTheHost) {
                                      grad_input.device_data(), count);
         grad_input.download();
         EXPECT_TRUE(all_close(grad_input, dtype, activation_tolerance(activation, dtype), what));
-        if (activation == kernels::Activation::relu) EXPECT_TRUE(same_bits(grad_input, dtype, what));
+        if (activation == kernels::Activation::relu) {
+          EXPECT_TRUE(same_bits(grad_input, dtype, what));
+        }
       }
     }
   }

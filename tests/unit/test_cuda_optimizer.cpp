@@ -264,7 +264,9 @@ TEST_F(CudaOptimizer, GradSumSquaresMatchesTheHost) {
         EXPECT_FALSE(on_device.found_inf);
         EXPECT_FALSE(on_host.found_inf);
         EXPECT_NEAR(on_device.sum_sq, on_host.sum_sq, kSumRelativeTolerance * on_host.sum_sq);
-        if (count > 0) EXPECT_GT(on_device.sum_sq, 0.0);
+        if (count > 0) {
+          EXPECT_GT(on_device.sum_sq, 0.0);
+        }
         // Deterministic: the same bits again.
         const kernels::GradCheck again =
             kernels::grad_sum_squares(*cuda, grads.device_data(), grad_dtype, count, scale);
