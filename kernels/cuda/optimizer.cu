@@ -10,7 +10,6 @@
 // order and finishes (scale, inf/nan, accumulate). No atomics: the same bits on every run.
 #include "kernels/cuda/optimizer.hpp"
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -74,27 +73,12 @@ __device__ __forceinline__ void store_copy(void* copy, std::int64_t i, float val
 
 // ---- Adam / AdamW -------------------------------------------------------------------------------
 
-/// The per-step constants, rounded to fp32 on the host as the host kernel rounds them.
+/// What the update reads besides the arrays: the host's per-step constants (adam_step_constants,
+/// kernels/host/optimizer_kernels.cpp) and the hyperparameters.
 struct AdamConstants {
-  float step_size, inv_sqrt_bc2, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale,
-      weight_decay, decay;
+  AdamStepConstants step;
+  float beta1, beta2, eps, grad_scale, weight_decay;
 };
-
-AdamConstants adam_constants(const AdamStepArgs& a) {
-  // kernels/host/optimizer_kernels.cpp (adam_kernel): in double, rounded once to fp32.
-  const double bc1 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta1), a.step) : 1.0;
-  const double bc2 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta2), a.step) : 1.0;
-  return {static_cast<float>(a.lr / bc1),
-          static_cast<float>(1.0 / std::sqrt(bc2)),
-          a.beta1,
-          a.beta2,
-          static_cast<float>(1.0 - a.beta1),
-          static_cast<float>(1.0 - a.beta2),
-          a.eps,
-          a.grad_scale,
-          a.weight_decay,
-          static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay)};
-}
 
 template <typename Grad, typename Copy, bool kDecoupled>
 struct AdamOp {
@@ -109,12 +93,12 @@ struct AdamOp {
     float g = __fmul_rn(load_float(grads + i), k.grad_scale);
     if constexpr (!kDecoupled)
       g = __fadd_rn(g, __fmul_rn(k.weight_decay, p));  // L2: decay joins the gradient
-    const float m = __fadd_rn(__fmul_rn(k.beta1, exp_avg[i]), __fmul_rn(k.one_minus_beta1, g));
+    const float m = __fadd_rn(__fmul_rn(k.beta1, exp_avg[i]), __fmul_rn(k.step.one_minus_beta1, g));
     const float v =
-        __fadd_rn(__fmul_rn(k.beta2, exp_avg_sq[i]), __fmul_rn(k.one_minus_beta2, __fmul_rn(g, g)));
-    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(v), k.inv_sqrt_bc2), k.eps);
-    if constexpr (kDecoupled) p = __fmul_rn(p, k.decay);  // AdamW: decay the weight, not the gradient
-    p = __fsub_rn(p, __fmul_rn(k.step_size, __fdiv_rn(m, denom)));
+        __fadd_rn(__fmul_rn(k.beta2, exp_avg_sq[i]), __fmul_rn(k.step.one_minus_beta2, __fmul_rn(g, g)));
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(v), k.step.inv_sqrt_bc2), k.eps);
+    if constexpr (kDecoupled) p = __fmul_rn(p, k.step.decay);  // AdamW: decay the weight, not the gradient
+    p = __fsub_rn(p, __fmul_rn(k.step.step_size, __fdiv_rn(m, denom)));
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     params[i] = p;
@@ -278,7 +262,8 @@ struct CastOp {
 }  // namespace
 
 void adam_step(const AdamStepArgs& args, void* stream) {
-  const AdamConstants constants = adam_constants(args);
+  const AdamConstants constants{adam_step_constants(args), args.beta1,       args.beta2, args.eps,
+                                args.grad_scale,           args.weight_decay};
   with_grad_type(args.grad_dtype, "adam_step", [&](auto grad_tag) {
     using Grad = decltype(grad_tag);
     with_copy_type(args.params_16bit, args.params_16bit_dtype, "adam_step", [&](auto copy_tag) {

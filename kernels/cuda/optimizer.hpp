@@ -4,8 +4,8 @@
 //
 // Against the host kernels (kernels/host/optimizer_kernels.cpp):
 //   - adam_step, sgd_step and cast_params_to_16bit do the host's IEEE operations in the host's order
-//     without fused multiply-adds, with the per-step constants computed on the host as the host kernel
-//     computes them: the same bits (NaN payloads of the 16-bit copy aside);
+//     without fused multiply-adds, with the host's per-step constants (adam_step_constants): the same
+//     bits (NaN payloads of the 16-bit copy aside);
 //   - grad_sum_squares reduces in fp64 in a different (fixed) order: deterministic run to run, within
 //     a few fp64 ulps of the host's sum; found_inf is exact.
 #pragma once

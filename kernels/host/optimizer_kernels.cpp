@@ -221,25 +221,23 @@ struct AdamSpan {
 
 template <DType kGrad, Copy kCopy, bool kDecoupled>
 void adam_kernel(const AdamStepArgs& a) {
-  // Per-step constants in double, rounded once to fp32 (as DeepSpeed's and torch's kernels do).
-  const double bc1 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta1), a.step) : 1.0;
-  const double bc2 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta2), a.step) : 1.0;
+  const AdamStepConstants step = adam_step_constants(a);
   const AdamConstants constants{
       a.params,
       a.exp_avg,
       a.exp_avg_sq,
       a.grads,
       static_cast<std::uint16_t*>(a.params_16bit),
-      static_cast<float>(a.lr / bc1),
-      static_cast<float>(1.0 / std::sqrt(bc2)),
+      step.step_size,
+      step.inv_sqrt_bc2,
       a.beta1,
       a.beta2,
-      static_cast<float>(1.0 - a.beta1),
-      static_cast<float>(1.0 - a.beta2),
+      step.one_minus_beta1,
+      step.one_minus_beta2,
       a.eps,
       a.grad_scale,
       a.weight_decay,
-      static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay),
+      step.decay,
   };
   const auto span = host_isa_kernel<AdamSpan<kGrad, kCopy, kDecoupled>>(host_isa());
   for_each_block(a.count,
@@ -423,6 +421,18 @@ void check_buffer(const void* pointer, std::size_t count, const char* kernel, co
 }
 
 }  // namespace
+
+AdamStepConstants adam_step_constants(const AdamStepArgs& args) {
+  const double bc1 = args.bias_correction ? 1.0 - std::pow(static_cast<double>(args.beta1), args.step) : 1.0;
+  const double bc2 = args.bias_correction ? 1.0 - std::pow(static_cast<double>(args.beta2), args.step) : 1.0;
+  AdamStepConstants constants;
+  constants.step_size = static_cast<float>(args.lr / bc1);
+  constants.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  constants.one_minus_beta1 = static_cast<float>(1.0 - args.beta1);
+  constants.one_minus_beta2 = static_cast<float>(1.0 - args.beta2);
+  constants.decay = static_cast<float>(1.0 - static_cast<double>(args.lr) * args.weight_decay);
+  return constants;
+}
 
 void adam_step(const Stream& stream, const AdamStepArgs& args) {
   check_buffer(args.params, args.count, "adam_step", "params");
