@@ -8,6 +8,7 @@
 #if ZT_HAVE_CUDA
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/layers.hpp"
+#include "kernels/cuda/elementwise.hpp"
 #endif
 
 namespace zt::kernels {
@@ -17,29 +18,59 @@ void convert(const Stream& stream, const void* source, DType source_dtype, void*
   dispatch(
       stream, "convert",
       [&] { return host::convert(source, source_dtype, destination, destination_dtype, count); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::convert(source, source_dtype, destination, destination_dtype, count, native);
+      }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void fill(const Stream& stream, DType dtype, void* data, std::int64_t count, double value) {
   dispatch(
-      stream, "fill", [&] { return host::fill(dtype, data, count, value); }, no_cuda_kernel);
+      stream, "fill", [&] { return host::fill(dtype, data, count, value); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::fill(dtype, data, count, value, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void fill_normal(const Stream& stream, DType dtype, void* data, std::int64_t count, double mean,
                  double stddev, std::uint64_t seed) {
   dispatch(
       stream, "fill_normal", [&] { return host::fill_normal(dtype, data, count, mean, stddev, seed); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::fill_normal(dtype, data, count, mean, stddev, seed, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void add(const Stream& stream, DType dtype, const void* a, const void* b, void* output, std::int64_t count) {
   dispatch(
-      stream, "add", [&] { return host::add(dtype, a, b, output, count); }, no_cuda_kernel);
+      stream, "add", [&] { return host::add(dtype, a, b, output, count); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::add(dtype, a, b, output, count, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void accumulate(const Stream& stream, DType dtype, void* target, const void* source, std::int64_t count) {
   dispatch(
-      stream, "accumulate", [&] { return host::accumulate(dtype, target, source, count); }, no_cuda_kernel);
+      stream, "accumulate", [&] { return host::accumulate(dtype, target, source, count); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::accumulate(dtype, target, source, count, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void matmul_forward(const Stream& stream, DType dtype, const void* input, const void* weight,
@@ -165,7 +196,13 @@ void activation_forward(const Stream& stream, DType dtype, Activation activation
                         void* output, std::int64_t count) {
   dispatch(
       stream, "activation_forward",
-      [&] { return host::activation_forward(dtype, activation, input, output, count); }, no_cuda_kernel);
+      [&] { return host::activation_forward(dtype, activation, input, output, count); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::activation_forward(dtype, activation, input, output, count, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void activation_backward(const Stream& stream, DType dtype, Activation activation, const void* input,
@@ -173,7 +210,14 @@ void activation_backward(const Stream& stream, DType dtype, Activation activatio
   dispatch(
       stream, "activation_backward",
       [&] { return host::activation_backward(dtype, activation, input, grad_output, grad_input, count); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::activation_backward(dtype, activation, input, grad_output, grad_input, count, native);
+      }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void dropout_forward(const Stream& stream, DType dtype, const void* input, void* output, std::int64_t count,
@@ -181,7 +225,12 @@ void dropout_forward(const Stream& stream, DType dtype, const void* input, void*
   dispatch(
       stream, "dropout_forward",
       [&] { return host::dropout_forward(dtype, input, output, count, p, seed, mask_stream); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::dropout_forward(dtype, input, output, count, p, seed, mask_stream, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void dropout_backward(const Stream& stream, DType dtype, const void* grad_output, void* grad_input,
@@ -189,7 +238,14 @@ void dropout_backward(const Stream& stream, DType dtype, const void* grad_output
   dispatch(
       stream, "dropout_backward",
       [&] { return host::dropout_backward(dtype, grad_output, grad_input, count, p, seed, mask_stream); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::dropout_backward(dtype, grad_output, grad_input, count, p, seed, mask_stream, native);
+      }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* probabilities,
@@ -220,7 +276,13 @@ void attention_backward(const Stream& stream, DType dtype, const void* grad_outp
 
 void scale(const Stream& stream, DType dtype, void* data, std::int64_t count, double factor) {
   dispatch(
-      stream, "scale", [&] { return host::scale(dtype, data, count, factor); }, no_cuda_kernel);
+      stream, "scale", [&] { return host::scale(dtype, data, count, factor); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::scale(dtype, data, count, factor, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void cross_entropy_forward(const Stream& stream, DType dtype, const void* logits, const std::int32_t* targets,

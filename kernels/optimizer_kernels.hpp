@@ -49,6 +49,16 @@ struct AdamStepArgs {
   std::int64_t step = 1;  // 1 for the first update (the count after incrementing)
 };
 void adam_step(const Stream& stream, const AdamStepArgs& args);
+/// The per-step constants of adam_step: computed in double, rounded once to fp32 (as DeepSpeed's and
+/// torch's kernels do). One function for the host and the CUDA kernel, so that both round alike.
+struct AdamStepConstants {
+  float step_size = 0;        // lr / bc1
+  float inv_sqrt_bc2 = 0;     // 1 / sqrt(bc2)
+  float one_minus_beta1 = 0;  // 1 - beta1
+  float one_minus_beta2 = 0;  // 1 - beta2
+  float decay = 1;            // 1 - lr * weight_decay: AdamW's factor on the weight
+};
+AdamStepConstants adam_step_constants(const AdamStepArgs& args);
 
 /// One SGD step (torch semantics), per element i:
 ///   g = grads[i] * grad_scale + weight_decay * p

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/counter_random.hpp"
 #include "kernels/host/host_isa_kernels.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
@@ -142,20 +143,9 @@ double deterministic_sum(std::int64_t count, Term&& term) {
   return total;
 }
 
-/// splitmix64's finalizer: a bijective 64-bit mix with good avalanche.
-inline std::uint64_t mix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-/// 64 random bits for counter `index` of the stream keyed by (seed, stream).
-inline std::uint64_t counter_random(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
-  return mix64(mix64(seed ^ mix64(stream)) + index);
-}
-/// Uniform in [0, 1) with 53 random bits.
-inline double to_unit_double(std::uint64_t bits) {
-  return static_cast<double>(bits >> 11) * 0x1.0p-53;
-}
+// The counter-based random numbers are shared with the CUDA kernels: kernels/counter_random.hpp.
+using kernels::counter_random;
+using kernels::mix64;
+using kernels::to_unit_double;
 
 }  // namespace zt::kernels::host

@@ -22,6 +22,9 @@
 #include "kernels/host/host_isa_kernels.hpp"
 #include "kernels/host_isa.hpp"
 #include "zerotrain/error.hpp"
+#if ZT_HAVE_CUDA
+#include "kernels/cuda/optimizer.hpp"
+#endif
 
 namespace zt::kernels::host {
 namespace {
@@ -218,25 +221,23 @@ struct AdamSpan {
 
 template <DType kGrad, Copy kCopy, bool kDecoupled>
 void adam_kernel(const AdamStepArgs& a) {
-  // Per-step constants in double, rounded once to fp32 (as DeepSpeed's and torch's kernels do).
-  const double bc1 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta1), a.step) : 1.0;
-  const double bc2 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta2), a.step) : 1.0;
+  const AdamStepConstants step = adam_step_constants(a);
   const AdamConstants constants{
       a.params,
       a.exp_avg,
       a.exp_avg_sq,
       a.grads,
       static_cast<std::uint16_t*>(a.params_16bit),
-      static_cast<float>(a.lr / bc1),
-      static_cast<float>(1.0 / std::sqrt(bc2)),
+      step.step_size,
+      step.inv_sqrt_bc2,
       a.beta1,
       a.beta2,
-      static_cast<float>(1.0 - a.beta1),
-      static_cast<float>(1.0 - a.beta2),
+      step.one_minus_beta1,
+      step.one_minus_beta2,
       a.eps,
       a.grad_scale,
       a.weight_decay,
-      static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay),
+      step.decay,
   };
   const auto span = host_isa_kernel<AdamSpan<kGrad, kCopy, kDecoupled>>(host_isa());
   for_each_block(a.count,
@@ -421,6 +422,18 @@ void check_buffer(const void* pointer, std::size_t count, const char* kernel, co
 
 }  // namespace
 
+AdamStepConstants adam_step_constants(const AdamStepArgs& args) {
+  const double bc1 = args.bias_correction ? 1.0 - std::pow(static_cast<double>(args.beta1), args.step) : 1.0;
+  const double bc2 = args.bias_correction ? 1.0 - std::pow(static_cast<double>(args.beta2), args.step) : 1.0;
+  AdamStepConstants constants;
+  constants.step_size = static_cast<float>(args.lr / bc1);
+  constants.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  constants.one_minus_beta1 = static_cast<float>(1.0 - args.beta1);
+  constants.one_minus_beta2 = static_cast<float>(1.0 - args.beta2);
+  constants.decay = static_cast<float>(1.0 - static_cast<double>(args.lr) * args.weight_decay);
+  return constants;
+}
+
 void adam_step(const Stream& stream, const AdamStepArgs& args) {
   check_buffer(args.params, args.count, "adam_step", "params");
   check_buffer(args.exp_avg, args.count, "adam_step", "exp_avg");
@@ -429,7 +442,13 @@ void adam_step(const Stream& stream, const AdamStepArgs& args) {
   ZT_CHECK(args.step >= 1, "adam_step: step is ", args.step,
            "; expected the 1-based count of updates (>= 1)");
   dispatch(
-      stream, "adam_step", [&] { host::adam_step(args); }, no_cuda_kernel);
+      stream, "adam_step", [&] { host::adam_step(args); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::adam_step(args, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void sgd_step(const Stream& stream, const SgdStepArgs& args) {
@@ -437,7 +456,13 @@ void sgd_step(const Stream& stream, const SgdStepArgs& args) {
   check_buffer(args.grads, args.count, "sgd_step", "grads");
   if (args.momentum != 0.0f) check_buffer(args.momentum_buffer, args.count, "sgd_step", "momentum_buffer");
   dispatch(
-      stream, "sgd_step", [&] { host::sgd_step(args); }, no_cuda_kernel);
+      stream, "sgd_step", [&] { host::sgd_step(args); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::sgd_step(args, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
@@ -445,7 +470,12 @@ GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_d
   check_buffer(grads, count, "grad_sum_squares", "grads");
   return dispatch(
       stream, "grad_sum_squares", [&] { return host::grad_sum_squares(grads, grad_dtype, count, scale); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { return cuda::grad_sum_squares(grads, grad_dtype, count, scale, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype, std::size_t count,
@@ -459,7 +489,12 @@ void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype,
         accumulator->sum_sq = accumulator->sum_sq + partial.sum_sq;
         accumulator->found_inf = accumulator->found_inf + (partial.found_inf ? 1.0 : 0.0);
       },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::grad_sum_squares(grads, grad_dtype, count, scale, accumulator, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void cast_params_to_16bit(const Stream& stream, const float* params, void* params_16bit, DType dtype,
@@ -468,7 +503,12 @@ void cast_params_to_16bit(const Stream& stream, const float* params, void* param
   check_buffer(params_16bit, count, "cast_params_to_16bit", "params_16bit");
   dispatch(
       stream, "cast_params_to_16bit", [&] { host::cast_params_to_16bit(params, params_16bit, dtype, count); },
-      no_cuda_kernel);
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::cast_params_to_16bit(params, params_16bit, dtype, count, native); }
+#else
+      no_cuda_kernel
+#endif
+  );
 }
 
 void set_host_threads(int threads) {
