@@ -19,6 +19,11 @@ if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND AND ZT_NCCL_LIBRARY AND ZT_NCCL_INC
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   enable_language(CUDA)
+  # CMake before 3.26 does not know nvcc's C++20 flag (nvcc 12 and later accept -std=c++20).
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   add_library(zt_nccl INTERFACE)
