@@ -109,8 +109,8 @@ struct DeviceMemoryFree {
 };
 using DeviceMemory = std::unique_ptr<void, DeviceMemoryFree>;
 
-/// Makes the stream's device current for the scope (cuBLASLt's heuristics and handles follow the
-/// current device), restoring the caller's on exit.
+/// Makes the stream's device current for the scope (kernel launches, cuBLASLt's heuristics and handles
+/// follow the current device), restoring the caller's on exit. Each entry point holds one.
 class StreamDeviceScope {
  public:
   explicit StreamDeviceScope(cudaStream_t stream) {
@@ -328,8 +328,8 @@ GemmPlan* find_plan(const GemmKey& key, const void* bias, cublasLtHandle_t handl
 
 /// Enqueues the GEMM on the stream. Returns false, having done nothing, when cuBLASLt has no algorithm
 /// for a fused bias (the caller then adds the bias another way); throws when it has none without one.
-bool run_gemm(const ColumnMajorGemm& product, DType dtype, cudaStream_t stream, const GemmContext& gemm) {
-  const StreamDeviceScope device(stream);
+bool run_gemm(const ColumnMajorGemm& product, DType dtype, const StreamDeviceScope& device,
+              cudaStream_t stream, const GemmContext& gemm) {
   const cublasLtHandle_t handle = lt_handle(device.device(), gemm);
   void* workspace = stream_workspace(device.device(), stream);
   GemmKey key;
@@ -376,11 +376,11 @@ bool run_gemm(const ColumnMajorGemm& product, DType dtype, cudaStream_t stream, 
   return true;
 }
 
-void run_gemm_unfused(const ColumnMajorGemm& product, DType dtype, cudaStream_t stream,
-                      const GemmContext& gemm) {
+void run_gemm_unfused(const ColumnMajorGemm& product, DType dtype, const StreamDeviceScope& device,
+                      cudaStream_t stream, const GemmContext& gemm) {
   ColumnMajorGemm unfused = product;
   unfused.bias = nullptr;
-  run_gemm(unfused, dtype, stream, gemm);
+  run_gemm(unfused, dtype, device, stream, gemm);
 }
 
 // ---- bias kernels -------------------------------------------------------------------------------
@@ -467,6 +467,7 @@ void matmul_forward(DType dtype, const void* input, const void* weight, const vo
   const auto [rows, in, out] = shape;
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
   if (rows == 0 || out == 0) return;
+  const StreamDeviceScope device(cuda_stream);
   if (in == 0) {  // an empty product: the output is the bias, or zero
     if (bias != nullptr) {
       broadcast_row(dtype, bias, rows, out, output, cuda_stream);
@@ -490,13 +491,13 @@ void matmul_forward(DType dtype, const void* input, const void* weight, const vo
   // onto the bias). fp64 and any shape cuBLASLt fuses no bias for: the bias as C, beta = 1.
   if (bias != nullptr && dtype != DType::fp64) {
     product.bias = bias;
-    if (run_gemm(product, dtype, cuda_stream, gemm)) return;
+    if (run_gemm(product, dtype, device, cuda_stream, gemm)) return;
   }
   if (bias != nullptr) {
     broadcast_row(dtype, bias, rows, out, output, cuda_stream);
     product.beta = 1.0;
   }
-  run_gemm_unfused(product, dtype, cuda_stream, gemm);
+  run_gemm_unfused(product, dtype, device, cuda_stream, gemm);
 }
 
 void matmul_backward(DType dtype, const void* grad_output, const void* input, const void* weight,
@@ -505,6 +506,7 @@ void matmul_backward(DType dtype, const void* grad_output, const void* input, co
   const auto [rows, in, out] = shape;
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
   gemm_types(dtype, false, GemmContext{"matmul_backward", "", shape, dtype});
+  const StreamDeviceScope device(cuda_stream);
   if (grad_input != nullptr && rows > 0 && in > 0) {
     const GemmContext gemm{"matmul_backward", "grad_input = grad_output . weight", shape, dtype};
     if (out == 0) {
@@ -520,7 +522,7 @@ void matmul_backward(DType dtype, const void* grad_output, const void* input, co
       product.ldb = out;
       product.c = grad_input;
       product.ldc = in;
-      run_gemm_unfused(product, dtype, cuda_stream, gemm);
+      run_gemm_unfused(product, dtype, device, cuda_stream, gemm);
     }
   }
   if (grad_weight != nullptr && rows > 0 && in > 0 && out > 0) {
@@ -537,7 +539,7 @@ void matmul_backward(DType dtype, const void* grad_output, const void* input, co
     product.c = grad_weight;
     product.ldc = in;
     product.beta = 1.0;
-    run_gemm_unfused(product, dtype, cuda_stream, gemm);
+    run_gemm_unfused(product, dtype, device, cuda_stream, gemm);
   }
   if (grad_bias != nullptr) add_column_sums(dtype, grad_output, rows, out, grad_bias, cuda_stream);
 }
@@ -553,6 +555,8 @@ void matmul_weight_grad_rows(DType dtype, const void* grad_output, const void* i
   ZT_CHECK(first_out >= 0 && count >= 0 && first_out + count <= out, "matmul_weight_grad_rows: rows [",
            first_out, ", ", first_out + count, ") of a weight with ", out, " output features");
   if (rows == 0 || in == 0 || count == 0) return;
+  const cudaStream_t cuda_stream = as_cuda_stream(stream);
+  const StreamDeviceScope device(cuda_stream);
   ColumnMajorGemm product;
   product.transpose_b = true;
   product.m = in;
@@ -567,7 +571,7 @@ void matmul_weight_grad_rows(DType dtype, const void* grad_output, const void* i
   product.c = grad_weight_rows;
   product.ldc = in;
   product.beta = 1.0;
-  run_gemm_unfused(product, dtype, as_cuda_stream(stream), gemm);
+  run_gemm_unfused(product, dtype, device, cuda_stream, gemm);
 }
 
 }  // namespace zt::kernels::cuda
