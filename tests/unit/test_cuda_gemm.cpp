@@ -52,9 +52,10 @@ Tolerance gemm_tolerance(DType dtype, std::int64_t reduction) {
   return tolerance;
 }
 
-/// TF32 rounds each fp32 input to 10 mantissa bits (relative 2^-11) before the fp32 accumulation.
+/// TF32 keeps 10 mantissa bits of each fp32 input (relative 2^-11 rounded, 2^-10 truncated) before the
+/// fp32 accumulation: each product is off by up to about 2e-3 relative, a random walk over the reduction.
 Tolerance tf32_tolerance(std::int64_t reduction) {
-  return {2e-3 * std::sqrt(static_cast<double>(std::max<std::int64_t>(reduction, 1))), 2e-3};
+  return {5e-3 * std::sqrt(static_cast<double>(std::max<std::int64_t>(reduction, 1))), 5e-3};
 }
 
 /// A buffer of `count` elements of `dtype` with uniform values in [-1, 1), on the host and the device.
