@@ -2,10 +2,13 @@
 #include "kernels/host_isa.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
+#include "zerotrain/error.hpp"
 #include "zerotrain/report.hpp"
 
 #if ZT_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/gemm.hpp"
 #if __has_include(<cudnn_version.h>)
 #include <cudnn_version.h>
 #endif
@@ -17,6 +20,18 @@ std::string cuda_version_text(int version) {
   if (version == 0) return "none";
   return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
 }
+
+#if ZT_HAVE_CUDA
+/// The math of fp32 GEMMs on CUDA (ZT_CUDA_TF32, kernels/cuda/gemm.hpp); an invalid value is reported, not
+/// thrown.
+std::string fp32_gemm_text() {
+  try {
+    return kernels::cuda::tf32_enabled() ? "TF32 tensor cores (ZT_CUDA_TF32=1)" : "fp32 (ZT_CUDA_TF32 off)";
+  } catch (const Error& error) {
+    return error.what();
+  }
+}
+#endif
 }  // namespace
 
 Report device_report() {
@@ -37,6 +52,9 @@ Report device_report() {
   report.push_back({"cuda", "cuDNN (headers)",
                     std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR) + "." +
                         std::to_string(CUDNN_PATCHLEVEL)});
+#endif
+#if ZT_HAVE_CUDA
+  report.push_back({"cuda", "fp32 GEMMs", fp32_gemm_text()});
 #endif
   if (!status.usable()) {
     report.push_back({"cuda", "devices", "none usable: " + status.reason});

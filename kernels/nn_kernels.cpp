@@ -1,5 +1,5 @@
-// Entry points of the neural-network kernels: dispatch by the stream's device to kernels/host (and,
-// later, cuda). On the emulated device the host kernel runs inside the device API's access, so the
+// Entry points of the neural-network kernels: dispatch by the stream's device to kernels/host or
+// kernels/cuda. On the emulated device the host kernel runs inside the device API's access, so the
 // device scalars of the losses are written there too.
 #include "kernels/nn_kernels.hpp"
 
@@ -7,8 +7,9 @@
 #include "kernels/host/nn_host.hpp"
 #if ZT_HAVE_CUDA
 #include "kernels/cuda/attention.hpp"
-#include "kernels/cuda/layers.hpp"
 #include "kernels/cuda/elementwise.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/layers.hpp"
 #endif
 
 namespace zt::kernels {
@@ -77,7 +78,12 @@ void matmul_forward(const Stream& stream, DType dtype, const void* input, const 
                     const void* bias, void* output, const MatmulShape& shape) {
   dispatch(
       stream, "matmul_forward",
-      [&] { return host::matmul_forward(dtype, input, weight, bias, output, shape); }, no_cuda_kernel);
+      [&] { return host::matmul_forward(dtype, input, weight, bias, output, shape); },
+#if ZT_HAVE_CUDA
+      [&](void* native) { cuda::matmul_forward(dtype, input, weight, bias, output, shape, native); });
+#else
+      no_cuda_kernel);
+#endif
 }
 
 void matmul_backward(const Stream& stream, DType dtype, const void* grad_output, const void* input,
@@ -89,7 +95,14 @@ void matmul_backward(const Stream& stream, DType dtype, const void* grad_output,
         return host::matmul_backward(dtype, grad_output, input, weight, grad_input, grad_weight, grad_bias,
                                      shape);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::matmul_backward(dtype, grad_output, input, weight, grad_input, grad_weight, grad_bias, shape,
+                              native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void matmul_weight_grad_rows(const Stream& stream, DType dtype, const void* grad_output, const void* input,
@@ -101,7 +114,14 @@ void matmul_weight_grad_rows(const Stream& stream, DType dtype, const void* grad
         return host::matmul_weight_grad_rows(dtype, grad_output, input, grad_weight_rows, shape, first_out,
                                              count);
       },
+#if ZT_HAVE_CUDA
+      [&](void* native) {
+        cuda::matmul_weight_grad_rows(dtype, grad_output, input, grad_weight_rows, shape, first_out, count,
+                                      native);
+      });
+#else
       no_cuda_kernel);
+#endif
 }
 
 void embedding_backward_rows(const Stream& stream, DType dtype, const std::int32_t* tokens,
