@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -156,6 +157,57 @@ inline ::testing::AssertionResult all_close(const MirroredBuffer& buffer, DType 
                                             const std::string& what) {
   return all_close(buffer.host.data(), buffer.downloaded.data(), dtype,
                    buffer.host.size() / dtype_size(dtype), tolerance, what);
+}
+
+/// `count` elements of `dtype` uniform in [low, high), on the host and uploaded.
+inline MirroredBuffer uniform_buffer(DType dtype, std::int64_t count, double low, double high,
+                                     std::uint64_t seed, const Stream& stream) {
+  MirroredBuffer buffer(static_cast<std::size_t>(count) * dtype_size(dtype), stream);
+  fill_uniform(buffer.host.data(), dtype, static_cast<std::size_t>(count), low, high, seed);
+  buffer.upload();
+  return buffer;
+}
+
+/// Host and device copies holding the same garbage bytes, so that an element a kernel forgets to write
+/// shows up as a difference.
+inline MirroredBuffer garbage_buffer(std::size_t bytes, const Stream& stream) {
+  MirroredBuffer buffer(bytes, stream);
+  std::memset(buffer.host.data(), 0x5a, buffer.host.size());
+  buffer.upload();
+  return buffer;
+}
+
+inline std::uint64_t element_bits(const unsigned char* element, std::size_t size) {
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, element, size);
+  return bits;
+}
+
+/// Every element of the downloaded CUDA result has the host's bits; a NaN matches any NaN (CUDA's
+/// conversions may give another NaN payload than bf16 / fp16, which keep the input's).
+inline ::testing::AssertionResult same_bits(const MirroredBuffer& buffer, DType dtype,
+                                            const std::string& what) {
+  const std::size_t size = dtype_size(dtype);
+  const std::size_t count = buffer.host.size() / size;
+  const auto* host = static_cast<const unsigned char*>(buffer.host.data());
+  const auto* device = static_cast<const unsigned char*>(buffer.downloaded.data());
+  std::size_t mismatches = 0, first = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (std::memcmp(host + i * size, device + i * size, size) == 0) continue;
+    if (dtype_is_floating(dtype) && std::isnan(element_as_double(host, dtype, i)) &&
+        std::isnan(element_as_double(device, dtype, i))) {
+      continue;
+    }
+    if (mismatches++ == 0) first = i;
+  }
+  if (mismatches == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": " << mismatches << " of " << count << " " << dtype_name(dtype)
+         << " elements differ from the host's bits; first at [" << first << "]: cuda "
+         << element_as_double(device, dtype, first) << " (0x" << std::hex
+         << element_bits(device + first * size, size) << ") vs host " << std::dec
+         << element_as_double(host, dtype, first) << " (0x" << std::hex
+         << element_bits(host + first * size, size) << ")";
 }
 
 }  // namespace zt::testing

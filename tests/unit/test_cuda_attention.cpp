@@ -21,17 +21,10 @@ using zt::Stream;
 using zt::testing::all_close;
 using zt::testing::default_tolerance;
 using zt::testing::MirroredBuffer;
+using zt::testing::uniform_buffer;
 namespace zk = zt::kernels;
 
 constexpr DType kFloatingTypes[] = {DType::fp32, DType::fp64, DType::bf16, DType::fp16};
-
-MirroredBuffer uniform_buffer(DType dtype, std::int64_t count, const Stream& stream, double low, double high,
-                              std::uint64_t seed) {
-  MirroredBuffer buffer(static_cast<std::size_t>(count) * zt::dtype_size(dtype), stream);
-  zt::testing::fill_uniform(buffer.host.data(), dtype, static_cast<std::size_t>(count), low, high, seed);
-  buffer.upload();
-  return buffer;
-}
 
 std::string shape_name(DType dtype, const zk::AttentionShape& shape) {
   return std::string(zt::dtype_name(dtype)) + " B" + std::to_string(shape.batch) + " T" +
@@ -58,9 +51,9 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheHost) {
       SCOPED_TRACE(name);
       const std::int64_t tokens = shape.batch * shape.seq_len, channels = shape.n_head * shape.head_dim;
       const std::int64_t probability_count = shape.batch * shape.n_head * shape.seq_len * shape.seq_len;
-      MirroredBuffer qkv = uniform_buffer(dtype, tokens * 3 * channels, cuda_stream, -1, 1, 1);
-      MirroredBuffer output = uniform_buffer(dtype, tokens * channels, cuda_stream, 0, 1, 2);  // overwritten
-      MirroredBuffer probabilities = uniform_buffer(stat, probability_count, cuda_stream, 0, 1, 3);
+      MirroredBuffer qkv = uniform_buffer(dtype, tokens * 3 * channels, -1, 1, 1, cuda_stream);
+      MirroredBuffer output = uniform_buffer(dtype, tokens * channels, 0, 1, 2, cuda_stream);  // overwritten
+      MirroredBuffer probabilities = uniform_buffer(stat, probability_count, 0, 1, 3, cuda_stream);
       zk::attention_forward(host_stream, dtype, qkv.host.data(), output.host.data(),
                             probabilities.host.data(), shape);
       zk::attention_forward(cuda_stream, dtype, qkv.device_data(), output.device_data(),
@@ -83,12 +76,12 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheHost) {
       EXPECT_EQ(nonzero_above_diagonal, 0) << "probabilities above the diagonal must be exactly 0";
 
       // Backward from the host's probabilities on both sides.
-      MirroredBuffer saved = uniform_buffer(stat, probability_count, cuda_stream, 0, 1, 0);
+      MirroredBuffer saved = uniform_buffer(stat, probability_count, 0, 1, 0, cuda_stream);
       std::memcpy(saved.host.data(), probabilities.host.data(), probabilities.host.size());
       saved.upload();
-      MirroredBuffer grad_output = uniform_buffer(dtype, tokens * channels, cuda_stream, -1, 1, 4);
+      MirroredBuffer grad_output = uniform_buffer(dtype, tokens * channels, -1, 1, 4, cuda_stream);
       MirroredBuffer grad_qkv =
-          uniform_buffer(dtype, tokens * 3 * channels, cuda_stream, 0, 1, 5);  // overwritten
+          uniform_buffer(dtype, tokens * 3 * channels, 0, 1, 5, cuda_stream);  // overwritten
       zk::attention_backward(host_stream, dtype, grad_output.host.data(), qkv.host.data(), saved.host.data(),
                              grad_qkv.host.data(), shape);
       zk::attention_backward(cuda_stream, dtype, grad_output.device_data(), qkv.device_data(),
@@ -107,15 +100,15 @@ TEST(CudaAttention, BackwardIsDeterministic) {
   const zk::AttentionShape shape{2, 129, 3, 64};
   const std::int64_t tokens = shape.batch * shape.seq_len, channels = shape.n_head * shape.head_dim;
   const std::int64_t probability_count = shape.batch * shape.n_head * shape.seq_len * shape.seq_len;
-  MirroredBuffer qkv = uniform_buffer(dtype, tokens * 3 * channels, cuda_stream, -1, 1, 10);
-  MirroredBuffer output = uniform_buffer(dtype, tokens * channels, cuda_stream, 0, 1, 11);
-  MirroredBuffer probabilities = uniform_buffer(dtype, probability_count, cuda_stream, 0, 1, 12);
-  MirroredBuffer grad_output = uniform_buffer(dtype, tokens * channels, cuda_stream, -1, 1, 13);
+  MirroredBuffer qkv = uniform_buffer(dtype, tokens * 3 * channels, -1, 1, 10, cuda_stream);
+  MirroredBuffer output = uniform_buffer(dtype, tokens * channels, 0, 1, 11, cuda_stream);
+  MirroredBuffer probabilities = uniform_buffer(dtype, probability_count, 0, 1, 12, cuda_stream);
+  MirroredBuffer grad_output = uniform_buffer(dtype, tokens * channels, -1, 1, 13, cuda_stream);
   zk::attention_forward(cuda_stream, dtype, qkv.device_data(), output.device_data(),
                         probabilities.device_data(), shape);
   std::vector<std::vector<unsigned char>> runs;
   for (int run = 0; run < 2; ++run) {
-    MirroredBuffer grad_qkv = uniform_buffer(dtype, tokens * 3 * channels, cuda_stream, 0, 1, 14 + run);
+    MirroredBuffer grad_qkv = uniform_buffer(dtype, tokens * 3 * channels, 0, 1, 14 + run, cuda_stream);
     zk::attention_backward(cuda_stream, dtype, grad_output.device_data(), qkv.device_data(),
                            probabilities.device_data(), grad_qkv.device_data(), shape);
     grad_qkv.download();

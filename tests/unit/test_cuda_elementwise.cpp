@@ -28,9 +28,11 @@ using zt::DType;
 using zt::testing::all_close;
 using zt::testing::default_tolerance;
 using zt::testing::element_as_double;
-using zt::testing::fill_uniform;
+using zt::testing::garbage_buffer;
 using zt::testing::MirroredBuffer;
+using zt::testing::same_bits;
 using zt::testing::Tolerance;
+using zt::testing::uniform_buffer;
 namespace kernels = zt::kernels;
 
 constexpr DType kFloatingDtypes[] = {DType::fp32, DType::fp64, DType::bf16, DType::fp16};
@@ -47,56 +49,6 @@ std::string describe(DType dtype, std::int64_t count) {
   std::ostringstream text;
   text << zt::dtype_name(dtype) << " x " << count;
   return text.str();
-}
-
-/// `count` elements of `dtype` uniform in [low, high), on the host and uploaded.
-MirroredBuffer uniform_buffer(DType dtype, std::int64_t count, double low, double high, std::uint64_t seed,
-                              const zt::Stream& stream) {
-  MirroredBuffer buffer(bytes_of(dtype, count), stream);
-  fill_uniform(buffer.host.data(), dtype, static_cast<std::size_t>(count), low, high, seed);
-  buffer.upload();
-  return buffer;
-}
-
-/// A buffer whose host and device copies hold the same garbage bytes, so that an element a kernel
-/// forgets to write shows up as a difference.
-MirroredBuffer garbage_buffer(DType dtype, std::int64_t count, const zt::Stream& stream) {
-  MirroredBuffer buffer(bytes_of(dtype, count), stream);
-  std::memset(buffer.host.data(), 0x5a, buffer.host.size());
-  buffer.upload();
-  return buffer;
-}
-
-std::uint64_t element_bits(const unsigned char* element, std::size_t size) {
-  std::uint64_t bits = 0;
-  std::memcpy(&bits, element, size);
-  return bits;
-}
-
-/// Every element of the downloaded CUDA result has the host's bits; a NaN matches any NaN (CUDA's
-/// conversions may give another NaN payload than zt::bf16 / zt::fp16, which keep the input's).
-::testing::AssertionResult same_bits(const MirroredBuffer& buffer, DType dtype, const std::string& what) {
-  const std::size_t size = zt::dtype_size(dtype);
-  const std::size_t count = buffer.host.size() / size;
-  const auto* host = static_cast<const unsigned char*>(buffer.host.data());
-  const auto* device = static_cast<const unsigned char*>(buffer.downloaded.data());
-  std::size_t mismatches = 0, first = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    if (std::memcmp(host + i * size, device + i * size, size) == 0) continue;
-    if (zt::dtype_is_floating(dtype) && std::isnan(element_as_double(host, dtype, i)) &&
-        std::isnan(element_as_double(device, dtype, i))) {
-      continue;
-    }
-    if (mismatches++ == 0) first = i;
-  }
-  if (mismatches == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": " << mismatches << " of " << count << " " << zt::dtype_name(dtype)
-         << " elements differ from the host's bits; first at [" << first << "]: cuda "
-         << element_as_double(device, dtype, first) << " (0x" << std::hex
-         << element_bits(device + first * size, size) << ") vs host " << std::dec
-         << element_as_double(host, dtype, first) << " (0x" << std::hex
-         << element_bits(host + first * size, size) << ")";
 }
 
 /// Values that probe every rounding path of a conversion: zeros, infinities, NaN, the fp16 overflow
@@ -171,7 +123,7 @@ TEST_F(CudaElementwise, ConvertBetweenFloatingDtypesGivesTheHostBits) {
         MirroredBuffer source(bytes_of(from, count), *cuda);
         fill_conversion_probes(source.host.data(), from, static_cast<std::size_t>(count), 11);
         source.upload();
-        MirroredBuffer destination = garbage_buffer(to, count, *cuda);
+        MirroredBuffer destination = garbage_buffer(bytes_of(to, count), *cuda);
         kernels::convert(host, source.host.data(), from, destination.host.data(), to, count);
         kernels::convert(*cuda, source.device_data(), from, destination.device_data(), to, count);
         destination.download();
@@ -197,7 +149,7 @@ TEST_F(CudaElementwise, ConvertBetweenIntegerDtypesGivesTheHostValues) {
         }
       }
       source.upload();
-      MirroredBuffer destination = garbage_buffer(to, kCount, *cuda);
+      MirroredBuffer destination = garbage_buffer(bytes_of(to, kCount), *cuda);
       kernels::convert(host, source.host.data(), from, destination.host.data(), to, kCount);
       kernels::convert(*cuda, source.device_data(), from, destination.device_data(), to, kCount);
       destination.download();
@@ -223,7 +175,7 @@ TEST_F(CudaElementwise, FillGivesTheHostBitsForEveryDtype) {
       for (std::int64_t count : kSizes) {
         const std::string what = "fill " + describe(dtype, count) + " with " + std::to_string(value);
         SCOPED_TRACE(what);
-        MirroredBuffer data = garbage_buffer(dtype, count, *cuda);
+        MirroredBuffer data = garbage_buffer(bytes_of(dtype, count), *cuda);
         kernels::fill(host, dtype, data.host.data(), count, value);
         kernels::fill(*cuda, dtype, data.device_data(), count, value);
         data.download();
@@ -247,7 +199,7 @@ TEST_F(CudaElementwise, FillNormalDrawsTheHostUniformsAndMatchesWithinAnUlp) {
       for (std::int64_t count : kSizes) {
         const std::string what = "fill_normal " + describe(dtype, count) + " seed " + std::to_string(c.seed);
         SCOPED_TRACE(what);
-        MirroredBuffer data = garbage_buffer(dtype, count, *cuda);
+        MirroredBuffer data = garbage_buffer(bytes_of(dtype, count), *cuda);
         kernels::fill_normal(host, dtype, data.host.data(), count, c.mean, c.stddev, c.seed);
         kernels::fill_normal(*cuda, dtype, data.device_data(), count, c.mean, c.stddev, c.seed);
         data.download();
@@ -291,7 +243,7 @@ TEST_F(CudaElementwise, AddGivesTheHostBitsAlsoInPlace) {
       SCOPED_TRACE(what);
       MirroredBuffer a = uniform_buffer(dtype, count, -2.0, 2.0, 1, *cuda);
       MirroredBuffer b = uniform_buffer(dtype, count, -2.0, 2.0, 2, *cuda);
-      MirroredBuffer sum = garbage_buffer(dtype, count, *cuda);
+      MirroredBuffer sum = garbage_buffer(bytes_of(dtype, count), *cuda);
       kernels::add(host, dtype, a.host.data(), b.host.data(), sum.host.data(), count);
       kernels::add(*cuda, dtype, a.device_data(), b.device_data(), sum.device_data(), count);
       sum.download();
@@ -403,7 +355,7 @@ TEST_F(CudaElementwise, ActivationForwardMatchesTheHost) {
         SCOPED_TRACE(what);
         // [-12, 12]: both saturated tails and the curved middle.
         MirroredBuffer input = uniform_buffer(dtype, count, -12.0, 12.0, 7, *cuda);
-        MirroredBuffer output = garbage_buffer(dtype, count, *cuda);
+        MirroredBuffer output = garbage_buffer(bytes_of(dtype, count), *cuda);
         kernels::activation_forward(host, dtype, activation, input.host.data(), output.host.data(), count);
         kernels::activation_forward(*cuda, dtype, activation, input.device_data(), output.device_data(),
                                     count);
@@ -426,7 +378,7 @@ TEST_F(CudaElementwise, ActivationBackwardMatchesTheHost) {
         SCOPED_TRACE(what);
         MirroredBuffer input = uniform_buffer(dtype, count, -12.0, 12.0, 8, *cuda);
         MirroredBuffer grad_output = uniform_buffer(dtype, count, -1.0, 1.0, 9, *cuda);
-        MirroredBuffer grad_input = garbage_buffer(dtype, count, *cuda);
+        MirroredBuffer grad_input = garbage_buffer(bytes_of(dtype, count), *cuda);
         kernels::activation_backward(host, dtype, activation, input.host.data(), grad_output.host.data(),
                                      grad_input.host.data(), count);
         kernels::activation_backward(*cuda, dtype, activation, input.device_data(), grad_output.device_data(),
@@ -457,7 +409,7 @@ TEST_F(CudaElementwise, DropoutMasksAreDropoutKeepsAndValuesAreTheHostBits) {
           SCOPED_TRACE(what);
           // Inputs in [0.5, 1.5): never zero, so a zero output means exactly "dropped".
           MirroredBuffer input = uniform_buffer(dtype, count, 0.5, 1.5, 10, *cuda);
-          MirroredBuffer output = garbage_buffer(dtype, count, *cuda);
+          MirroredBuffer output = garbage_buffer(bytes_of(dtype, count), *cuda);
           kernels::dropout_forward(host, dtype, input.host.data(), output.host.data(), count, p, key.seed,
                                    key.mask_stream);
           kernels::dropout_forward(*cuda, dtype, input.device_data(), output.device_data(), count, p,
@@ -478,7 +430,7 @@ TEST_F(CudaElementwise, DropoutMasksAreDropoutKeepsAndValuesAreTheHostBits) {
 
           // Backward: the same mask and scale on the gradient.
           MirroredBuffer grad_output = uniform_buffer(dtype, count, -1.0, 1.0, 12, *cuda);
-          MirroredBuffer grad_input = garbage_buffer(dtype, count, *cuda);
+          MirroredBuffer grad_input = garbage_buffer(bytes_of(dtype, count), *cuda);
           kernels::dropout_backward(host, dtype, grad_output.host.data(), grad_input.host.data(), count, p,
                                     key.seed, key.mask_stream);
           kernels::dropout_backward(*cuda, dtype, grad_output.device_data(), grad_input.device_data(), count,

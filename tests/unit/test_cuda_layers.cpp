@@ -25,6 +25,7 @@ using zt::testing::all_close;
 using zt::testing::default_tolerance;
 using zt::testing::MirroredBuffer;
 using zt::testing::Tolerance;
+using zt::testing::uniform_buffer;
 namespace zk = zt::kernels;
 
 constexpr DType kFloatingTypes[] = {DType::fp32, DType::fp64, DType::bf16, DType::fp16};
@@ -34,15 +35,6 @@ struct Streams {
   Stream host;
   Stream cuda{zt::Device::cuda(0)};
 };
-
-/// `count` values of `dtype` uniform in [low, high), the same on the host and the device.
-MirroredBuffer uniform_buffer(DType dtype, std::int64_t count, const Stream& stream, double low, double high,
-                              std::uint64_t seed) {
-  MirroredBuffer buffer(static_cast<std::size_t>(count) * zt::dtype_size(dtype), stream);
-  zt::testing::fill_uniform(buffer.host.data(), dtype, static_cast<std::size_t>(count), low, high, seed);
-  buffer.upload();
-  return buffer;
-}
 
 MirroredBuffer index_buffer(const std::vector<std::int32_t>& values, const Stream& stream) {
   MirroredBuffer buffer(values.size() * sizeof(std::int32_t), stream);
@@ -90,12 +82,12 @@ TEST(CudaLayers, LayernormForwardAndBackwardMatchTheHost) {
       const std::string name = case_name(dtype, rows, channels);
       SCOPED_TRACE(name);
       const std::int64_t count = rows * channels;
-      MirroredBuffer x = uniform_buffer(dtype, count, streams.cuda, -2, 3, 1);
-      MirroredBuffer weight = uniform_buffer(dtype, channels, streams.cuda, 0.5, 1.5, 2);
-      MirroredBuffer bias = uniform_buffer(dtype, channels, streams.cuda, -0.5, 0.5, 3);
-      MirroredBuffer y = uniform_buffer(dtype, count, streams.cuda, 0, 1, 4);  // garbage: overwritten
-      MirroredBuffer mean = uniform_buffer(stat, rows, streams.cuda, 0, 1, 5);
-      MirroredBuffer rstd = uniform_buffer(stat, rows, streams.cuda, 0, 1, 6);
+      MirroredBuffer x = uniform_buffer(dtype, count, -2, 3, 1, streams.cuda);
+      MirroredBuffer weight = uniform_buffer(dtype, channels, 0.5, 1.5, 2, streams.cuda);
+      MirroredBuffer bias = uniform_buffer(dtype, channels, -0.5, 0.5, 3, streams.cuda);
+      MirroredBuffer y = uniform_buffer(dtype, count, 0, 1, 4, streams.cuda);  // garbage: overwritten
+      MirroredBuffer mean = uniform_buffer(stat, rows, 0, 1, 5, streams.cuda);
+      MirroredBuffer rstd = uniform_buffer(stat, rows, 0, 1, 6, streams.cuda);
       zk::layernorm_forward(streams.host, dtype, x.host.data(), weight.host.data(), bias.host.data(),
                             y.host.data(), mean.host.data(), rstd.host.data(), rows, channels, 1e-5);
       zk::layernorm_forward(streams.cuda, dtype, x.device_data(), weight.device_data(), bias.device_data(),
@@ -107,16 +99,16 @@ TEST(CudaLayers, LayernormForwardAndBackwardMatchTheHost) {
 
       // Backward from the host's saved statistics on both sides; parameter gradients pre-filled: they
       // accumulate.
-      MirroredBuffer saved_mean = uniform_buffer(stat, rows, streams.cuda, 0, 1, 0);
-      MirroredBuffer saved_rstd = uniform_buffer(stat, rows, streams.cuda, 0, 1, 0);
+      MirroredBuffer saved_mean = uniform_buffer(stat, rows, 0, 1, 0, streams.cuda);
+      MirroredBuffer saved_rstd = uniform_buffer(stat, rows, 0, 1, 0, streams.cuda);
       std::memcpy(saved_mean.host.data(), mean.host.data(), mean.host.size());
       std::memcpy(saved_rstd.host.data(), rstd.host.data(), rstd.host.size());
       saved_mean.upload();
       saved_rstd.upload();
-      MirroredBuffer dy = uniform_buffer(dtype, count, streams.cuda, -1, 1, 7);
-      MirroredBuffer dx = uniform_buffer(dtype, count, streams.cuda, 0, 1, 8);
-      MirroredBuffer dweight = uniform_buffer(dtype, channels, streams.cuda, -1, 1, 9);
-      MirroredBuffer dbias = uniform_buffer(dtype, channels, streams.cuda, -1, 1, 10);
+      MirroredBuffer dy = uniform_buffer(dtype, count, -1, 1, 7, streams.cuda);
+      MirroredBuffer dx = uniform_buffer(dtype, count, 0, 1, 8, streams.cuda);
+      MirroredBuffer dweight = uniform_buffer(dtype, channels, -1, 1, 9, streams.cuda);
+      MirroredBuffer dbias = uniform_buffer(dtype, channels, -1, 1, 10, streams.cuda);
       zk::layernorm_backward(streams.host, dtype, dy.host.data(), x.host.data(), weight.host.data(),
                              saved_mean.host.data(), saved_rstd.host.data(), dx.host.data(),
                              dweight.host.data(), dbias.host.data(), rows, channels);
@@ -136,14 +128,14 @@ TEST(CudaLayers, LayernormBackwardIsDeterministicAndSkipsNullGradients) {
   const Streams streams;
   const DType dtype = DType::fp32;
   const std::int64_t rows = 1000, channels = 769, count = rows * channels;
-  MirroredBuffer x = uniform_buffer(dtype, count, streams.cuda, -2, 3, 11);
-  MirroredBuffer weight = uniform_buffer(dtype, channels, streams.cuda, 0.5, 1.5, 12);
-  MirroredBuffer mean = uniform_buffer(dtype, rows, streams.cuda, -0.1, 0.1, 13);
-  MirroredBuffer rstd = uniform_buffer(dtype, rows, streams.cuda, 0.5, 1.5, 14);
-  MirroredBuffer dy = uniform_buffer(dtype, count, streams.cuda, -1, 1, 15);
+  MirroredBuffer x = uniform_buffer(dtype, count, -2, 3, 11, streams.cuda);
+  MirroredBuffer weight = uniform_buffer(dtype, channels, 0.5, 1.5, 12, streams.cuda);
+  MirroredBuffer mean = uniform_buffer(dtype, rows, -0.1, 0.1, 13, streams.cuda);
+  MirroredBuffer rstd = uniform_buffer(dtype, rows, 0.5, 1.5, 14, streams.cuda);
+  MirroredBuffer dy = uniform_buffer(dtype, count, -1, 1, 15, streams.cuda);
   std::vector<std::vector<unsigned char>> runs;
   for (int run = 0; run < 2; ++run) {
-    MirroredBuffer dweight = uniform_buffer(dtype, channels, streams.cuda, -1, 1, 16);
+    MirroredBuffer dweight = uniform_buffer(dtype, channels, -1, 1, 16, streams.cuda);
     zk::layernorm_backward(streams.cuda, dtype, dy.device_data(), x.device_data(), weight.device_data(),
                            mean.device_data(), rstd.device_data(), nullptr, dweight.device_data(), nullptr,
                            rows, channels);
@@ -179,10 +171,10 @@ TEST(CudaLayers, EmbeddingForwardAndBackwardMatchTheHost) {
       const std::int64_t positions = c.batch * c.seq_len, count = positions * c.channels;
       MirroredBuffer tokens =
           index_buffer(random_indices(positions, 0, c.distinct_tokens - 1, 20), streams.cuda);
-      MirroredBuffer token_table = uniform_buffer(dtype, c.vocab * c.channels, streams.cuda, -1, 1, 21);
-      MirroredBuffer position_table = uniform_buffer(dtype, c.seq_len * c.channels, streams.cuda, -1, 1, 22);
+      MirroredBuffer token_table = uniform_buffer(dtype, c.vocab * c.channels, -1, 1, 21, streams.cuda);
+      MirroredBuffer position_table = uniform_buffer(dtype, c.seq_len * c.channels, -1, 1, 22, streams.cuda);
       for (const bool with_positions : {false, true}) {
-        MirroredBuffer y = uniform_buffer(dtype, count, streams.cuda, 0, 1, 23);
+        MirroredBuffer y = uniform_buffer(dtype, count, 0, 1, 23, streams.cuda);
         zk::embedding_forward(streams.host, dtype, tokens.host_data<std::int32_t>(), token_table.host.data(),
                               with_positions ? position_table.host.data() : nullptr, y.host.data(), shape);
         zk::embedding_forward(streams.cuda, dtype, static_cast<const std::int32_t*>(tokens.device_data()),
@@ -193,9 +185,9 @@ TEST(CudaLayers, EmbeddingForwardAndBackwardMatchTheHost) {
         // The same additions in the same type: equal bits.
         EXPECT_TRUE(matches_host(y, dtype, "embedding output " + name, {0, 0}));
       }
-      MirroredBuffer dy = uniform_buffer(dtype, count, streams.cuda, -1, 1, 24);
-      MirroredBuffer dtoken = uniform_buffer(dtype, c.vocab * c.channels, streams.cuda, -1, 1, 25);
-      MirroredBuffer dposition = uniform_buffer(dtype, c.seq_len * c.channels, streams.cuda, -1, 1, 26);
+      MirroredBuffer dy = uniform_buffer(dtype, count, -1, 1, 24, streams.cuda);
+      MirroredBuffer dtoken = uniform_buffer(dtype, c.vocab * c.channels, -1, 1, 25, streams.cuda);
+      MirroredBuffer dposition = uniform_buffer(dtype, c.seq_len * c.channels, -1, 1, 26, streams.cuda);
       zk::embedding_backward(streams.host, dtype, tokens.host_data<std::int32_t>(), dy.host.data(),
                              dtoken.host.data(), dposition.host.data(), shape);
       zk::embedding_backward(streams.cuda, dtype, static_cast<const std::int32_t*>(tokens.device_data()),
@@ -208,7 +200,7 @@ TEST(CudaLayers, EmbeddingForwardAndBackwardMatchTheHost) {
 
       // The rows [first_row, first_row + row_count) of the token table's gradient only.
       const std::int64_t first_row = c.vocab / 3, row_count = std::max<std::int64_t>(1, c.vocab / 2);
-      MirroredBuffer drows = uniform_buffer(dtype, row_count * c.channels, streams.cuda, -1, 1, 27);
+      MirroredBuffer drows = uniform_buffer(dtype, row_count * c.channels, -1, 1, 27, streams.cuda);
       zk::embedding_backward_rows(streams.host, dtype, tokens.host_data<std::int32_t>(), dy.host.data(),
                                   drows.host.data(), shape, first_row, row_count);
       zk::embedding_backward_rows(streams.cuda, dtype, static_cast<const std::int32_t*>(tokens.device_data()),
@@ -229,8 +221,8 @@ TEST(CudaLayers, EmbeddingTokenOutOfRangeIsRecordedAndNeverWrittenOutOfBounds) {
   values[5] = 10;  // one past the table
   values[6] = -3;
   MirroredBuffer tokens = index_buffer(values, streams.cuda);
-  MirroredBuffer token_table = uniform_buffer(dtype, 10 * 5, streams.cuda, -1, 1, 30);
-  MirroredBuffer y = uniform_buffer(dtype, 8 * 5, streams.cuda, 0, 1, 31);
+  MirroredBuffer token_table = uniform_buffer(dtype, 10 * 5, -1, 1, 30, streams.cuda);
+  MirroredBuffer y = uniform_buffer(dtype, 8 * 5, 0, 1, 31, streams.cuda);
   zk::embedding_forward(streams.cuda, dtype, static_cast<const std::int32_t*>(tokens.device_data()),
                         token_table.device_data(), nullptr, y.device_data(), shape);
   try {
@@ -254,8 +246,8 @@ TEST(CudaLayers, EmbeddingTokenOutOfRangeIsRecordedAndNeverWrittenOutOfBounds) {
     }
   }
   // The backward skips the bad tokens (nothing written outside the table) and records them too.
-  MirroredBuffer dy = uniform_buffer(dtype, 8 * 5, streams.cuda, -1, 1, 32);
-  MirroredBuffer dtoken = uniform_buffer(dtype, 10 * 5, streams.cuda, -1, 1, 33);
+  MirroredBuffer dy = uniform_buffer(dtype, 8 * 5, -1, 1, 32, streams.cuda);
+  MirroredBuffer dtoken = uniform_buffer(dtype, 10 * 5, -1, 1, 33, streams.cuda);
   zk::embedding_backward(streams.cuda, dtype, static_cast<const std::int32_t*>(tokens.device_data()),
                          dy.device_data(), dtoken.device_data(), nullptr, shape);
   EXPECT_THROW(zk::check_index_errors(streams.cuda), zt::Error);
@@ -288,8 +280,8 @@ TEST(CudaLayers, CrossEntropyForwardAndBackwardMatchTheHost) {
         if (ignore(engine)) target = kIgnoreIndex;
       }
       MirroredBuffer targets = index_buffer(target_values, streams.cuda);
-      MirroredBuffer logits = uniform_buffer(dtype, rows * vocab, streams.cuda, -8, 8, 42);
-      MirroredBuffer lse = uniform_buffer(stat, rows, streams.cuda, 0, 1, 43);
+      MirroredBuffer logits = uniform_buffer(dtype, rows * vocab, -8, 8, 42, streams.cuda);
+      MirroredBuffer lse = uniform_buffer(stat, rows, 0, 1, 43, streams.cuda);
       MirroredBuffer result(sizeof(zk::CrossEntropyScalars), streams.cuda);
       zk::cross_entropy_forward(streams.host, dtype, logits.host.data(), targets.host_data<std::int32_t>(),
                                 lse.host.data(), rows, vocab, kIgnoreIndex,
@@ -313,7 +305,7 @@ TEST(CudaLayers, CrossEntropyForwardAndBackwardMatchTheHost) {
       }
 
       // Backward reads counted_rows from the device scalars (the host's from the host's).
-      MirroredBuffer grad = uniform_buffer(dtype, rows * vocab, streams.cuda, 0, 1, 44);  // overwritten
+      MirroredBuffer grad = uniform_buffer(dtype, rows * vocab, 0, 1, 44, streams.cuda);  // overwritten
       const double scale = 0.75 * static_cast<double>(rows);  // gradients of order 1 / vocab
       zk::cross_entropy_backward(streams.host, dtype, logits.host.data(), targets.host_data<std::int32_t>(),
                                  lse.host.data(), result.host_data<zk::CrossEntropyScalars>(),
@@ -348,8 +340,8 @@ TEST(CudaLayers, CrossEntropyTargetOutOfRangeGivesNaNLossAndIsRecorded) {
   const DType dtype = DType::fp32;
   const std::int64_t rows = 4, vocab = 9;
   MirroredBuffer targets = index_buffer({1, kIgnoreIndex, 9, 3}, streams.cuda);
-  MirroredBuffer logits = uniform_buffer(dtype, rows * vocab, streams.cuda, -1, 1, 50);
-  MirroredBuffer lse = uniform_buffer(dtype, rows, streams.cuda, 0, 1, 51);
+  MirroredBuffer logits = uniform_buffer(dtype, rows * vocab, -1, 1, 50, streams.cuda);
+  MirroredBuffer lse = uniform_buffer(dtype, rows, 0, 1, 51, streams.cuda);
   MirroredBuffer result(sizeof(zk::CrossEntropyScalars), streams.cuda);
   zk::cross_entropy_forward(streams.cuda, dtype, logits.device_data(),
                             static_cast<const std::int32_t*>(targets.device_data()), lse.device_data(), rows,
@@ -374,8 +366,8 @@ TEST(CudaLayers, MseForwardAndBackwardMatchTheHost) {
          {std::int64_t{1}, std::int64_t{33}, std::int64_t{100003}, std::int64_t{3000017}}) {
       const std::string name = std::string(zt::dtype_name(dtype)) + " " + std::to_string(count);
       SCOPED_TRACE(name);
-      MirroredBuffer prediction = uniform_buffer(dtype, count, streams.cuda, -2, 2, 60);
-      MirroredBuffer target = uniform_buffer(dtype, count, streams.cuda, -2, 2, 61);
+      MirroredBuffer prediction = uniform_buffer(dtype, count, -2, 2, 60, streams.cuda);
+      MirroredBuffer target = uniform_buffer(dtype, count, -2, 2, 61, streams.cuda);
       MirroredBuffer loss(sizeof(double), streams.cuda);
       zk::mse_forward(streams.host, dtype, prediction.host.data(), target.host.data(), count,
                       loss.host_data<double>());
@@ -384,7 +376,7 @@ TEST(CudaLayers, MseForwardAndBackwardMatchTheHost) {
       streams.cuda.synchronize();
       // Differences and squares in fp64 on both sides; only the order of the sum differs.
       EXPECT_TRUE(matches_host(loss, DType::fp64, "mse loss " + name, {1e-13, 1e-11}));
-      MirroredBuffer grad = uniform_buffer(dtype, count, streams.cuda, 0, 1, 62);
+      MirroredBuffer grad = uniform_buffer(dtype, count, 0, 1, 62, streams.cuda);
       zk::mse_backward(streams.host, dtype, prediction.host.data(), target.host.data(), grad.host.data(),
                        count, 0.5);
       zk::mse_backward(streams.cuda, dtype, prediction.device_data(), target.device_data(),

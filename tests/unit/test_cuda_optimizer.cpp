@@ -28,8 +28,10 @@ namespace {
 using zt::DType;
 using zt::testing::all_close;
 using zt::testing::fill_uniform;
+using zt::testing::garbage_buffer;
 using zt::testing::MirroredBuffer;
 using zt::testing::Tolerance;
+using zt::testing::uniform_buffer;
 namespace kernels = zt::kernels;
 
 constexpr DType kGradDtypes[] = {DType::fp32, DType::bf16, DType::fp16};
@@ -51,22 +53,6 @@ constexpr Tolerance kFewUlps{1e-7, 1e-6};
 
 std::string describe(DType dtype, std::size_t count) {
   return std::string(zt::dtype_name(dtype)) + " x " + std::to_string(count);
-}
-
-MirroredBuffer uniform_buffer(DType dtype, std::size_t count, double low, double high, std::uint64_t seed,
-                              const zt::Stream& stream) {
-  MirroredBuffer buffer(zt::dtype_size(dtype) * count, stream);
-  fill_uniform(buffer.host.data(), dtype, count, low, high, seed);
-  buffer.upload();
-  return buffer;
-}
-
-/// Host and device copies with the same garbage bytes: an element a kernel forgets shows up.
-MirroredBuffer garbage_buffer(std::size_t bytes, const zt::Stream& stream) {
-  MirroredBuffer buffer(bytes, stream);
-  std::memset(buffer.host.data(), 0x3c, buffer.host.size());
-  buffer.upload();
-  return buffer;
 }
 
 MirroredBuffer zero_buffer(std::size_t bytes, const zt::Stream& stream) {
@@ -112,13 +98,15 @@ TEST_F(CudaOptimizer, AdamOverSeveralStepsGivesTheHostResults) {
                                    (variant.bias_correction ? "on" : "off") + ", grads " +
                                    describe(grad_dtype, count) + ", " + copy.name() + " copy";
           SCOPED_TRACE(what);
-          MirroredBuffer params = uniform_buffer(DType::fp32, count, -1.0, 1.0, 1, *cuda);
+          MirroredBuffer params =
+              uniform_buffer(DType::fp32, static_cast<std::int64_t>(count), -1.0, 1.0, 1, *cuda);
           MirroredBuffer exp_avg = zero_buffer(count * sizeof(float), *cuda);
           MirroredBuffer exp_avg_sq = zero_buffer(count * sizeof(float), *cuda);
           MirroredBuffer params_16bit = garbage_buffer(count * 2, *cuda);
           for (int step = 1; step <= kSteps; ++step) {
             // Loss-scaled gradients, unscaled by grad_scale inside the kernel.
-            MirroredBuffer grads = uniform_buffer(grad_dtype, count, -1024.0, 1024.0, 100 + step, *cuda);
+            MirroredBuffer grads = uniform_buffer(grad_dtype, static_cast<std::int64_t>(count), -1024.0,
+                                                  1024.0, 100 + step, *cuda);
             kernels::AdamStepArgs args;
             args.grad_dtype = grad_dtype;
             args.params_16bit_dtype = copy.dtype;
@@ -176,13 +164,15 @@ TEST_F(CudaOptimizer, SgdOverSeveralStepsGivesTheHostResults) {
                                      std::to_string(weight_decay) + ", grads " + describe(grad_dtype, count) +
                                      ", " + copy.name() + " copy";
             SCOPED_TRACE(what);
-            MirroredBuffer params = uniform_buffer(DType::fp32, count, -1.0, 1.0, 2, *cuda);
+            MirroredBuffer params =
+                uniform_buffer(DType::fp32, static_cast<std::int64_t>(count), -1.0, 1.0, 2, *cuda);
             // Not read on the first step: garbage until then.
             MirroredBuffer momentum_buffer = garbage_buffer(count * sizeof(float), *cuda);
             MirroredBuffer params_16bit = garbage_buffer(count * 2, *cuda);
             const bool with_buffer = variant.momentum != 0.0f;
             for (int step = 1; step <= kSteps; ++step) {
-              MirroredBuffer grads = uniform_buffer(grad_dtype, count, -64.0, 64.0, 200 + step, *cuda);
+              MirroredBuffer grads = uniform_buffer(grad_dtype, static_cast<std::int64_t>(count), -64.0, 64.0,
+                                                    200 + step, *cuda);
               kernels::SgdStepArgs args;
               args.grad_dtype = grad_dtype;
               args.params_16bit_dtype = copy.dtype;
@@ -256,7 +246,8 @@ TEST_F(CudaOptimizer, GradSumSquaresMatchesTheHost) {
         const std::string what =
             "grad_sum_squares " + describe(grad_dtype, count) + " scale " + std::to_string(scale);
         SCOPED_TRACE(what);
-        MirroredBuffer grads = uniform_buffer(grad_dtype, count, -3.0, 3.0, 3, *cuda);
+        MirroredBuffer grads =
+            uniform_buffer(grad_dtype, static_cast<std::int64_t>(count), -3.0, 3.0, 3, *cuda);
         const kernels::GradCheck on_host =
             kernels::grad_sum_squares(host, grads.host.data(), grad_dtype, count, scale);
         const kernels::GradCheck on_device =
@@ -302,7 +293,8 @@ TEST_F(CudaOptimizer, GradSumSquaresFindsInfAndNanWhereverTheyAre) {
         const std::string what = "grad_sum_squares " + describe(grad_dtype, kCount) + " with " +
                                  std::to_string(special) + " at " + std::to_string(index);
         SCOPED_TRACE(what);
-        MirroredBuffer grads = uniform_buffer(grad_dtype, kCount, -1.0, 1.0, 4, *cuda);
+        MirroredBuffer grads =
+            uniform_buffer(grad_dtype, static_cast<std::int64_t>(kCount), -1.0, 1.0, 4, *cuda);
         poison(grads, grad_dtype, index, special);
         const kernels::GradCheck on_host =
             kernels::grad_sum_squares(host, grads.host.data(), grad_dtype, kCount, 0.5);
@@ -313,7 +305,7 @@ TEST_F(CudaOptimizer, GradSumSquaresFindsInfAndNanWhereverTheyAre) {
       }
     }
     // The largest finite values are no overflow: fp16's 65504, fp32's max squared fits fp64.
-    MirroredBuffer grads = uniform_buffer(grad_dtype, kCount, -1.0, 1.0, 5, *cuda);
+    MirroredBuffer grads = uniform_buffer(grad_dtype, static_cast<std::int64_t>(kCount), -1.0, 1.0, 5, *cuda);
     poison(grads, grad_dtype, 7, grad_dtype == DType::fp16 ? 65504.0f : std::numeric_limits<float>::max());
     const kernels::GradCheck on_device =
         kernels::grad_sum_squares(*cuda, grads.device_data(), grad_dtype, kCount);
@@ -341,7 +333,8 @@ TEST_F(CudaOptimizer, GradSumSquaresAccumulatesDeviceScalarsAsTheHost) {
     std::uint64_t seed = 6;
     for (const Part& part : parts) {
       if (part.with_inf && !include_inf) continue;
-      MirroredBuffer grads = uniform_buffer(part.dtype, part.count, -2.0, 2.0, seed++, *cuda);
+      MirroredBuffer grads =
+          uniform_buffer(part.dtype, static_cast<std::int64_t>(part.count), -2.0, 2.0, seed++, *cuda);
       if (part.with_inf) poison(grads, part.dtype, part.count / 2, std::numeric_limits<float>::infinity());
       kernels::grad_sum_squares(host, grads.host.data(), part.dtype, part.count, 0.25, &on_host);
       kernels::grad_sum_squares(*cuda, grads.device_data(), part.dtype, part.count, 0.25,
