@@ -200,7 +200,7 @@ run_tests() { # BUNDLE SUMMARY LOG
     began=$(date +%s.%N)
     set +e
     output=$(cd "$work" && env "${bundle_environment[@]}" "${environment[@]}" \
-      timeout --kill-after=10 "$timeout" "${command[@]}" 2>&1)
+      timeout --kill-after=10 "$timeout" "${command[@]}" 2>&1 </dev/null) # mpirun would read tests.list
     status=$?
     set -e
     seconds=$(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
