@@ -80,13 +80,23 @@ else
 fi
 in_bundle() { "$bundle/gpu-bundle.sh" exec "$@"; }
 sed 's/^/  /' "$bundle/MANIFEST" >>"$summary"
+bundle_commit=$(sed -n 's/^commit=//p' "$bundle/MANIFEST")
+tree_commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ "${bundle_commit%+changes}" != "$tree_commit" ]; then
+  say "note: the bundle was built from commit $bundle_commit, this tree is at $tree_commit"
+fi
 
 # ---- 2. the machine ----------------------------------------------------------------------------------
+# The GPU count decides which tests may skip for want of a GPU (none, when there is one) and which
+# MPI tests run (one GPU per rank): nvidia-smi, else PyTorch.
 if command -v nvidia-smi >/dev/null; then
   say "GPUs: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tr '\n' ';')"
+  ZT_GPU_COUNT=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
 else
-  say "GPUs: no nvidia-smi on this machine"
+  ZT_GPU_COUNT=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  say "GPUs: no nvidia-smi on this machine; PyTorch counts $ZT_GPU_COUNT"
 fi
+export ZT_GPU_COUNT
 glibc_have=$(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2)
 glibc_need=$(sed -n 's/^glibc_needed=//p' "$bundle/MANIFEST")
 if [ -n "$glibc_need" ] && [ "$(printf '%s\n%s\n' "$glibc_need" "$glibc_have" | sort -V | head -1)" != "$glibc_need" ]; then
