@@ -326,23 +326,33 @@ pack() { # BUILD_DIR DEST_DIR ARCHIVE|-
   # The tests of label gpu, from ctest's own description, paths rewritten (tests.list, see run_tests).
   local mpiexec
   mpiexec=$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
-  local json
-  json=$(ctest --test-dir "$build" --show-only=json-v1 -L '^gpu$' 2>/dev/null)
-  jq -e '[.tests[] | select(.command == null)] | length == 0' <<<"$json" >/dev/null ||
-    fail "ctest lists gpu tests without a built program: $(jq -r '[.tests[] | select(.command == null) | .name] | join(", ")' <<<"$json")"
-  local unsupported
-  unsupported=$(jq -r '[.tests[] | .name as $n | .properties[] | select(.name | test("WILL_FAIL|FIXTURES_REQUIRED|REQUIRED_FILES")) | $n + " (" + .name + ")"] | join(", ")' <<<"$json")
-  [ -z "$unsupported" ] || fail "the bundle's runner does not support these tests' properties: $unsupported"
-  jq -r --arg build "$(cd "$build" && pwd)" --arg source "$source_dir" --arg mpiexec "$mpiexec" '
-    def rewrite: if . == $mpiexec then "@MPIEXEC@"
-                 else (split($build + "/bin") | join("@BIN@")) | (split($source) | join("@SRC@")) end;
-    .tests[] | (reduce .properties[] as $p ({}; .[$p.name] = $p.value)) as $P
-    | [.name, ($P.TIMEOUT // 1500 | tostring),
-       ((($P.LABELS // []) | map(select(test("^np[0-9]+$"))) | .[0] // "np1") | ltrimstr("np")),
-       (($P.SKIP_REGULAR_EXPRESSION // []) | join("|")), (($P.SKIP_RETURN_CODE // "") | tostring),
-       (($P.PASS_REGULAR_EXPRESSION // []) | join("|")), (($P.FAIL_REGULAR_EXPRESSION // []) | join("|"))]
-      + (($P.ENVIRONMENT // []) | map(rewrite)) + ["--"] + (.command | map(rewrite))
-    | @sh' <<<"$json" >"$dest/tests.list"
+  ctest --test-dir "$build" --show-only=json-v1 -L '^gpu$' >"$dest/.tests.json" 2>/dev/null ||
+    fail "ctest --test-dir $build --show-only=json-v1 failed"
+  python3 - "$dest/.tests.json" "$(cd "$build" && pwd)" "$source_dir" "$mpiexec" >"$dest/tests.list" <<'EOF' ||
+import json, re, shlex, sys
+tests, build, source, mpiexec = json.load(open(sys.argv[1]))["tests"], sys.argv[2], sys.argv[3], sys.argv[4]
+def rewrite(arg):
+    return "@MPIEXEC@" if arg == mpiexec else arg.replace(build + "/bin", "@BIN@").replace(source, "@SRC@")
+problems = []
+for test in tests:
+    properties = {p["name"]: p["value"] for p in test.get("properties", [])}
+    if not test.get("command"):
+        problems.append(test["name"] + " (no built program)")
+        continue
+    problems += [test["name"] + " (" + name + ")" for name in properties
+                 if name in ("WILL_FAIL", "FIXTURES_REQUIRED", "REQUIRED_FILES")]
+    ranks = [l[2:] for l in properties.get("LABELS", []) if re.fullmatch(r"np[0-9]+", l)]
+    fields = [test["name"], str(int(float(properties.get("TIMEOUT", 1500)))), ranks[0] if ranks else "1",
+              "|".join(properties.get("SKIP_REGULAR_EXPRESSION", [])), str(properties.get("SKIP_RETURN_CODE", "")),
+              "|".join(properties.get("PASS_REGULAR_EXPRESSION", [])),
+              "|".join(properties.get("FAIL_REGULAR_EXPRESSION", []))]
+    fields += [rewrite(e) for e in properties.get("ENVIRONMENT", [])] + ["--"] + [rewrite(a) for a in test["command"]]
+    print(" ".join(shlex.quote(f) for f in fields))
+if problems:
+    sys.exit("the bundle's runner cannot run these gpu tests: " + ", ".join(problems))
+EOF
+    fail "tests.list not written (above)"
+  rm "$dest/.tests.json"
   grep -q "$(cd "$build" && pwd)" "$dest/tests.list" &&
     fail "a gpu test names a file of the build tree other than its program: $(grep "$(cd "$build" && pwd)" "$dest/tests.list")"
 
@@ -567,7 +577,7 @@ tests)
 pack | stage)
   cd "$(dirname "$0")/.."
   build=${ZT_GPU_BUILD_DIR:-build-gpu}
-  for tool in cmake jq ompi_info ldd objdump xz; do
+  for tool in cmake python3 ompi_info ldd objdump xz; do
     command -v "$tool" >/dev/null || fail "$tool is needed to pack the bundle"
   done
   [ "${ZT_GPU_BUNDLE_NO_BUILD:-0}" = 1 ] || build_gpu_tree "$build"
