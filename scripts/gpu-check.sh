@@ -65,7 +65,7 @@ elif [ -f "$archive" ]; then
   bundle=$work/zt-gpu-bundle
   say "bundle: $archive ($(du -h "$archive" | cut -f1)), unpacked in $(elapsed) s into $bundle"
 elif command -v ompi_info >/dev/null && command -v python3 >/dev/null && command -v nvcc >/dev/null; then
-  say "bundle: none at $archive; this machine has Open MPI and nvcc: building build-gpu and staging it here"
+  say "bundle: no archive at $archive; this machine has Open MPI and nvcc: building build-gpu and staging it here"
   rm -rf "$work"
   logged scripts/gpu-bundle.sh stage "$work" >/dev/null || {
     say "FAILED: scripts/gpu-bundle.sh stage (see $log)"
