@@ -197,6 +197,10 @@ run_tests() { # BUNDLE SUMMARY LOG
       continue
     fi
     if [ "$timeout_cap" -gt 0 ] && [ "$timeout" -gt "$timeout_cap" ]; then timeout=$timeout_cap; fi
+    if [ "$deadline" -gt 0 ] && [ "$timeout" -gt $((deadline - $(date +%s))) ]; then
+      timeout=$((deadline - $(date +%s)))
+      [ "$timeout" -ge 1 ] || timeout=1 # timeout 0 would mean none
+    fi
     local work output status began seconds
     work=$(mktemp -d "${TMPDIR:-/tmp}/zt-gpu-test.XXXXXX")
     began=$(date +%s.%N)
