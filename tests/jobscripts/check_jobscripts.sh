@@ -13,6 +13,9 @@
 #       installed prefix with a walltime that ends in a few seconds: mpirun gets SIGUSR1, the ranks
 #       save and exit 75, the script tries to resubmit itself; run again, it resumes from that
 #       checkpoint and trains to the end.
+#   check_jobscripts.sh gpu_bundle SOURCE_DIR
+#       scripts/gpu-bundle.sh --check on SOURCE_DIR/.gpu-bundle/zt-gpu-bundle.tar.xz (docs/gpu.md):
+#       skipped when no bundle was packed.
 #   check_jobscripts.sh binding WORK_DIR SOURCE_DIR
 #       pbs.sh's mpirun line on this machine with a stand-in zerotrain that prints its CPU mask:
 #       2 ranks of 1 core get a core each, 1 rank of 2 cores gets both.
@@ -59,7 +62,8 @@ lint)
   }
   shellcheck "$source_dir"/jobscripts/pbs.sh "$source_dir"/jobscripts/lsf.bsub "$source_dir"/jobscripts/flux.sh \
     "$source_dir"/jobscripts/slurm.sbatch "$source_dir"/Spack/checksum-release.sh "$0" \
-    "$source_dir"/tests/spack/check_release.sh || fail "shellcheck found problems"
+    "$source_dir"/tests/spack/check_release.sh "$source_dir"/scripts/gpu-bundle.sh "$source_dir"/scripts/gpu-check.sh ||
+    fail "shellcheck found problems"
   ;;
 
 dry)
@@ -207,6 +211,15 @@ binding)
   one=$(masks 1 2)
   grep -Eq '^[0-9]+[-,][0-9]+ threads 2$' <<<"$one" || fail "1 rank of 2 cores: expected a 2-core mask: $one"
   echo "masks: 2 ranks x 1 core: $(tr '\n' ';' <<<"$two") 1 rank x 2 cores: $one"
+  ;;
+gpu_bundle)
+  source_dir=$2
+  archive=$source_dir/.gpu-bundle/zt-gpu-bundle.tar.xz
+  [ -f "$archive" ] || {
+    echo "SKIPPED: no bundle at $archive (scripts/gpu-bundle.sh packs one)"
+    exit 77
+  }
+  bash "$source_dir/scripts/gpu-bundle.sh" --check "$archive" || fail "scripts/gpu-bundle.sh --check $archive"
   ;;
 *)
   fail "unknown mode '$mode'"
