@@ -4,7 +4,8 @@
 // runs both interleaved and prints the ratio. This program times zerotrain alone: it builds a GPT with
 // zt::build_model from an in-code config (fp32, AdamW lr 6e-4, betas 0.9/0.95, eps 1e-8, weight decay
 // 0.1, no clipping, no dropout, no scheduler), then runs `warmup` untimed and `steps` timed optimizer
-// steps on a fixed batch, and reports median and best ms/step and tokens/s.
+// steps on a fixed batch, and reports median and best ms/step and tokens/s, and the time to build the
+// model (its weights' fill_normal) and the engine.
 //
 //   zt_bench_gpt_step [--shape small|gpt2|both] [--steps N] [--warmup N] [--threads N] [--json PATH]
 //                     [--precision fp32|bf16] [--bf16-gemm auto|fp32|bf16|compare]
@@ -134,6 +135,7 @@ struct Result {
   int threads = 0, steps = 0, warmup = 0;
   std::int64_t parameters = 0, tokens_per_step = 0;
   double median_ms = 0, best_ms = 0, first_loss = 0, last_loss = 0, page_faults_per_step = 0;
+  double model_init_ms = 0, engine_init_ms = 0;  // build_model (the weights' fill_normal) and initialize
   std::vector<double> step_ms;
 };
 
@@ -158,8 +160,11 @@ std::vector<zt::kernels::Bf16GemmPath> bf16_gemm_paths(const Options& options) {
 std::vector<Result> run_shape(zt::Runtime& runtime, const Shape& shape, const Options& options, int threads) {
   const zt::Config config = zt::Config::from_string(config_json(shape, options.precision),
                                                     zt::ConfigParseOptions{.warning_sink = {}});
+  const auto model_start = std::chrono::steady_clock::now();
   auto model = zt::build_model(config);
+  const auto engine_start = std::chrono::steady_clock::now();
   auto engine = zt::initialize(runtime, *model, config);
+  const auto engine_end = std::chrono::steady_clock::now();
   zt::kernels::set_host_threads(threads);  // after the engine, which sets a default of its own
   const zt::Batch batch = fixed_batch(shape);
 
@@ -175,6 +180,8 @@ std::vector<Result> run_shape(zt::Runtime& runtime, const Shape& shape, const Op
     result.warmup = options.warmup.value_or(shape.default_warmup);
     result.parameters = engine->parameter_count();
     result.tokens_per_step = static_cast<std::int64_t>(shape.micro_batch) * shape.seq_len;
+    result.model_init_ms = std::chrono::duration<double, std::milli>(engine_start - model_start).count();
+    result.engine_init_ms = std::chrono::duration<double, std::milli>(engine_end - engine_start).count();
   }
 
   auto one_step = [&] {
@@ -241,11 +248,12 @@ int main(int argc, char** argv) {
         std::printf(
             "zerotrain %-5s %s (bf16 GEMM %s) threads %d  params %lld  tokens/step %lld  steps %d (warmup "
             "%d)  "
-            "median %.2f ms  best %.2f ms  %.0f tokens/s  loss %.4f -> %.4f  page faults/step %.0f\n",
+            "median %.2f ms  best %.2f ms  %.0f tokens/s  loss %.4f -> %.4f  page faults/step %.0f  "
+            "init: model %.0f ms, engine %.0f ms\n",
             r.shape.c_str(), r.precision.c_str(), r.bf16_gemm.c_str(), r.threads,
             static_cast<long long>(r.parameters), static_cast<long long>(r.tokens_per_step), r.steps,
             r.warmup, r.median_ms, r.best_ms, tokens_per_second, r.first_loss, r.last_loss,
-            r.page_faults_per_step);
+            r.page_faults_per_step, r.model_init_ms, r.engine_init_ms);
         std::fflush(stdout);
         results.push_back({{"framework", "zerotrain"},
                            {"shape", r.shape},
@@ -262,6 +270,8 @@ int main(int argc, char** argv) {
                            {"first_loss", r.first_loss},
                            {"last_loss", r.last_loss},
                            {"page_faults_per_step", r.page_faults_per_step},
+                           {"model_init_ms", r.model_init_ms},
+                           {"engine_init_ms", r.engine_init_ms},
                            {"step_ms", r.step_ms}});
       }
       if (shape_results.size() == 2) {
