@@ -287,9 +287,13 @@ class OneDnnBf16Gemms {
     memory a_memory(a_descriptor(shape), engine_, const_cast<bf16*>(a));
     memory b_memory(b_descriptor(shape), engine_, const_cast<bf16*>(b));
     memory c_memory(c_descriptor(shape), engine_, c);
-    primitive.execute(stream,
-                      {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
-    stream.wait();
+    try {
+      primitive.execute(stream,
+                        {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+      stream.wait();
+    } catch (const dnnl::error& error) {
+      ZT_THROW("oneDNN bf16 matmul C[", shape.m, ", ", shape.n, "] (k ", shape.k, ") failed: ", error.what());
+    }
   }
 
  private:
