@@ -257,8 +257,13 @@ TEST(Bf16Gemm, ShortTrainingRunOnTheNativePathFollowsTheFp32WideningLossCurve) {
   zt::kernels::set_bf16_gemm_path(Bf16GemmPath::bf16);
   const std::vector<double> native = bf16_loss_curve(kSteps);
   std::string curves = "loss per step (fp32 widening / bf16 native):";
-  for (int step = 0; step < kSteps; ++step)
-    curves += " " + std::to_string(widening[step]) + "/" + std::to_string(native[step]);
+  for (int step = 0; step < kSteps; ++step) {
+    // Appended piece by piece: GCC 12's -Wrestrict misfires on chained string concatenation.
+    curves += ' ';
+    curves += std::to_string(widening[step]);
+    curves += '/';
+    curves += std::to_string(native[step]);
+  }
   SCOPED_TRACE(curves);
   std::printf("%s\n", curves.c_str());
   // The run learns (the fixed batch is memorized; plain SGD's curve is not monotone), on both paths.
