@@ -250,9 +250,9 @@ int main(int argc, char** argv) {
             "%d)  "
             "median %.2f ms  best %.2f ms  %.0f tokens/s  loss %.4f -> %.4f  page faults/step %.0f  "
             "init: model %.0f ms, engine %.0f ms\n",
-            r.shape.c_str(), r.precision.c_str(), r.bf16_gemm.c_str(), r.threads,
-            static_cast<long long>(r.parameters), static_cast<long long>(r.tokens_per_step), r.steps,
-            r.warmup, r.median_ms, r.best_ms, tokens_per_second, r.first_loss, r.last_loss,
+            r.shape.c_str(), r.precision.c_str(), r.precision == "bf16" ? r.bf16_gemm.c_str() : "unused",
+            r.threads, static_cast<long long>(r.parameters), static_cast<long long>(r.tokens_per_step),
+            r.steps, r.warmup, r.median_ms, r.best_ms, tokens_per_second, r.first_loss, r.last_loss,
             r.page_faults_per_step, r.model_init_ms, r.engine_init_ms);
         std::fflush(stdout);
         results.push_back({{"framework", "zerotrain"},
