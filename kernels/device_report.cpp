@@ -1,4 +1,5 @@
-// The device part of `zerotrain report`: the host kernels' ISA path, then CUDA.
+// The device part of `zerotrain report`: the host kernels' ISA path and bf16 GEMM path, then CUDA.
+#include "kernels/host_gemm.hpp"
 #include "kernels/host_isa.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
@@ -38,6 +39,7 @@ Report device_report() {
   Report report{
       {"host", "host kernels ISA path", kernels::host_isa_description()},
       {"host", "host CPU supports", kernels::supported_host_isas()},
+      {"host", "host bf16 GEMM path", kernels::bf16_gemm_description()},
   };
   const CudaStatus& status = cuda_status();
   if (!status.compiled) {

@@ -18,6 +18,7 @@ packages=(
 
   liburing-dev libaio-dev             # asynchronous I/O for NVMe offload
   libopenblas-dev                     # host GEMM
+  libdnnl-dev                         # oneDNN: bf16 host GEMMs on CPUs with AVX512-BF16/AMX (optional: ZT_WITH_ONEDNN)
   nlohmann-json3-dev                  # ds_config parsing
   libgtest-dev libgmock-dev           # tests
   gfortran                            # the Fortran module and example (optional: ZT_WITH_FORTRAN)

@@ -1,14 +1,135 @@
-// Row-major GEMM for every floating dtype on top of CBLAS; 16-bit inputs accumulate in fp32.
+// Row-major GEMM for every floating dtype on top of CBLAS; 16-bit inputs accumulate in fp32. bf16
+// GEMMs run as oneDNN matmul primitives where the CPU has native bf16 dot products (kernels/host_gemm.hpp).
 #include <omp.h>
 
 #include <algorithm>
-
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 #include <vector>
 
-#include "kernels/host/host_common.hpp"
+// Defined (to 1) by kernels/CMakeLists.txt when the build links oneDNN (cmake/ZerotrainOneDnn.cmake).
+#ifndef ZT_HAVE_ONEDNN
+#define ZT_HAVE_ONEDNN 0
+#endif
+#if ZT_HAVE_ONEDNN
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
 
-namespace zt::kernels::host {
+#include "kernels/host/host_common.hpp"
+#include "kernels/host_gemm.hpp"
+#include "zerotrain/error.hpp"
+
+namespace zt::kernels {
+namespace {
+
+constexpr const char* kBf16GemmVariable = "ZT_BF16_GEMM";
+
+/// The CPU's bf16 dot-product instructions, as libgcc sees them (CPUID and the OS's vector state).
+bool cpu_has_bf16_dot_products() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#else
+  return false;
+#endif
+}
+
+/// ZT_BF16_GEMM when set to a path (not empty, not "auto").
+const char* forced_bf16_gemm_name() {
+  const char* text = std::getenv(kBf16GemmVariable);
+  if (text == nullptr || *text == '\0' || std::string_view(text) == "auto") return nullptr;
+  return text;
+}
+
+void require_bf16_gemm_compiled(Bf16GemmPath path, std::string_view what) {
+  ZT_CHECK(path != Bf16GemmPath::bf16 || bf16_gemm_compiled(), what,
+           " asks for the native bf16 GEMM, which this build does not have: it was built without oneDNN "
+           "(configure with ZT_WITH_ONEDNN=ON; Debian: libdnnl-dev); use fp32 or auto");
+}
+
+Bf16GemmPath initial_bf16_gemm_path() {
+  const char* forced = forced_bf16_gemm_name();
+  if (forced == nullptr) {
+    return bf16_gemm_compiled() && cpu_has_native_bf16_gemm() ? Bf16GemmPath::bf16 : Bf16GemmPath::fp32;
+  }
+  const std::string what = std::string(kBf16GemmVariable) + "=" + forced;
+  const std::string_view name(forced);
+  ZT_CHECK(name == "bf16" || name == "fp32", what, ": unknown bf16 GEMM path '", name,
+           "'; expected bf16, fp32 or auto");
+  const Bf16GemmPath path = name == "bf16" ? Bf16GemmPath::bf16 : Bf16GemmPath::fp32;
+  require_bf16_gemm_compiled(path, what);
+  return path;
+}
+
+/// The path in use, initialized on the first call (an invalid ZT_BF16_GEMM throws there and on every
+/// later call: a static whose initializer throws is initialized again next time).
+std::atomic<int>& current_bf16_gemm_path() {
+  static std::atomic<int> path{static_cast<int>(initial_bf16_gemm_path())};
+  return path;
+}
+
+}  // namespace
+
+const char* bf16_gemm_path_name(Bf16GemmPath path) {
+  return path == Bf16GemmPath::bf16 ? "bf16" : "fp32";
+}
+
+bool bf16_gemm_compiled() {
+  return ZT_HAVE_ONEDNN != 0;
+}
+
+bool cpu_has_native_bf16_gemm() {
+#if ZT_HAVE_ONEDNN
+  // oneDNN's ISA bits are cumulative: avx512_core_bf16 (0xe7) is set in every ISA above it (AMX).
+  static const bool native =
+      cpu_has_bf16_dot_products() && (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) &
+                                      static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16)) ==
+                                         static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return native;
+#else
+  return false;
+#endif
+}
+
+Bf16GemmPath bf16_gemm_path() {
+  return static_cast<Bf16GemmPath>(current_bf16_gemm_path().load(std::memory_order_relaxed));
+}
+
+void set_bf16_gemm_path(Bf16GemmPath path) {
+  require_bf16_gemm_compiled(path, std::string("set_bf16_gemm_path(") + bf16_gemm_path_name(path) + ")");
+  current_bf16_gemm_path().store(static_cast<int>(path), std::memory_order_relaxed);
+}
+
+std::string bf16_gemm_description() {
+  try {
+    const Bf16GemmPath path = bf16_gemm_path();
+    std::string text = path == Bf16GemmPath::bf16 ? "bf16 (oneDNN matmul, fp32 accumulation)"
+                                                  : "fp32 (bf16 operands widened to fp32, sgemm)";
+    if (const char* forced = forced_bf16_gemm_name(); forced != nullptr) {
+      text += std::string(" (forced by ") + kBf16GemmVariable + "=" + forced + ")";
+      if (path == Bf16GemmPath::bf16 && !cpu_has_native_bf16_gemm())
+        text += "; this CPU has no native bf16 dot products, oneDNN emulates them";
+    } else if (path == Bf16GemmPath::bf16) {
+      text +=
+          std::string(" (auto: this CPU has AVX512-BF16 or AMX-BF16; ") + kBf16GemmVariable + "=fp32 widens)";
+    } else if (!bf16_gemm_compiled()) {
+      text += " (auto: built without oneDNN, ZT_WITH_ONEDNN)";
+    } else {
+      text += std::string(" (auto: this CPU has no AVX512-BF16 or AMX-BF16; ") + kBf16GemmVariable +
+              "=bf16 forces oneDNN)";
+    }
+    return text;
+  } catch (const Error& error) {
+    return std::string("invalid: ") + error.what();
+  }
+}
+
+namespace host {
 namespace {
 
 CBLAS_TRANSPOSE blas_transpose(bool transpose) {
@@ -137,6 +258,100 @@ void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   }
 }
 
+#if ZT_HAVE_ONEDNN
+/// A bf16 GEMM's shape, strides and scalars: what a oneDNN matmul primitive is built for.
+struct Bf16GemmShape {
+  bool transpose_a, transpose_b;
+  std::int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  auto operator<=>(const Bf16GemmShape&) const = default;
+};
+
+/// oneDNN matmul primitives, one per shape, built on first use. Building one takes milliseconds (it
+/// picks and JIT-compiles a kernel), running it a GEMM's time; a training step repeats a few dozen
+/// shapes, so they are kept (up to kMaxPrimitives, then the cache starts over).
+class OneDnnBf16Gemms {
+ public:
+  static OneDnnBf16Gemms& instance() {
+    static OneDnnBf16Gemms gemms;
+    return gemms;
+  }
+
+  /// C = alpha op(A) op(B) + beta C: bf16 operands, fp32 accumulation, one rounding to bf16.
+  void run(const Bf16GemmShape& shape, const bf16* a, const bf16* b, bf16* c) {
+    const dnnl::matmul primitive = primitive_for(shape);
+    // A stream per thread: a stream is not meant to be shared by threads that execute at once.
+    thread_local dnnl::stream stream(engine_);
+    using dnnl::memory;
+    // const_cast: oneDNN's memory objects take a void*; the primitive only reads SRC and WEIGHTS.
+    memory a_memory(a_descriptor(shape), engine_, const_cast<bf16*>(a));
+    memory b_memory(b_descriptor(shape), engine_, const_cast<bf16*>(b));
+    memory c_memory(c_descriptor(shape), engine_, c);
+    try {
+      primitive.execute(stream,
+                        {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+      stream.wait();
+    } catch (const dnnl::error& error) {
+      ZT_THROW("oneDNN bf16 matmul C[", shape.m, ", ", shape.n, "] (k ", shape.k, ") failed: ", error.what());
+    }
+  }
+
+ private:
+  static constexpr std::size_t kMaxPrimitives = 1024;
+
+  /// A row-major [rows, columns] view with leading dimension ld, or its transpose.
+  static dnnl::memory::desc strided(std::int64_t rows, std::int64_t columns, std::int64_t ld,
+                                    bool transposed) {
+    return {{rows, columns},
+            dnnl::memory::data_type::bf16,
+            transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1}};
+  }
+  static dnnl::memory::desc a_descriptor(const Bf16GemmShape& s) {
+    return strided(s.m, s.k, s.lda, s.transpose_a);
+  }
+  static dnnl::memory::desc b_descriptor(const Bf16GemmShape& s) {
+    return strided(s.k, s.n, s.ldb, s.transpose_b);
+  }
+  static dnnl::memory::desc c_descriptor(const Bf16GemmShape& s) { return strided(s.m, s.n, s.ldc, false); }
+
+  /// The primitive for `shape` (a handle: copies share it, so clearing the cache never pulls one away
+  /// from a thread that runs it).
+  dnnl::matmul primitive_for(const Bf16GemmShape& shape) {
+    const std::lock_guard lock(mutex_);
+    if (auto found = primitives_.find(shape); found != primitives_.end()) return found->second;
+    if (primitives_.size() >= kMaxPrimitives) primitives_.clear();
+    dnnl::primitive_attr attributes;
+    // oneDNN's order is dst = output_scale * (A B) + sum_scale * dst, in fp32, then one rounding.
+    if (shape.alpha != 1.0f) attributes.set_output_scales(0, {shape.alpha});
+    if (shape.beta != 0.0f) {
+      dnnl::post_ops post_ops;
+      post_ops.append_sum(shape.beta);
+      attributes.set_post_ops(post_ops);
+    }
+    try {
+      const dnnl::matmul::primitive_desc description(
+          dnnl::matmul::desc(a_descriptor(shape), b_descriptor(shape), c_descriptor(shape)), attributes,
+          engine_);
+      return primitives_.emplace(shape, dnnl::matmul(description)).first->second;
+    } catch (const dnnl::error& error) {
+      ZT_THROW("oneDNN has no bf16 matmul for C[", shape.m, ", ", shape.n, "] = ", shape.alpha, " op(A)[",
+               shape.m, ", ", shape.k, "] op(B)[", shape.k, ", ", shape.n, "] + ", shape.beta,
+               " C (transpose A ", shape.transpose_a, ", B ", shape.transpose_b, "; lda ", shape.lda,
+               ", ldb ", shape.ldb, ", ldc ", shape.ldc, "): ", error.what(),
+               "; ZT_BF16_GEMM=fp32 widens to fp32 instead");
+    }
+  }
+
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex_;
+  std::map<Bf16GemmShape, dnnl::matmul> primitives_;
+};
+
+void onednn_bf16_gemm(const Bf16GemmShape& shape, const bf16* a, const bf16* b, bf16* c) {
+  OneDnnBf16Gemms::instance().run(shape, a, b, c);
+}
+#endif
+
 }  // namespace
 
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
@@ -155,6 +370,15 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
           const bf16* a, std::int64_t lda, const bf16* b, std::int64_t ldb, double beta, bf16* c,
           std::int64_t ldc) {
   if (m == 0 || n == 0) return;
+#if ZT_HAVE_ONEDNN
+  // k == 0 (C = beta C) stays on the widening path: oneDNN has no matmul over an empty reduction.
+  if (k > 0 && bf16_gemm_path() == Bf16GemmPath::bf16) {
+    onednn_bf16_gemm({transpose_a, transpose_b, m, n, k, lda, ldb, ldc, static_cast<float>(alpha),
+                      static_cast<float>(beta)},
+                     a, b, c);
+    return;
+  }
+#endif
   gemm_16bit(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -165,4 +389,5 @@ void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, st
   gemm_16bit(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-}  // namespace zt::kernels::host
+}  // namespace host
+}  // namespace zt::kernels

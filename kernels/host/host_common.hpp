@@ -106,8 +106,9 @@ T* scratch(std::vector<T>& storage, std::size_t count) {
 }
 
 /// Row-major C[m, n] = alpha * op(A)[m, k] . op(B)[k, n] + beta * C, any floating T.
-/// 16-bit inputs go through widened fp32 copies and sgemm,
-/// so products always accumulate in fp32; the result is rounded once when stored.
+/// 16-bit inputs go through widened fp32 copies and sgemm, or for bf16 through oneDNN's bf16 matmul
+/// (kernels/host_gemm.hpp, ZT_BF16_GEMM), so products always accumulate in fp32; the result is
+/// rounded once when stored.
 /// OpenBLAS splits GEMMs over rows and columns, never over k, so results do not depend on its
 /// thread count.
 void gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,

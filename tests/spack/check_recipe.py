@@ -30,6 +30,7 @@ FIND_PACKAGE = {
     "OpenMP": None,  # the compiler's runtime
     "Threads": None,
     "BLAS": "blas",
+    "dnnl": "onednn",
     "HDF5": "hdf5",
     "PkgConfig": "pkgconfig",
     "CUDAToolkit": "cuda",

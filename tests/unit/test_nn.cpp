@@ -15,11 +15,14 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "kernels/nn_kernels.hpp"         // scale
-#include "kernels/optimizer_kernels.hpp"  // set_host_threads
+#include "kernels/host/host_common.hpp"     // counter_random: fill_normal's definition
+#include "kernels/host/polynomial_cos.hpp"  // fill_normal's shortcut
+#include "kernels/nn_kernels.hpp"           // scale
+#include "kernels/optimizer_kernels.hpp"    // set_host_threads
 #include "zerotrain/execution.hpp"
 #include "zerotrain/loss.hpp"
 #include "zerotrain/nn.hpp"
@@ -119,6 +122,68 @@ TEST(Gpt, InitializationIsGpt2StyleAndDeterministic) {
         << parameters_a[i]->name;
   }
   EXPECT_NE(std::memcmp(parameters_a[0]->value.raw_data(), parameters_c[0]->value.raw_data(), 64), 0);
+}
+
+/// fill_normal's definition, element by element: Box-Muller with libm's log and cos on the two uniforms
+/// of element i (kernels/host/elementwise.cpp), converted once to T.
+template <typename T>
+T reference_normal(std::uint64_t seed, std::int64_t i, double mean, double stddev) {
+  namespace host = zt::kernels::host;
+  const auto index = static_cast<std::uint64_t>(i);
+  const double u1 = 1.0 - host::to_unit_double(host::counter_random(seed, 0, 2 * index));
+  const double u2 = host::to_unit_double(host::counter_random(seed, 0, 2 * index + 1));
+  const double value = mean + stddev * (std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    return static_cast<T>(value);
+  } else {
+    return T(static_cast<float>(value));
+  }
+}
+
+TEST(FillNormal, PolynomialCosineStaysFarInsideTheBoundItIsTrustedWith) {
+  // fill_normal keeps polynomial_cos's result only where kFastCosError (2^-40) around it cannot change
+  // the converted value; measured against libm here, 2^-46 is a 64x margin.
+  double largest = 0;
+  constexpr int kSamples = 1 << 22;
+  for (int i = 0; i <= kSamples; ++i) {
+    const double x = 6.283185307179586 * (static_cast<double>(i) / kSamples);
+    largest = std::max(largest, std::abs(zt::kernels::host::polynomial_cos(x) - std::cos(x)));
+  }
+  EXPECT_LE(largest, 0x1p-46);
+  EXPECT_LT(0x1p-46, zt::kernels::host::kFastCosError);
+}
+
+template <typename T>
+void expect_fill_normal_is_its_definition(DType dtype, std::int64_t count, double mean, double stddev,
+                                          std::uint64_t seed) {
+  std::vector<T> filled(static_cast<std::size_t>(count));
+  zt::kernels::fill_normal(zt::default_stream(zt::Device::host()), dtype, filled.data(), count, mean, stddev,
+                           seed);
+  std::int64_t mismatches = 0;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const T expected = reference_normal<T>(seed, i, mean, stddev);
+    if (std::memcmp(&expected, &filled[static_cast<std::size_t>(i)], sizeof(T)) != 0 && ++mismatches <= 3) {
+      ADD_FAILURE() << zt::dtype_name(dtype) << " element " << i << " of " << count << " (seed " << seed
+                    << ", mean " << mean << ", stddev " << stddev << ") differs from libm's Box-Muller";
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << zt::dtype_name(dtype);
+}
+
+TEST(FillNormal, GivesLibmsBoxMullerValuesBitForBitOnEveryDtypeAndThreadCount) {
+  // 2^22 + 77 elements per dtype (not a multiple of a span or a block), several means and deviations:
+  // the polynomial cosine's shortcut must never change a value, and the thread count never either.
+  const int saved_threads = zt::kernels::host_threads();
+  constexpr std::int64_t kCount = (std::int64_t{1} << 22) + 77;
+  for (int threads : {2, 1}) {
+    zt::kernels::set_host_threads(threads);
+    expect_fill_normal_is_its_definition<float>(DType::fp32, kCount, 0.0, 0.02, 11 + threads);
+    expect_fill_normal_is_its_definition<zt::bf16>(DType::bf16, kCount, 0.0, 0.02, 12 + threads);
+    expect_fill_normal_is_its_definition<zt::fp16>(DType::fp16, kCount / 4, 1.5, 3.0, 13 + threads);
+    expect_fill_normal_is_its_definition<float>(DType::fp32, kCount / 4, -2.0, 1e-3, 14 + threads);
+    expect_fill_normal_is_its_definition<double>(DType::fp64, 4099, 0.5, 2.0, 15 + threads);
+  }
+  zt::kernels::set_host_threads(saved_threads);
 }
 
 TEST(Hooks, FireAroundEveryModuleInOrder) {

@@ -37,6 +37,11 @@ class Zerotrain(CMakePackage, CudaPackage):
     # API's symbol versions and the Fortran module rely on it). docs/spack.md, "The recipe".
     variant("uring", default=True, description="io_uring (liburing) for NVMe offload I/O")
     variant("fortran", default=False, description="Build the Fortran module (mpi_f08 based)")
+    variant(
+        "onednn",
+        default=False,
+        description="bf16 host GEMMs through oneDNN on CPUs with AVX512-BF16/AMX-BF16 (else they widen to fp32)",
+    )
     variant("tests", default=False, description="Build the test suite (run with spack install --test=root)")
     variant("benchmarks", default=False, description="Build and install the benchmarks")
 
@@ -55,6 +60,8 @@ class Zerotrain(CMakePackage, CudaPackage):
     depends_on("blas")
     depends_on("libaio")
     depends_on("liburing", when="+uring")
+    # oneDNN threads with OpenMP, as the host kernels do (cmake/ZerotrainOneDnn.cmake refuses TBB).
+    depends_on("onednn@2.6: cpu_runtime=omp", when="+onednn")
     depends_on("googletest", when="+tests")
 
     # CUDA: kernels in C++20 (nvcc 12 and later) and NCCL built for the same GPU architectures.
@@ -97,6 +104,7 @@ class Zerotrain(CMakePackage, CudaPackage):
             self.define("ZT_WITH_CUDA", on_off("cuda")),
             self.define("ZT_WITH_URING", on_off("uring")),
             self.define("ZT_WITH_FORTRAN", on_off("fortran")),
+            self.define("ZT_WITH_ONEDNN", on_off("onednn")),
             self.define_from_variant("ZT_BUILD_TESTS", "tests"),
             self.define_from_variant("ZT_BUILD_BENCH", "benchmarks"),
             self.define("BLA_VENDOR", self.blas_vendors.get(spec["blas"].name, "All")),
