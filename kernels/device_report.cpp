@@ -1,4 +1,5 @@
 // The device part of `zerotrain report`: the host kernels' ISA path, then CUDA.
+#include "kernels/gpu_path.hpp"
 #include "kernels/host_isa.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
@@ -17,6 +18,23 @@ std::string cuda_version_text(int version) {
   if (version == 0) return "none";
   return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
 }
+
+/// "ran on a GPU: none; compiled only: device runtime, NCCL communicators; not built: ..." from
+/// kernels/gpu_path.hpp, every state named even when empty.
+std::string gpu_path_text() {
+  std::string text;
+  for (kernels::GpuPathState state :
+       {kernels::GpuPathState::ran, kernels::GpuPathState::compiled, kernels::GpuPathState::not_built}) {
+    std::string parts;
+    for (const kernels::GpuPathEntry& entry : kernels::kGpuPath) {
+      if (entry.state != state) continue;
+      parts += (parts.empty() ? "" : ", ") + std::string(entry.name);
+    }
+    text += (text.empty() ? "" : "; ") + std::string(kernels::gpu_path_state_name(state)) + ": " +
+            (parts.empty() ? std::string("none") : parts);
+  }
+  return text;
+}
 }  // namespace
 
 Report device_report() {
@@ -29,6 +47,7 @@ Report device_report() {
     report.push_back({"cuda", "CUDA", "not compiled in; host kernels only"});
     return report;
   }
+  report.push_back({"cuda", "gpu path", gpu_path_text()});
   report.push_back({"cuda", "CUDA runtime", cuda_version_text(status.runtime_version)});
   report.push_back(
       {"cuda", "CUDA driver",
