@@ -164,7 +164,9 @@ TEST(Memory, ReportsWhatTheActivationCacheKeeps) {
   { zt::Buffer again(zt::Device::host(), bytes, zt::MemoryCategory::activations); }
   EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).cached, freed.cached) << "reused, not allocated anew";
   // Without a GPU nothing is reserved on one.
-  if (!zt::cuda_status().usable()) EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::cuda).cached, 0u);
+  if (!zt::cuda_status().usable()) {
+    EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::cuda).cached, 0u);
+  }
 }
 
 TEST(HostBuffer, TakesAStreamAndIgnoresItsOrder) {
