@@ -9,9 +9,11 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "kernels/block_cache.hpp"
 #include "kernels/device_backend.hpp"
 #include "kernels/emulated_device.hpp"
 #include "zerotrain/build_info.hpp"
@@ -68,7 +70,7 @@ class CachingHostAllocator final : public Allocator {
   static constexpr std::size_t kMinimumBytes = std::size_t{64} << 10;
   static constexpr std::size_t kPage = 4096;
 
-  CachingHostAllocator() : capacity_(default_capacity()) {}
+  CachingHostAllocator() : cache_(default_capacity()) {}
 
   static bool caches(std::size_t bytes, std::size_t alignment) {
     return bytes >= kMinimumBytes && alignment <= kPage;
@@ -79,12 +81,8 @@ class CachingHostAllocator final : public Allocator {
     const std::size_t size = rounded(bytes);
     {
       const std::lock_guard lock(mutex_);
-      if (auto it = free_.find(size); it != free_.end()) {
-        void* pointer = it->second;
-        free_.erase(it);
-        cached_bytes_ -= size;
-        return pointer;
-      }
+      if (const std::optional<detail::BlockCache::Block> block = cache_.take(size, no_fences))
+        return block->pointer;
     }
     void* pointer = std::aligned_alloc(kPage, size);
     if (pointer == nullptr) {
@@ -100,16 +98,11 @@ class CachingHostAllocator final : public Allocator {
     // Buffer passes the size it allocated with, and alignment <= kPage for every cached block, so
     // blocks below kMinimumBytes came from the fallback.
     if (bytes < kMinimumBytes) return fallback_.deallocate(pointer, bytes);
-    const std::size_t size = rounded(bytes);
     {
       const std::lock_guard lock(mutex_);
-      if (cached_bytes_ + size <= capacity_) {
-        try {
-          free_.emplace(size, pointer);
-          cached_bytes_ += size;
-          return;
-        } catch (...) {  // no memory for the map node: free the block instead
-        }
+      try {
+        if (cache_.put({pointer, rounded(bytes), nullptr})) return;
+      } catch (...) {  // no memory for the cache's node: free the block instead
       }
     }
     std::free(pointer);
@@ -117,8 +110,14 @@ class CachingHostAllocator final : public Allocator {
 
   Device device() const override { return Device::host(); }
 
+  std::size_t cached_bytes() {
+    const std::lock_guard lock(mutex_);
+    return cache_.cached_bytes();
+  }
+
  private:
   static std::size_t rounded(std::size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+  static bool no_fences(void*) { return true; }  // host work is done when the buffer is freed
 
   static std::size_t default_capacity() {
     if (const char* env = std::getenv("ZT_HOST_ACTIVATION_CACHE_MB"); env != nullptr && *env != '\0') {
@@ -131,17 +130,19 @@ class CachingHostAllocator final : public Allocator {
 
   void release_all() noexcept {
     const std::lock_guard lock(mutex_);
-    for (auto& [size, pointer] : free_) std::free(pointer);
-    free_.clear();
-    cached_bytes_ = 0;
+    for (const detail::BlockCache::Block& block : cache_.take_all()) std::free(block.pointer);
   }
 
   HostAllocator fallback_;
-  std::size_t capacity_;
   std::mutex mutex_;
-  std::multimap<std::size_t, void*> free_;  // rounded size -> free block
-  std::size_t cached_bytes_ = 0;
+  detail::BlockCache cache_;  // rounded size -> free blocks
 };
+
+/// The one activation cache. Never destroyed: buffers may be released during static destruction.
+CachingHostAllocator& activation_cache() {
+  static auto* activations = new CachingHostAllocator();
+  return *activations;
+}
 
 /// Process-wide byte counters per device type and category. Atomic: buffers may be freed on
 /// other threads (I/O, communication).
@@ -213,6 +214,19 @@ MemorySnapshot memory_snapshot(DeviceType type) {
     snapshot.by_category[i] = {counters.current[i].load(), counters.peak[i].load()};
   }
   snapshot.total = {counters.total_current.load(), counters.total_peak.load()};
+  switch (type) {
+    case DeviceType::host:
+      snapshot.cached = activation_cache().cached_bytes() + detail::cuda_cached_pinned_bytes();
+      break;
+    case DeviceType::cuda: {
+      // The pool holds what live buffers use, what it keeps, and kernels' temporaries in flight.
+      const std::size_t reserved = detail::cuda_reserved_device_bytes();
+      snapshot.cached = reserved > snapshot.total.current ? reserved - snapshot.total.current : 0;
+      break;
+    }
+    case DeviceType::emulated:
+      break;  // every emulated buffer is its own mapping, unmapped when freed
+  }
   return snapshot;
 }
 
@@ -240,21 +254,21 @@ Allocator& buffer_allocator(Device device, std::size_t bytes, MemoryCategory cat
                             HostMemoryKind kind) {
   if (device.is_host() && kind == HostMemoryKind::pageable && category == MemoryCategory::activations &&
       CachingHostAllocator::caches(bytes, alignment)) {
-    // Never destroyed: buffers may be released during static destruction.
-    static auto* activations = new CachingHostAllocator();
-    return *activations;
+    return activation_cache();
   }
   return allocator_for(device, kind);
 }
 }  // namespace
 
 Buffer::Buffer(Device device, std::size_t bytes, MemoryCategory category, std::size_t alignment,
-               HostMemoryKind kind)
+               HostMemoryKind kind, const Stream* stream)
     : bytes_(bytes),
       device_(device),
       category_(category),
-      allocator_(&buffer_allocator(device, bytes, category, alignment, kind)) {
-  data_ = allocator_->allocate(bytes, alignment);
+      allocator_(&buffer_allocator(device, bytes, category, alignment, kind)),
+      stream_(stream != nullptr ? stream->native() : nullptr) {
+  data_ = stream_ != nullptr ? allocator_->allocate_on(bytes, alignment, stream_)
+                             : allocator_->allocate(bytes, alignment);
   count_allocation(device_.type, category_, bytes_);
 }
 
@@ -263,7 +277,8 @@ Buffer::Buffer(Buffer&& other) noexcept
       bytes_(std::exchange(other.bytes_, 0)),
       device_(other.device_),
       category_(other.category_),
-      allocator_(std::exchange(other.allocator_, nullptr)) {}
+      allocator_(std::exchange(other.allocator_, nullptr)),
+      stream_(std::exchange(other.stream_, nullptr)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -273,6 +288,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     device_ = other.device_;
     category_ = other.category_;
     allocator_ = std::exchange(other.allocator_, nullptr);
+    stream_ = std::exchange(other.stream_, nullptr);
   }
   return *this;
 }
@@ -283,11 +299,16 @@ Buffer::~Buffer() {
 
 void Buffer::release() noexcept {
   if (data_ != nullptr && allocator_ != nullptr) {
-    allocator_->deallocate(data_, bytes_);
+    if (stream_ != nullptr) {
+      allocator_->deallocate_on(data_, bytes_, stream_);
+    } else {
+      allocator_->deallocate(data_, bytes_);
+    }
     count_release(device_.type, category_, bytes_);
   }
   data_ = nullptr;
   bytes_ = 0;
+  stream_ = nullptr;
 }
 
 Stream::Stream(Device device) : device_(device) {

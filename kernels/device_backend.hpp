@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "zerotrain/device.hpp"
 
@@ -27,5 +28,12 @@ void cuda_event_synchronize(void* event);
 bool cuda_event_query(void* event);
 void cuda_set_device(int device_index);
 CudaStatus query_cuda_status();
+/// The PCI bus id of CUDA device `device_index` ("0000:3b:00.0"), empty when it cannot be read.
+std::string cuda_device_pci_bus_id(int device_index) noexcept;
+/// Bytes the stream-ordered device pools hold from the GPUs (live buffers, cached blocks, kernels'
+/// temporaries), over the devices this process allocated on; 0 without CUDA.
+std::size_t cuda_reserved_device_bytes() noexcept;
+/// Bytes of pinned host memory the pinned cache keeps for reuse; 0 without CUDA.
+std::size_t cuda_cached_pinned_bytes() noexcept;
 
 }  // namespace zt::detail

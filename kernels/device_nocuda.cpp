@@ -51,6 +51,15 @@ bool cuda_event_query(void*) {
 void cuda_set_device(int) {
   no_cuda("selecting a CUDA device");
 }
+std::string cuda_device_pci_bus_id(int) noexcept {
+  return {};
+}
+std::size_t cuda_reserved_device_bytes() noexcept {
+  return 0;
+}
+std::size_t cuda_cached_pinned_bytes() noexcept {
+  return 0;
+}
 CudaStatus query_cuda_status() {
   CudaStatus status;
   status.compiled = false;

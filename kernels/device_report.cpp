@@ -1,4 +1,5 @@
 // The device part of `zerotrain report`: the host kernels' ISA path and bf16 GEMM path, then CUDA.
+#include "kernels/gpu_path.hpp"
 #include "kernels/host_gemm.hpp"
 #include "kernels/host_isa.hpp"
 #include "zerotrain/build_info.hpp"
@@ -33,6 +34,23 @@ std::string fp32_gemm_text() {
   }
 }
 #endif
+
+/// "ran on a GPU: none; compiled only: device runtime, NCCL communicators; not built: ..." from
+/// kernels/gpu_path.hpp, every state named even when empty.
+std::string gpu_path_text() {
+  std::string text;
+  for (kernels::GpuPathState state :
+       {kernels::GpuPathState::ran, kernels::GpuPathState::compiled, kernels::GpuPathState::not_built}) {
+    std::string parts;
+    for (const kernels::GpuPathEntry& entry : kernels::kGpuPath) {
+      if (entry.state != state) continue;
+      parts += (parts.empty() ? "" : ", ") + std::string(entry.name);
+    }
+    text += (text.empty() ? "" : "; ") + std::string(kernels::gpu_path_state_name(state)) + ": " +
+            (parts.empty() ? std::string("none") : parts);
+  }
+  return text;
+}
 }  // namespace
 
 Report device_report() {
@@ -46,6 +64,7 @@ Report device_report() {
     report.push_back({"cuda", "CUDA", "not compiled in; host kernels only"});
     return report;
   }
+  report.push_back({"cuda", "gpu path", gpu_path_text()});
   report.push_back({"cuda", "CUDA runtime", cuda_version_text(status.runtime_version)});
   report.push_back(
       {"cuda", "CUDA driver",

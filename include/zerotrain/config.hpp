@@ -35,6 +35,9 @@ enum class ModelType { gpt, mlp };
 enum class MlpActivation { relu, gelu, tanh };
 /// automatic: a zerotrain token file if the file starts with its magic, else text.
 enum class DataFormat { automatic, tokens, text, builtin, synthetic };
+/// Where zt::train computes (docs/config.md, "device"): automatic takes this rank's GPU when the
+/// runtime bound a usable one (one per node-local rank), else the host with a one-line notice.
+enum class DeviceChoice { automatic, cuda, host };
 
 /// The spelling used in the JSON file (e.g. "WarmupCosineLR", "nvme", "auto").
 std::string_view to_string(GradientReduceOp value);
@@ -45,6 +48,7 @@ std::string_view to_string(OffloadDevice value);
 std::string_view to_string(ModelType value);
 std::string_view to_string(MlpActivation value);
 std::string_view to_string(DataFormat value);
+std::string_view to_string(DeviceChoice value);
 
 // ---- DeepSpeed sections ------------------------------------------------------------------------
 // The scheduler parameter structs (WarmupLRParams, ..., LRSchedulerParams) come from
@@ -337,8 +341,9 @@ class Config {
   std::optional<std::int64_t> train_batch_size;  // as given; see batch()
   std::optional<std::int64_t> train_micro_batch_size_per_gpu;
   std::optional<std::int64_t> gradient_accumulation_steps;
-  double gradient_clipping = 1.0;               // global-norm clip; 0 disables
-  std::optional<std::int64_t> steps_per_print;  // nullopt: no progress log
+  double gradient_clipping = 1.0;                 // global-norm clip; 0 disables
+  std::optional<std::int64_t> steps_per_print;    // nullopt: no progress log
+  DeviceChoice device = DeviceChoice::automatic;  // zerotrain: "auto" | "cuda" | "host"
   GradientReduceOp gradient_allreduce_op = GradientReduceOp::mean;
   std::optional<DType> communication_data_type;  // fp32 | fp16 | bf16; nullopt: the gradients' dtype
   bool managed_gradient_accumulation = true;

@@ -86,6 +86,11 @@ struct MemoryUsage {
 struct MemorySnapshot {
   std::array<MemoryUsage, kMemoryCategoryCount> by_category{};
   MemoryUsage total{};
+  /// What the caching allocators keep for reuse on top of total.current: freed by buffers, not given
+  /// back to the system (on a GPU: CUDA's stream-ordered pool, kernels' temporaries in flight
+  /// included; on the host: the pinned-staging and activation caches). total.current + cached is
+  /// what this kind of memory holds now (docs/gpu.md, "Device memory and device choice").
+  std::size_t cached = 0;
   const MemoryUsage& operator[](MemoryCategory category) const {
     return by_category[static_cast<std::size_t>(category)];
   }
@@ -96,22 +101,45 @@ void reset_memory_peaks();
 
 /// Allocates and frees raw bytes on one device. One allocator per device, process-wide. The emulated
 /// device's hands out page-aligned regions (any alignment up to the page size).
+///
+/// The CUDA allocators cache what is freed (docs/gpu.md, "Device memory and device choice"), and a
+/// free never races with kernels still using the memory: without a stream, deallocate() waits for
+/// the device's queued work (as cudaFree and cudaFreeHost do) before the block may be reused; with a
+/// stream (allocate_on/deallocate_on, a cudaStream_t from Stream::native()), the memory is usable by
+/// work queued on that stream after the allocation, and reused only after the work queued on it
+/// before the free (cudaMallocFromPoolAsync/cudaFreeAsync semantics): work on other streams that
+/// uses it must be ordered before the free through events (Stream::wait).
 class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual void* allocate(std::size_t bytes, std::size_t alignment) = 0;
   virtual void deallocate(void* pointer, std::size_t bytes) noexcept = 0;
   virtual Device device() const = 0;
+  /// Stream-ordered allocate and free (see above); allocators without streams ignore `stream`.
+  virtual void* allocate_on(std::size_t bytes, std::size_t alignment, void* stream) {
+    (void)stream;
+    return allocate(bytes, alignment);
+  }
+  virtual void deallocate_on(void* pointer, std::size_t bytes, void* stream) noexcept {
+    (void)stream;
+    deallocate(pointer, bytes);
+  }
 };
 Allocator& allocator_for(Device device, HostMemoryKind kind = HostMemoryKind::pageable);
+
+class Stream;
 
 /// An owned, aligned, untyped block of bytes on one device, counted under a memory category.
 /// Move-only. The contents are uninitialized.
 class Buffer {
  public:
   Buffer() = default;
+  /// With `stream` (a CUDA stream: device memory, or pinned host memory for copies on it), the
+  /// buffer is allocated and freed in the stream's order (Allocator::allocate_on): the hot path's
+  /// temporaries, without a device-wide wait at the free. The stream must outlive the buffer.
   Buffer(Device device, std::size_t bytes, MemoryCategory category = MemoryCategory::other,
-         std::size_t alignment = kHostAlignment, HostMemoryKind kind = HostMemoryKind::pageable);
+         std::size_t alignment = kHostAlignment, HostMemoryKind kind = HostMemoryKind::pageable,
+         const Stream* stream = nullptr);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -141,6 +169,7 @@ class Buffer {
   Device device_{};
   MemoryCategory category_ = MemoryCategory::other;
   Allocator* allocator_ = nullptr;
+  void* stream_ = nullptr;  // the cudaStream_t it is freed on, nullptr: a free that waits for the device
 };
 
 class Event;

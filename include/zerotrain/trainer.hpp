@@ -90,6 +90,14 @@ class NoValidCheckpointError : public IoError {
   using IoError::IoError;
 };
 
+/// Thrown by train() on every rank alike when the device the config's "device" (or the CLI's
+/// --device) asks for cannot be had: "cuda" on a rank without a usable GPU, two node-local ranks on
+/// one GPU. The message names the first rank concerned and the reason (cuda_status().reason).
+class DeviceChoiceError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
 struct TrainOptions {
   std::int64_t steps = 100;                 // train until the global optimizer step reaches this
   std::optional<std::string> data_path;     // overrides the config's data.path
@@ -114,8 +122,10 @@ struct TrainOptions {
   /// SLURM_JOB_ID); one saved by another job, or outside Slurm, is refused with both ids named.
   /// jobscripts/slurm.sbatch passes it when the save directory is its per-job default.
   std::optional<std::string> resume_job_id;
-  /// Where the engine keeps the model's state and runs its kernels (EngineOptions::device).
-  Device device = Device::host();
+  /// Where the engine keeps the model's state and runs its kernels (EngineOptions::device). Not set:
+  /// the config's "device" decides (docs/config.md): "auto" takes this rank's GPU when the runtime
+  /// bound a usable one, else the host.
+  std::optional<Device> device;
   /// One rank's peak FLOP/s, the denominator of the MFU (model FLOPs utilization) in the progress
   /// line and the metrics: the hardware's figure for the compute dtype. Not given: each rank
   /// measures its matmul rate once before the model is built (docs/metrics.md, "MFU").

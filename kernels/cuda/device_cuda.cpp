@@ -1,62 +1,281 @@
 // CUDA half of the device layer: device and pinned allocators, streams, copies, status.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "kernels/block_cache.hpp"
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/device_backend.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::detail {
 namespace {
+using kernels::cuda::as_cuda_stream;
 
 void require_usable(const char* what) {
   const CudaStatus& status = cuda_status();
   if (!status.usable()) ZT_THROW_AS(CudaError, what, ": no usable CUDA device (", status.reason, ")");
 }
 
+/// Makes `index` the current device for a scope and restores the previous one; errors are ignored
+/// (it also runs in noexcept frees, and a failing device shows at the next checked call).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int index) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != index) cudaSetDevice(index);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+std::uint64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attribute) noexcept {
+  std::uint64_t value = 0;
+  if (cudaMemPoolGetAttribute(pool, attribute, &value) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return value;
+}
+
+/// Device memory, cached, in stream order: the device's default memory pool (the one cudaMallocAsync
+/// draws from, so the kernels' temporaries share its cache) with its release threshold at the
+/// maximum, so that what is freed stays in the pool instead of going back to the driver at every
+/// synchronization.
+///
+/// Why CUDA's pool and not a size-class cache of our own (PyTorch's caching allocator): the driver
+/// knows the stream order of every free and hands a block to another stream only once its free has
+/// completed (the pool's default reuse policies: follow event dependencies, opportunistic reuse of
+/// completed frees), which is exactly the race a size-class cache has to prevent with an event per
+/// block; it maps physical pages into the virtual range it needs, so sizes that vary cost less
+/// fragmentation than fixed classes; and with no GPU to run on while this was written, less code of
+/// our own is less to get wrong (docs/gpu.md, "Device memory and device choice").
+///
+/// Without a stream (allocate/deallocate), the allocation is ordered on this allocator's own stream
+/// and waited for, so any stream may use the memory, and the free first waits for the device (as
+/// cudaFree does), so no kernel still uses the block when the pool may hand it out again.
 class CudaDeviceAllocator final : public Allocator {
  public:
-  explicit CudaDeviceAllocator(int index) : index_(index) {}
-  void* allocate(std::size_t bytes, std::size_t) override {
+  explicit CudaDeviceAllocator(int index) : index_(index) {
+    const DeviceScope scope(index_);
+    ZT_CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool_, index_));
+    std::uint64_t keep_everything = std::numeric_limits<std::uint64_t>::max();
+    ZT_CHECK_CUDA(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    // Lives as long as the process, as the allocator: buffers are freed until static destruction.
+    ZT_CHECK_CUDA(cudaStreamCreateWithFlags(&ordering_stream_, cudaStreamNonBlocking));
+  }
+
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    void* pointer = allocate_on(bytes, alignment, ordering_stream_);
+    // Reached: the memory is ready for work on any stream.
+    ZT_CHECK_CUDA(cudaStreamSynchronize(ordering_stream_));
+    return pointer;
+  }
+
+  void deallocate(void* pointer, std::size_t) noexcept override {
+    const DeviceScope scope(index_);
+    cudaDeviceSynchronize();  // whichever stream used the block is done with it
+    cudaFreeAsync(pointer, ordering_stream_);
+  }
+
+  // Pool blocks are aligned to at least 256 bytes, more than any alignment zerotrain asks for.
+  void* allocate_on(std::size_t bytes, std::size_t, void* stream) override {
     require_usable("allocating device memory");
-    // cudaMalloc returns 256-byte aligned memory, more than any alignment we ask for.
-    int previous = 0;
-    ZT_CHECK_CUDA(cudaGetDevice(&previous));
-    ZT_CHECK_CUDA(cudaSetDevice(index_));
+    const DeviceScope scope(index_);
+    const std::size_t size = bytes == 0 ? 1 : bytes;
     void* pointer = nullptr;
-    const cudaError_t status = cudaMalloc(&pointer, bytes == 0 ? 1 : bytes);
-    cudaSetDevice(previous);
+    cudaError_t status = cudaMallocFromPoolAsync(&pointer, size, pool_, as_cuda_stream(stream));
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      // What the pool keeps goes back to the driver once the frees queued so far are done; then once more.
+      cudaDeviceSynchronize();
+      cudaMemPoolTrimTo(pool_, 0);
+      status = cudaMallocFromPoolAsync(&pointer, size, pool_, as_cuda_stream(stream));
+    }
     if (status != cudaSuccess) {
-      ZT_THROW_AS(CudaError, "out of device memory on cuda:", index_, ": cudaMalloc(", bytes,
-                  " bytes) failed: ", cudaGetErrorString(status));
+      cudaGetLastError();
+      ZT_THROW_AS(CudaError, "out of device memory on cuda:", index_, ": cudaMallocFromPoolAsync(", bytes,
+                  " bytes) failed: ", cudaGetErrorString(status), "; the pool holds ", reserved_bytes(),
+                  " bytes, ", pool_attribute(pool_, cudaMemPoolAttrUsedMemCurrent), " of them in use");
     }
     return pointer;
   }
-  void deallocate(void* pointer, std::size_t) noexcept override { cudaFree(pointer); }
+
+  void deallocate_on(void* pointer, std::size_t, void* stream) noexcept override {
+    const DeviceScope scope(index_);
+    cudaFreeAsync(pointer, as_cuda_stream(stream));
+  }
+
   Device device() const override { return Device::cuda(index_); }
+
+  std::size_t reserved_bytes() const noexcept {
+    return static_cast<std::size_t>(pool_attribute(pool_, cudaMemPoolAttrReservedMemCurrent));
+  }
 
  private:
   int index_;
+  cudaMemPool_t pool_ = nullptr;
+  cudaStream_t ordering_stream_ = nullptr;
 };
 
+struct DeviceAllocators {
+  std::mutex mutex;
+  std::map<int, std::unique_ptr<CudaDeviceAllocator>> by_index;
+};
+/// Never destroyed: buffers may be freed during static destruction.
+DeviceAllocators& device_allocators() {
+  static auto* allocators = new DeviceAllocators();
+  return *allocators;
+}
+
+/// Pinned (page-locked) host memory for staging and offload, cached: cudaHostAlloc pins every page
+/// as it allocates (milliseconds per hundred MiB) and cudaFreeHost waits for the device, so freed
+/// blocks are kept by size class (pinned_size_class) up to a capacity (ZT_PINNED_CACHE_MB, default
+/// an eighth of physical memory; 0 caches nothing) and handed out again once the device is done with
+/// them: a block freed without a stream after the current device's queued work (what cudaFreeHost
+/// waits for), a block freed on a stream once an event recorded there at the free is reached. A
+/// failed cudaHostAlloc empties the cache and retries. Counted as host memory, like any Buffer.
 class CudaPinnedAllocator final : public Allocator {
  public:
-  void* allocate(std::size_t bytes, std::size_t) override {
+  static constexpr std::size_t kPinnedAlignment = 4096;
+
+  CudaPinnedAllocator() : cache_(default_capacity()) {}
+
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
     require_usable("allocating pinned host memory");
-    void* pointer = nullptr;
-    const cudaError_t status = cudaHostAlloc(&pointer, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
-    if (status != cudaSuccess) {
-      ZT_THROW_AS(CudaError, "cudaHostAlloc(", bytes, " bytes) failed: ", cudaGetErrorString(status));
+    ZT_CHECK(alignment <= kPinnedAlignment, "pinned host memory is aligned to ", kPinnedAlignment,
+             " bytes; an alignment of ", alignment, " was asked for");
+    const std::size_t size = pinned_size_class(bytes);
+    {
+      const std::lock_guard lock(mutex_);
+      if (const std::optional<BlockCache::Block> block = cache_.take(size, event_reached)) {
+        if (block->fence != nullptr) spare_events_.push_back(static_cast<cudaEvent_t>(block->fence));
+        return block->pointer;
+      }
     }
-    return pointer;  // page aligned
+    void* pointer = nullptr;
+    cudaError_t status = cudaHostAlloc(&pointer, size, cudaHostAllocDefault);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      release_all();
+      status = cudaHostAlloc(&pointer, size, cudaHostAllocDefault);
+    }
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      ZT_THROW_AS(CudaError, "cudaHostAlloc(", size, " bytes, for a buffer of ", bytes,
+                  ") failed: ", cudaGetErrorString(status));
+    }
+    return pointer;
   }
-  void deallocate(void* pointer, std::size_t) noexcept override { cudaFreeHost(pointer); }
+
+  void deallocate(void* pointer, std::size_t bytes) noexcept override {
+    cudaDeviceSynchronize();  // copies from or to the block are done (one GPU per process)
+    keep({pointer, pinned_size_class(bytes), nullptr});
+  }
+
+  void deallocate_on(void* pointer, std::size_t bytes, void* stream) noexcept override {
+    cudaEvent_t event = spare_event();
+    if (event != nullptr && cudaEventRecord(event, as_cuda_stream(stream)) != cudaSuccess) {
+      cudaGetLastError();
+      cudaEventDestroy(event);
+      event = nullptr;
+    }
+    if (event == nullptr) cudaStreamSynchronize(as_cuda_stream(stream));  // no fence: wait instead
+    keep({pointer, pinned_size_class(bytes), event});
+  }
+
   Device device() const override { return Device::host(); }
+
+  std::size_t cached_bytes() {
+    const std::lock_guard lock(mutex_);
+    return cache_.cached_bytes();
+  }
+
+ private:
+  static bool event_reached(void* event) {
+    return cudaEventQuery(static_cast<cudaEvent_t>(event)) == cudaSuccess;
+  }
+
+  static std::size_t default_capacity() {
+    if (const char* env = std::getenv("ZT_PINNED_CACHE_MB"); env != nullptr && *env != '\0')
+      return static_cast<std::size_t>(std::strtoull(env, nullptr, 10)) << 20;
+    const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return std::size_t{1} << 30;
+    return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size) / 8;
+  }
+
+  /// An event for a fence: a spare one, or a new one (nullptr when none can be made).
+  cudaEvent_t spare_event() noexcept {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!spare_events_.empty()) {
+        cudaEvent_t event = spare_events_.back();
+        spare_events_.pop_back();
+        return event;
+      }
+    }
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return event;
+  }
+
+  /// Into the cache, or, past its capacity, back to CUDA once its fence is passed.
+  void keep(const BlockCache::Block& block) noexcept {
+    {
+      const std::lock_guard lock(mutex_);
+      try {
+        if (cache_.put(block)) return;
+      } catch (...) {  // no memory for the cache's node: free the block instead
+      }
+    }
+    free_block(block);
+  }
+
+  static void free_block(const BlockCache::Block& block) noexcept {
+    if (block.fence != nullptr) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(block.fence));
+      cudaEventDestroy(static_cast<cudaEvent_t>(block.fence));
+    }
+    cudaFreeHost(block.pointer);
+  }
+
+  void release_all() noexcept {
+    std::vector<BlockCache::Block> blocks;
+    {
+      const std::lock_guard lock(mutex_);
+      blocks = cache_.take_all();
+    }
+    for (const BlockCache::Block& block : blocks) free_block(block);
+  }
+
+  std::mutex mutex_;
+  BlockCache cache_;
+  std::vector<cudaEvent_t> spare_events_;
 };
+
+/// Never destroyed: pinned buffers may be freed during static destruction.
+CudaPinnedAllocator& pinned_allocator() {
+  static auto* allocator = new CudaPinnedAllocator();
+  return *allocator;
+}
 
 }  // namespace
 
@@ -64,17 +283,36 @@ Allocator& cuda_device_allocator(int device_index) {
   require_usable("allocating device memory");
   ZT_CHECK(device_index >= 0 && device_index < cuda_status().device_count, "cuda:", device_index,
            " does not exist: this process sees ", cuda_status().device_count, " device(s)");
-  static std::mutex mutex;
-  static std::map<int, std::unique_ptr<CudaDeviceAllocator>> allocators;
-  std::lock_guard lock(mutex);
-  auto& slot = allocators[device_index];
+  DeviceAllocators& allocators = device_allocators();
+  const std::lock_guard lock(allocators.mutex);
+  auto& slot = allocators.by_index[device_index];
   if (!slot) slot = std::make_unique<CudaDeviceAllocator>(device_index);
   return *slot;
 }
 
 Allocator& cuda_pinned_host_allocator() {
-  static CudaPinnedAllocator allocator;
-  return allocator;
+  return pinned_allocator();
+}
+
+std::size_t cuda_reserved_device_bytes() noexcept {
+  DeviceAllocators& allocators = device_allocators();
+  const std::lock_guard lock(allocators.mutex);
+  std::size_t reserved = 0;
+  for (const auto& [index, allocator] : allocators.by_index) reserved += allocator->reserved_bytes();
+  return reserved;
+}
+
+std::size_t cuda_cached_pinned_bytes() noexcept {
+  return pinned_allocator().cached_bytes();
+}
+
+std::string cuda_device_pci_bus_id(int device_index) noexcept {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, device_index) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return id;
 }
 
 void* cuda_stream_create(int device_index) {

@@ -338,16 +338,25 @@ Job prepare_train(Arguments& arguments) {
   options.resume_job_id = arguments.take("resume-job");
   if (options.resume_job_id && options.resume != "auto")
     throw UsageError("--resume-job applies to --resume auto only");
+  // --device host|cuda|auto wins over the config's "device"; emulated is the test device, no config value.
+  std::optional<zt::DeviceChoice> device_choice;
   if (const std::optional<std::string> device = arguments.take("device")) {
-    if (*device != "host" && *device != "emulated") {
+    if (*device == "emulated") {
+      options.device = zt::Device::emulated();
+    } else if (*device == "host" || *device == "cuda" || *device == "auto") {
+      device_choice = *device == "host"   ? zt::DeviceChoice::host
+                      : *device == "cuda" ? zt::DeviceChoice::cuda
+                                          : zt::DeviceChoice::automatic;
+    } else {
       throw UsageError("--device " + *device +
-                       ": expected host or emulated (a stand-in device whose memory only the device API "
-                       "may touch, for testing; the CUDA training path is not built yet)");
+                       ": expected host, cuda, auto (this rank's GPU when one is usable, else the host) "
+                       "or emulated (a stand-in device whose memory only the device API may touch, for "
+                       "testing)");
     }
-    options.device = *device == "host" ? zt::Device::host() : zt::Device::emulated();
   }
   arguments.finish();
   auto parsed = std::make_shared<ParsedConfig>(ParsedConfig::from_file(config_path));
+  if (device_choice) parsed->config.device = *device_choice;
   Job job;
   job.runtime_options = zt::runtime_options_for(parsed->config);
   job.with_mpi = [parsed, options](zt::Runtime& runtime) {
@@ -362,6 +371,10 @@ Job prepare_train(Arguments& arguments) {
     } catch (const zt::NoValidCheckpointError& error) {  // thrown on every rank alike: no abort needed
       if (runtime.world_rank() == 0) std::fprintf(stderr, "zerotrain train: %s\n", error.what());
       return zt::kNoValidCheckpointExitCode;
+    } catch (const zt::DeviceChoiceError& error) {  // thrown on every rank alike: no abort needed
+      if (runtime.world_rank() == 0)
+        std::fprintf(stderr, "zerotrain train: %s\n", plain_message(error).c_str());
+      return kUsageExitCode;
     }
   };
   return job;
@@ -761,8 +774,11 @@ const Command kCommands[] = {
      "  --metrics PATH           JSON-lines metrics, written by rank 0 (docs/metrics.md)\n"
      "  --peak-flops F           one rank's peak FLOP/s for the MFU (e.g. 989e12 for an H100's bf16);\n"
      "                           default: measured by a matmul probe at start-up (docs/metrics.md)\n"
-     "  --device host|emulated   where the model's state lives (emulated: the test device that only\n"
-     "                           the device API may touch; docs/architecture.md)\n"
+     "  --device host|cuda|auto|emulated\n"
+     "                           where the model's state lives and the kernels run (default: the\n"
+     "                           config's \"device\", else auto: this rank's GPU when one is usable,\n"
+     "                           one per node-local rank, else the host; emulated: the test device\n"
+     "                           that only the device API may touch; docs/gpu.md)\n"
      "checkpoints (docs/checkpoint-format.md):\n"
      "  --save-dir DIR           save every K steps, at the end, and on SIGTERM/SIGUSR1 (then exit 75)\n"
      "  --save-interval K        steps between saves (default: checkpoint.save_interval; 0: none)\n"

@@ -190,6 +190,9 @@ class ConfigParser {
     c.gradient_accumulation_steps = top.optional_integer("gradient_accumulation_steps", kPositive);
     c.gradient_clipping = top.number("gradient_clipping", 1.0, kNonNegativeNumber);
     c.steps_per_print = top.optional_integer("steps_per_print", kPositive);
+    c.device = top.choice<DeviceChoice>(
+        "device", DeviceChoice::automatic,
+        {{"auto", DeviceChoice::automatic}, {"cuda", DeviceChoice::cuda}, {"host", DeviceChoice::host}});
     // DeepSpeed's diagnostics: validated here, warned about below when switched on.
     for (std::string_view key : {"wall_clock_breakdown", "memory_breakdown", "dump_state"}) {
       (void)top.boolean(key, false);

@@ -89,6 +89,18 @@ std::string_view to_string(DataFormat value) {
   return "?";
 }
 
+std::string_view to_string(DeviceChoice value) {
+  switch (value) {
+    case DeviceChoice::automatic:
+      return "auto";
+    case DeviceChoice::cuda:
+      return "cuda";
+    case DeviceChoice::host:
+      return "host";
+  }
+  return "?";
+}
+
 namespace {
 
 // Insertion-ordered so that the output reads in the order of docs/config.md.
@@ -235,6 +247,7 @@ std::string Config::to_json_string(int indent) const {
                                               : optional_value(gradient_accumulation_steps);
   j["gradient_clipping"] = gradient_clipping;
   j["steps_per_print"] = optional_value(steps_per_print);
+  j["device"] = to_string(device);
   j["gradient_allreduce_op"] = to_string(gradient_allreduce_op);
   j["communication_data_type"] = optional_dtype(communication_data_type);
   j["managed_gradient_accumulation"] = managed_gradient_accumulation;

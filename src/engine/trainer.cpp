@@ -16,6 +16,7 @@
 
 #include "base/resident_memory.hpp"
 #include "src/engine/checkpoint_directory.hpp"
+#include "src/engine/device_choice.hpp"
 #include "src/engine/evaluation.hpp"
 #include "src/engine/metrics.hpp"
 #include "src/engine/model_flops.hpp"
@@ -61,8 +62,10 @@ nlohmann::json model_description(const Config& config, std::int64_t parameters) 
 /// (taken before the model was built) and still holds, which is what `zerotrain estimate` predicts;
 /// next to them the process's resident set as the kernel counts it: now (`rss_bytes`) and its peak
 /// since the step began (`peak_rss_bytes`), which the accounted `peak` plus the runtime's own
-/// resident memory should explain (docs/metrics.md, "Resident memory").
-nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& baseline) {
+/// resident memory should explain (docs/metrics.md, "Resident memory"). On a GPU (`on_gpu`), the
+/// GPU's own: its accounted peak (`device_peak`) and what its caching pool keeps on top of the
+/// buffers now (`device_cached`).
+nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& baseline, bool on_gpu) {
   // Every kind of memory the engine may keep its state in: the host, a GPU, the emulated test device.
   const MemorySnapshot host = memory_snapshot(DeviceType::host);
   MemorySnapshot devices = memory_snapshot(DeviceType::cuda);
@@ -79,7 +82,8 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
                                              MemoryCategory::optimizer_states};
   constexpr std::size_t kPeak = std::size(kReported);
   constexpr std::size_t kRss = kPeak + 1 + std::size(kModelStates);
-  std::int64_t values[kRss + 2];
+  constexpr std::size_t kDevicePeak = kRss + 2;
+  std::int64_t values[kDevicePeak + 2];
   for (std::size_t i = 0; i < std::size(kReported); ++i) {
     values[i] = static_cast<std::int64_t>(host[kReported[i]].peak + devices[kReported[i]].peak);
   }
@@ -92,6 +96,9 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   const base::ResidentMemory rss = base::resident_memory();
   values[kRss] = rss.current;
   values[kRss + 1] = rss.peak;
+  const MemorySnapshot gpu = memory_snapshot(DeviceType::cuda);
+  values[kDevicePeak] = static_cast<std::int64_t>(gpu.total.peak);
+  values[kDevicePeak + 1] = static_cast<std::int64_t>(gpu.cached);
   world.all_reduce(values, values, std::size(values), DType::int64, ReduceOp::max);
   nlohmann::json memory;
   for (std::size_t i = 0; i < std::size(kReported); ++i)
@@ -101,6 +108,10 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
     memory["resident"][memory_category_name(kModelStates[i])] = values[kPeak + 1 + i];
   memory["rss_bytes"] = values[kRss];
   memory["peak_rss_bytes"] = values[kRss + 1];
+  if (on_gpu) {
+    memory["device_peak"] = values[kDevicePeak];
+    memory["device_cached"] = values[kDevicePeak + 1];
+  }
   return memory;
 }
 
@@ -438,6 +449,9 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
         *timeout, runtime.collective_timeout().count(), runtime.collective_timeout_source().c_str());
   }
   check_engine_supports(config);
+  // Where to compute, agreed on every rank before anything costly (docs/config.md, "device").
+  const Device device =
+      options.device ? *options.device : engine_detail::resolve_training_device(runtime, config.device);
   // Sizes that cannot fit fail here, naming their keys, not as "out of host memory" after the
   // allocations have run for a while.
   check_fits_host_memory(config, runtime.world_size(), runtime.local_size(),
@@ -472,7 +486,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   const int stages = static_cast<int>(config.pipeline.stage_count());
   std::unique_ptr<nn::Module> model =
       stages > 1 ? build_model(config, pipeline_stage_of(runtime, config)) : build_model(config);
-  Engine engine(runtime, *model, std::move(config), EngineOptions{.device = options.device});
+  Engine engine(runtime, *model, std::move(config), EngineOptions{.device = device});
   runtime.world().all_reduce(&runtime_rss, &runtime_rss, 1, DType::int64, ReduceOp::max);
   const Config& cfg = engine.config();
   // The whole model's parameters (the engine holds this stage's).
@@ -750,7 +764,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     summary.last_loss = report.loss;
     ++summary.steps;
 
-    const nlohmann::json memory = memory_max_over_ranks(runtime.world(), before_model);
+    const nlohmann::json memory = memory_max_over_ranks(runtime.world(), before_model, device.is_cuda());
     peak_accounted = std::max(peak_accounted, memory["peak"].get<std::int64_t>());
     peak_rss = std::max(peak_rss, memory["peak_rss_bytes"].get<std::int64_t>());
     const nlohmann::json pipeline_step =
@@ -792,6 +806,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
     memory_alerts.check(runtime.world(), metrics, report.step);
     if (leader && print_every > 0 &&
         (report.step % print_every == 0 || report.step == 1 || report.step == options.steps)) {
+      char gpu_peak[64] = "";
+      if (device.is_cuda())
+        std::snprintf(gpu_peak, sizeof gpu_peak, " (GPU %.1f MiB)",
+                      static_cast<double>(memory["device_peak"].get<std::int64_t>()) / (1 << 20));
       char bubble[64] = "";
       if (stages > 1) {  // the stage with the largest bubble
         const std::vector<double> fractions = pipeline_step["bubble_fraction"].get<std::vector<double>>();
@@ -804,11 +822,11 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
           elapsed / static_cast<double>(summary.steps) * static_cast<double>(options.steps - report.step);
       std::printf(
           "step %6lld/%lld | loss %.4f | lr %.3e | scale %g | grad norm %.3f%s | %.0f tok/s | %.1f ms/step | "
-          "MFU %.1f%% | peak %.1f MiB%s | elapsed %s | ETA %s\n",
+          "MFU %.1f%% | peak %.1f MiB%s%s | elapsed %s | ETA %s\n",
           static_cast<long long>(report.step), static_cast<long long>(options.steps), report.loss, report.lr,
           report.loss_scale, report.grad_norm, report.skipped ? " (skipped)" : "", tokens_per_second,
           seconds * 1e3, mfu * 100.0, static_cast<double>(memory["peak"].get<std::int64_t>()) / (1 << 20),
-          bubble, clock_text(elapsed).c_str(), clock_text(eta).c_str());
+          gpu_peak, bubble, clock_text(elapsed).c_str(), clock_text(eta).c_str());
       std::fflush(stdout);
     }
     if (evaluator && evaluator->due(report.step, report.step == options.steps)) {

@@ -103,7 +103,7 @@ zt_add_usage_error(out_of_range ARGS train --config ${zt_tiny} --print-every -1
 zt_add_usage_error(bad_peak_flops ARGS train --config ${zt_tiny} --peak-flops fast
   LINE "zerotrain train: --peak-flops expects a number > 0 \\(such as 989e12\\), got 'fast' \\(see 'zerotrain train --help'\\)")
 zt_add_usage_error(bad_device ARGS train --config ${zt_tiny} --device gpu
-  LINE "zerotrain train: --device gpu: expected host or emulated [^\n]* \\(see 'zerotrain train --help'\\)")
+  LINE "zerotrain train: --device gpu: expected host, cuda, auto \\(this rank's GPU when one is usable, else the host\\) or emulated \\(a stand-in device whose memory only the device API may touch, for testing\\) \\(see 'zerotrain train --help'\\)")
 zt_add_usage_error(missing_config_file ARGS train --config ${CMAKE_CURRENT_BINARY_DIR}/no-such.json
   LINE "zerotrain train: config file '[^'\n]*/no-such\\.json': cannot open: no such file")
 zt_add_usage_error(unknown_command ARGS trian --config ${zt_tiny}

@@ -360,6 +360,19 @@ TEST(ConfigValues, ZerotrainSections) {
 
 // ---- validation errors ---------------------------------------------------------------------------
 
+TEST(ConfigValues, DeviceChoice) {
+  EXPECT_EQ(parse("{}").device, zt::DeviceChoice::automatic);
+  EXPECT_EQ(parse(R"({"device": "auto"})").device, zt::DeviceChoice::automatic);
+  EXPECT_EQ(parse(R"({"device": "cuda"})").device, zt::DeviceChoice::cuda);
+  EXPECT_EQ(parse(R"({"device": "host"})").device, zt::DeviceChoice::host);
+  EXPECT_EQ(zt::to_string(zt::DeviceChoice::automatic), "auto");
+  // It survives the round trip through to_json_string, as every other key.
+  EXPECT_EQ(parse(parse(R"({"device": "cuda"})").to_json_string()).device, zt::DeviceChoice::cuda);
+  EXPECT_CONTAINS(parse_error(R"({"device": "gpu"})"),
+                  "device: expected one of \"auto\", \"cuda\", \"host\", got \"gpu\"");
+  EXPECT_CONTAINS(parse_error(R"({"device": 0})"), "device: expected one of \"auto\"");
+}
+
 TEST(ConfigErrors, WrongTypeNamesPathAndExpectation) {
   const std::string message = parse_error(R"({"zero_optimization": {"stage": "two"}})");
   EXPECT_CONTAINS(message, "zero_optimization.stage: expected an integer in 0..3, got \"two\"");

@@ -4,10 +4,14 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/block_cache.hpp"
 #include "kernels/emulated_device.hpp"
+#include "kernels/gpu_path.hpp"
+#include "src/engine/device_choice.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
@@ -81,6 +85,207 @@ TEST(Memory, CountsEveryBufferByCategory) {
   EXPECT_EQ(after[zt::MemoryCategory::parameters].peak,
             before[zt::MemoryCategory::parameters].current + 1000);
   EXPECT_EQ(zt::memory_category_name(zt::MemoryCategory::optimizer_states), "optimizer_states");
+}
+
+// ---- the caching allocators' policy (kernels/block_cache.hpp), without a GPU -------------------------
+
+TEST(PinnedSizeClass, RoundsToPagesPowersOfTwoThenTwoMebibyteSteps) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  EXPECT_EQ(zt::detail::pinned_size_class(0), 4096u);
+  EXPECT_EQ(zt::detail::pinned_size_class(1), 4096u);
+  EXPECT_EQ(zt::detail::pinned_size_class(4096), 4096u);
+  EXPECT_EQ(zt::detail::pinned_size_class(4097), 8192u);
+  EXPECT_EQ(zt::detail::pinned_size_class(3 * MiB), 4 * MiB);
+  EXPECT_EQ(zt::detail::pinned_size_class(4 * MiB), 4 * MiB);
+  EXPECT_EQ(zt::detail::pinned_size_class(4 * MiB + 1), 6 * MiB);
+  EXPECT_EQ(zt::detail::pinned_size_class(1000 * MiB + 1), 1002 * MiB);
+  for (std::size_t bytes : {std::size_t{1}, std::size_t{5000}, 7 * MiB + 3, 513 * MiB}) {
+    const std::size_t size = zt::detail::pinned_size_class(bytes);
+    EXPECT_GE(size, bytes);
+    EXPECT_EQ(size % 4096, 0u) << bytes;
+    EXPECT_EQ(zt::detail::pinned_size_class(size), size) << "a class is its own class: " << bytes;
+  }
+}
+
+TEST(BlockCache, ReusesOnlyTheSameSizeOnceItsFenceIsPassed) {
+  zt::detail::BlockCache cache(1 << 20);
+  int a = 0, b = 0, c = 0;
+  int fence_a = 0, fence_b = 0;
+  bool a_passed = false;
+  const zt::detail::BlockCache::FencePassed passed = [&](void* fence) {
+    EXPECT_NE(fence, nullptr);
+    return fence == &fence_a ? a_passed : fence == &fence_b;
+  };
+  ASSERT_TRUE(cache.put({&a, 4096, &fence_a}));
+  ASSERT_TRUE(cache.put({&b, 4096, &fence_b}));
+  ASSERT_TRUE(cache.put({&c, 8192, nullptr}));
+  EXPECT_EQ(cache.cached_bytes(), 4096u + 4096u + 8192u);
+  EXPECT_FALSE(cache.take(12288, passed)) << "no block of that size";
+  // a's work is still running: the oldest block whose fence is passed is b, and its fence comes back.
+  std::optional<zt::detail::BlockCache::Block> block = cache.take(4096, passed);
+  ASSERT_TRUE(block);
+  EXPECT_EQ(block->pointer, &b);
+  EXPECT_EQ(block->fence, &fence_b);
+  EXPECT_FALSE(cache.take(4096, passed)) << "a block reused before the device is done with it";
+  a_passed = true;
+  block = cache.take(4096, passed);
+  ASSERT_TRUE(block);
+  EXPECT_EQ(block->pointer, &a);
+  block = cache.take(8192, passed);  // no fence: reusable at once
+  ASSERT_TRUE(block);
+  EXPECT_EQ(block->pointer, &c);
+  EXPECT_EQ(cache.cached_bytes(), 0u);
+}
+
+TEST(BlockCache, KeepsNoMoreThanItsCapacityAndHandsEverythingBack) {
+  zt::detail::BlockCache cache(10000);
+  int a = 0, b = 0, c = 0;
+  EXPECT_TRUE(cache.put({&a, 4096, nullptr}));
+  EXPECT_TRUE(cache.put({&b, 4096, nullptr}));
+  EXPECT_FALSE(cache.put({&c, 4096, nullptr})) << "12288 bytes in a cache of 10000";
+  EXPECT_FALSE(cache.put({&c, std::size_t{1} << 40, nullptr}));
+  EXPECT_EQ(cache.cached_bytes(), 8192u);
+  const std::vector<zt::detail::BlockCache::Block> all = cache.take_all();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(cache.cached_bytes(), 0u);
+  EXPECT_FALSE(cache.take(4096, [](void*) { return true; }));
+  zt::detail::BlockCache none(0);  // ZT_PINNED_CACHE_MB=0: nothing cached
+  EXPECT_FALSE(none.put({&a, 4096, nullptr}));
+}
+
+TEST(Memory, ReportsWhatTheActivationCacheKeeps) {
+  // Host activations of 64 KiB and more are cached when freed: reserved, not counted as in use.
+  const std::size_t bytes = std::size_t{1} << 20;
+  const zt::MemorySnapshot before = zt::memory_snapshot(zt::DeviceType::host);
+  { zt::Buffer activations(zt::Device::host(), bytes, zt::MemoryCategory::activations); }
+  const zt::MemorySnapshot freed = zt::memory_snapshot(zt::DeviceType::host);
+  EXPECT_EQ(freed.total.current, before.total.current);
+  EXPECT_GE(freed.cached, before.cached + bytes) << "the freed block is kept for reuse";
+  { zt::Buffer again(zt::Device::host(), bytes, zt::MemoryCategory::activations); }
+  EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).cached, freed.cached) << "reused, not allocated anew";
+  // Without a GPU nothing is reserved on one.
+  if (!zt::cuda_status().usable()) {
+    EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::cuda).cached, 0u);
+  }
+}
+
+TEST(HostBuffer, TakesAStreamAndIgnoresItsOrder) {
+  const zt::Stream host_stream;
+  zt::Buffer buffer(zt::Device::host(), 256, zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pageable, &host_stream);
+  std::memset(buffer.data(), 1, buffer.size());
+  zt::Buffer moved = std::move(buffer);
+  EXPECT_EQ(moved.size(), 256u);
+  EXPECT_EQ(static_cast<unsigned char*>(moved.data())[255], 1);
+}
+
+// ---- the device choice of zt::train (src/engine/device_choice.hpp), without a GPU -----------------
+
+namespace {
+zt::engine_detail::RankGpu gpu_rank(const std::string& host, int local_rank, int bound, const std::string& id,
+                                    int visible = 2) {
+  zt::engine_detail::RankGpu gpu;
+  gpu.host = host;
+  gpu.local_rank = local_rank;
+  gpu.cuda_usable = true;
+  gpu.visible_gpus = visible;
+  gpu.bound_gpu = bound;
+  gpu.gpu_id = id;
+  return gpu;
+}
+zt::engine_detail::RankGpu no_gpu_rank(const std::string& host, int local_rank) {
+  zt::engine_detail::RankGpu gpu;
+  gpu.host = host;
+  gpu.local_rank = local_rank;
+  gpu.cuda_reason = "cudaGetDeviceCount: cudaErrorInsufficientDriver (35)";
+  return gpu;
+}
+}  // namespace
+
+TEST(DeviceChoice, HostIsAlwaysTheHost) {
+  const std::vector ranks{no_gpu_rank("a", 0)};
+  const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::host, ranks, 0, true);
+  EXPECT_EQ(decision.device, zt::Device::host());
+  EXPECT_TRUE(decision.notice.empty());
+  EXPECT_TRUE(decision.error.empty());
+}
+
+TEST(DeviceChoice, AutoWithoutAGpuTrainsOnTheHostWithANotice) {
+  const std::vector ranks{no_gpu_rank("a", 0), no_gpu_rank("a", 1)};
+  const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, true);
+  EXPECT_EQ(decision.device, zt::Device::host());
+  EXPECT_TRUE(decision.error.empty());
+  EXPECT_NE(decision.notice.find("no usable GPU (cudaGetDeviceCount: cudaErrorInsufficientDriver (35)); "
+                                 "training on the host"),
+            std::string::npos)
+      << decision.notice;
+  EXPECT_EQ(decision.notice.find("warning"), std::string::npos) << "a notice, not a warning";
+}
+
+TEST(DeviceChoice, AutoTakesTheBoundGpuOnceTheEngineTrainsOnCuda) {
+  const std::vector ranks{gpu_rank("a", 0, 0, "0000:01:00.0"), gpu_rank("a", 1, 1, "0000:02:00.0")};
+  auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, true);
+  EXPECT_EQ(decision.device, zt::Device::cuda(1));
+  EXPECT_TRUE(decision.error.empty() && decision.notice.empty()) << decision.error << decision.notice;
+  decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, false);
+  EXPECT_EQ(decision.device, zt::Device::host());
+  EXPECT_NE(decision.notice.find("does not run on CUDA yet"), std::string::npos) << decision.notice;
+  // The build's record (kernels/gpu_path.hpp) says which applies.
+  EXPECT_EQ(zt::kernels::gpu_path_state(zt::kernels::GpuPathPart::engine),
+            zt::kernels::GpuPathState::not_built);
+}
+
+TEST(DeviceChoice, CudaWithoutAGpuNamesTheRankAndTheReason) {
+  const std::vector ranks{gpu_rank("a", 0, 0, "0000:01:00.0"), no_gpu_rank("b", 0), no_gpu_rank("b", 1)};
+  for (int rank = 0; rank < 3; ++rank) {  // the same verdict on every rank
+    const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::cuda, ranks, rank, true);
+    EXPECT_EQ(decision.error,
+              "\"device\": \"cuda\": rank 1 (host b, local rank 0) has no usable GPU: cudaGetDeviceCount: "
+              "cudaErrorInsufficientDriver (35) (2 of 3 ranks have none)");
+  }
+  // "auto" with GPUs on some ranks only cannot train on both kinds either.
+  const auto mixed = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 0, true);
+  EXPECT_NE(mixed.error.find("other ranks have one"), std::string::npos) << mixed.error;
+  // A usable GPU the runtime did not bind (RuntimeOptions::bind_device = false).
+  const std::vector unbound{gpu_rank("a", 0, -1, "")};
+  EXPECT_NE(
+      zt::engine_detail::decide_device(zt::DeviceChoice::cuda, unbound, 0, true).error.find("bind_device"),
+      std::string::npos);
+}
+
+TEST(DeviceChoice, OneGpuPerNodeLocalRank) {
+  // Three local ranks on two GPUs: the runtime binds local rank 2 to GPU 0 again.
+  const std::vector ranks{gpu_rank("a", 0, 0, "0000:01:00.0"), gpu_rank("a", 1, 1, "0000:02:00.0"),
+                          gpu_rank("a", 2, 0, "0000:01:00.0"), gpu_rank("b", 0, 0, "0000:01:00.0")};
+  const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::cuda, ranks, 3, true);
+  EXPECT_EQ(
+      decision.error,
+      "\"device\": \"cuda\": one GPU per node-local rank, but host a runs 3 ranks on 2 visible GPU(s): "
+      "rank 0 (host a, local rank 0) and rank 2 (host a, local rank 2) would share GPU 0000:01:00.0; "
+      "start at most 2 ranks per node (mpirun --map-by ppr:N:node, srun --ntasks-per-node) or make more "
+      "GPUs visible");
+  // One visible GPU per rank (CUDA_VISIBLE_DEVICES per rank): index 0 everywhere, distinct GPUs.
+  const std::vector own{gpu_rank("a", 0, 0, "0000:01:00.0", 1), gpu_rank("a", 1, 0, "0000:02:00.0", 1)};
+  const auto fine = zt::engine_detail::decide_device(zt::DeviceChoice::cuda, own, 1, true);
+  EXPECT_TRUE(fine.error.empty()) << fine.error;
+  EXPECT_EQ(fine.device, zt::Device::cuda(0));
+}
+
+TEST(DeviceChoice, RankDescriptionsRoundTripAsText) {
+  zt::engine_detail::RankGpu gpu = no_gpu_rank("node-1.cluster", 3);
+  gpu.cuda_reason = "a reason: with (parentheses), commas";
+  const zt::engine_detail::RankGpu back = zt::engine_detail::RankGpu::from_text(gpu.to_text());
+  EXPECT_EQ(back.host, gpu.host);
+  EXPECT_EQ(back.local_rank, 3);
+  EXPECT_FALSE(back.cuda_usable);
+  EXPECT_EQ(back.cuda_reason, gpu.cuda_reason);
+  EXPECT_EQ(back.bound_gpu, -1);
+  const zt::engine_detail::RankGpu usable =
+      zt::engine_detail::RankGpu::from_text(gpu_rank("h", 1, 1, "0000:02:00.0").to_text());
+  EXPECT_TRUE(usable.cuda_usable);
+  EXPECT_EQ(usable.gpu_id, "0000:02:00.0");
+  EXPECT_EQ(usable.visible_gpus, 2);
+  EXPECT_THROW(zt::engine_detail::RankGpu::from_text("too few"), zt::Error);
 }
 
 TEST(Cuda, StatusExplainsItself) {
