@@ -23,9 +23,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,25 @@ struct LimitSpan {
   }
 };
 
+/// An uninitialized array on a 64-byte boundary (a cache line and an AVX-512 vector), as zt::Buffer's
+/// and PyTorch's CPU allocations are: malloc's 16-byte alignment would make every 512-bit access of the
+/// kernels (DeepSpeed's included) straddle two cache lines.
+template <typename T>
+struct AlignedArray {
+  struct Free {
+    void operator()(T* data) const { std::free(data); }
+  };
+  static std::unique_ptr<T[], Free> make(std::size_t count) {
+    constexpr std::size_t kAlignment = 64;
+    const std::size_t bytes = (count * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    T* data = static_cast<T*>(std::aligned_alloc(kAlignment, std::max(bytes, kAlignment)));
+    if (data == nullptr) throw std::bad_alloc();
+    return std::unique_ptr<T[], Free>(data);
+  }
+};
+template <typename T>
+using AlignedPtr = std::unique_ptr<T[], typename AlignedArray<T>::Free>;
+
 /// Run span(begin, end) over blocks of 4096 elements of [0, count), statically spread over the threads,
 /// as the host kernels do.
 template <typename Span>
@@ -99,13 +120,13 @@ class AdamwAnchors {
   explicit AdamwAnchors(std::size_t params)
       : params_(params),
         triad_n_(4 * params * sizeof(float) / (3 * sizeof(double))),
-        a_(std::make_unique_for_overwrite<double[]>(triad_n_)),
-        b_(std::make_unique_for_overwrite<double[]>(triad_n_)),
-        c_(std::make_unique_for_overwrite<double[]>(triad_n_)),
-        p_(std::make_unique_for_overwrite<float[]>(params)),
-        g_(std::make_unique_for_overwrite<float[]>(params)),
-        m_(std::make_unique_for_overwrite<float[]>(params)),
-        v_(std::make_unique_for_overwrite<float[]>(params)) {
+        a_(AlignedArray<double>::make(triad_n_)),
+        b_(AlignedArray<double>::make(triad_n_)),
+        c_(AlignedArray<double>::make(triad_n_)),
+        p_(AlignedArray<float>::make(params)),
+        g_(AlignedArray<float>::make(params)),
+        m_(AlignedArray<float>::make(params)),
+        v_(AlignedArray<float>::make(params)) {
     for_blocks(triad_n_, [&](std::size_t begin, std::size_t end) {
       std::fill(a_.get() + begin, a_.get() + end, 0.0);
       std::fill(b_.get() + begin, b_.get() + end, 1.0);
@@ -148,8 +169,8 @@ class AdamwAnchors {
  private:
   std::size_t params_;
   std::size_t triad_n_;
-  std::unique_ptr<double[]> a_, b_, c_;
-  std::unique_ptr<float[]> p_, g_, m_, v_;
+  AlignedPtr<double> a_, b_, c_;
+  AlignedPtr<float> p_, g_, m_, v_;
 };
 
 /// Timed kernels run in rounds: each round runs every kernel once, in order, so that all see the same

@@ -40,13 +40,14 @@ namespace {
 constexpr const char* kUsage = "usage: zt_bench_deepspeed_adam [--params N] [--reps R] [--threads T]";
 constexpr float kLr = 1e-4f, kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f, kWeightDecay = 0.01f;
 
-/// Four fp32 arrays with the benchmarks' initial values, first touched with the kernels' schedule.
+/// Four fp32 arrays with the benchmarks' initial values, 64-byte aligned as PyTorch's tensors are,
+/// first touched with the kernels' schedule.
 struct AdamArrays {
   explicit AdamArrays(std::size_t n)
-      : p(std::make_unique_for_overwrite<float[]>(n)),
-        g(std::make_unique_for_overwrite<float[]>(n)),
-        m(std::make_unique_for_overwrite<float[]>(n)),
-        v(std::make_unique_for_overwrite<float[]>(n)) {
+      : p(zt::bench::AlignedArray<float>::make(n)),
+        g(zt::bench::AlignedArray<float>::make(n)),
+        m(zt::bench::AlignedArray<float>::make(n)),
+        v(zt::bench::AlignedArray<float>::make(n)) {
     zt::bench::for_blocks(n, [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         p[i] = 1.0f + 1e-3f * static_cast<float>(i % 7);
@@ -56,7 +57,7 @@ struct AdamArrays {
       }
     });
   }
-  std::unique_ptr<float[]> p, g, m, v;
+  zt::bench::AlignedPtr<float> p, g, m, v;
 };
 
 /// DeepSpeed's step as ds_adam_step runs it for fp32 tensors whose size is a multiple of the block.
