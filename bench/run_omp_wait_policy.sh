@@ -10,7 +10,7 @@
 #   unset               libgomp's default: spin GOMP_SPINCOUNT=300000 times, then sleep
 #   spin=N              OMP_WAIT_POLICY unset, GOMP_SPINCOUNT=N
 #   active              spin without end
-# The zerotrain command (zerotrain train) applies its own default when neither variable is set
+# The zerotrain command applies its own default (OMP_WAIT_POLICY=passive) when neither variable is set
 # (docs/benchmarks.md "OpenMP waiting"); this script sets or unsets them explicitly for every run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

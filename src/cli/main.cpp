@@ -1108,7 +1108,9 @@ void hold_before_mpi_init() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  zt::cli::apply_openmp_wait_default(argv);  // first: may execute this program again
+  // First, before OpenMP is used and before the signal scope below: may execute this program again
+  // (with the default OMP_WAIT_POLICY), and the scope then starts in the new program.
+  zt::cli::apply_openmp_wait_default(argv);
   const bool train = argc > 1 && std::string_view(argv[1]) == "train";
   // `zerotrain train` records SIGTERM/SIGUSR1 from its first instruction: a preemption while MPI
   // starts or a checkpoint loads then ends in exit 75 (requeue), not in a killed job.
