@@ -3,11 +3,16 @@
 // interleaved rounds so that all see the same machine load.
 //
 //   triad   a[i] = b[i] + s * c[i] over three double arrays whose total size is AdamW's (p, g, m, v),
-//           counted at 24 bytes per element as STREAM does (the store's write-allocate read is not
-//           counted). Its time travels between machines: report a kernel's time as a ratio to it.
+//           as STREAM runs it (regular stores, no software prefetch). It moves 32 bytes per element:
+//           STREAM counts 24, but a regular store to `a` first reads the line (write-allocate), so the
+//           bandwidth printed for it counts the 32 it moves. Its time travels between machines:
+//           report a kernel's time as a ratio to it.
 //   limit   AdamW's memory traffic without its arithmetic: read p, g, m, v, write p, m, v (28 bytes
-//           per parameter, no write-allocate since each line written was read). The fastest AdamW can
-//           be on this machine; a kernel's "fraction of the limit" is limit time / kernel time.
+//           per parameter; no write-allocate, each line written was read first), with the kernel's
+//           software prefetch (kernels::host::prefetch_ahead): the fastest AdamW can be on this
+//           machine, so a kernel's "fraction of the limit" is limit time / kernel time. (Non-temporal
+//           stores do not lower it: they save the write-allocate read only for lines not read
+//           before, and for AdamW's read-modify-write streams they measured slower.)
 // Both run on the best ISA path of this CPU (kernels/host/host_isa_kernels.hpp) and the same
 // OpenMP static block schedule as the kernels.
 #pragma once
@@ -18,13 +23,17 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
 #include "bench/bench_helpers.hpp"
 #include "kernels/host/host_isa_kernels.hpp"
+#include "kernels/host/prefetch.hpp"
 #include "kernels/host_isa.hpp"
 
 namespace zt::bench {
@@ -37,6 +46,13 @@ inline double seconds(const std::function<void()>& body) {
   return elapsed.count();
 }
 
+/// CPU seconds this process has used (all threads, user and system).
+inline double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
 struct TriadSpan {
   ZT_HOST_ISA_BODY static void run(double* a, const double* b, const double* c, double s, std::size_t begin,
                                    std::size_t end) {
@@ -47,16 +63,43 @@ struct TriadSpan {
 
 struct LimitSpan {
   ZT_HOST_ISA_BODY static void run(float* p, const float* g, float* m, float* v, std::size_t begin,
-                                   std::size_t end) {
+                                   std::size_t end, std::size_t count) {
+    using kernels::host::kPrefetchChunk, kernels::host::prefetch_ahead;
+    for (std::size_t chunk = begin; chunk < end; chunk += kPrefetchChunk) {  // as AdamSpan does
+      prefetch_ahead(g, chunk, count);
+      prefetch_ahead(p, chunk, count);
+      prefetch_ahead(m, chunk, count);
+      prefetch_ahead(v, chunk, count);
+      const std::size_t chunk_end = std::min(end, chunk + kPrefetchChunk);
 #pragma omp simd
-    for (std::size_t i = begin; i < end; ++i) {
-      const float gi = g[i];
-      p[i] = p[i] - 1e-9f * gi;
-      m[i] = m[i] + gi;
-      v[i] = v[i] + gi;
+      for (std::size_t i = chunk; i < chunk_end; ++i) {
+        const float gi = g[i];
+        p[i] = p[i] - 1e-9f * gi;
+        m[i] = m[i] + gi;
+        v[i] = v[i] + gi;
+      }
     }
   }
 };
+
+/// An uninitialized array on a 64-byte boundary (a cache line and an AVX-512 vector), as zt::Buffer's
+/// and PyTorch's CPU allocations are: malloc's 16-byte alignment would make every 512-bit access of the
+/// kernels (DeepSpeed's included) straddle two cache lines.
+template <typename T>
+struct AlignedArray {
+  struct Free {
+    void operator()(T* data) const { std::free(data); }
+  };
+  static std::unique_ptr<T[], Free> make(std::size_t count) {
+    constexpr std::size_t kAlignment = 64;
+    const std::size_t bytes = (count * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
+    T* data = static_cast<T*>(std::aligned_alloc(kAlignment, std::max(bytes, kAlignment)));
+    if (data == nullptr) throw std::bad_alloc();
+    return std::unique_ptr<T[], Free>(data);
+  }
+};
+template <typename T>
+using AlignedPtr = std::unique_ptr<T[], typename AlignedArray<T>::Free>;
 
 /// Run span(begin, end) over blocks of 4096 elements of [0, count), statically spread over the threads,
 /// as the host kernels do.
@@ -77,13 +120,13 @@ class AdamwAnchors {
   explicit AdamwAnchors(std::size_t params)
       : params_(params),
         triad_n_(4 * params * sizeof(float) / (3 * sizeof(double))),
-        a_(std::make_unique_for_overwrite<double[]>(triad_n_)),
-        b_(std::make_unique_for_overwrite<double[]>(triad_n_)),
-        c_(std::make_unique_for_overwrite<double[]>(triad_n_)),
-        p_(std::make_unique_for_overwrite<float[]>(params)),
-        g_(std::make_unique_for_overwrite<float[]>(params)),
-        m_(std::make_unique_for_overwrite<float[]>(params)),
-        v_(std::make_unique_for_overwrite<float[]>(params)) {
+        a_(AlignedArray<double>::make(triad_n_)),
+        b_(AlignedArray<double>::make(triad_n_)),
+        c_(AlignedArray<double>::make(triad_n_)),
+        p_(AlignedArray<float>::make(params)),
+        g_(AlignedArray<float>::make(params)),
+        m_(AlignedArray<float>::make(params)),
+        v_(AlignedArray<float>::make(params)) {
     for_blocks(triad_n_, [&](std::size_t begin, std::size_t end) {
       std::fill(a_.get() + begin, a_.get() + end, 0.0);
       std::fill(b_.get() + begin, b_.get() + end, 1.0);
@@ -100,8 +143,9 @@ class AdamwAnchors {
   }
 
   std::size_t triad_elements() const { return triad_n_; }
-  /// Bytes the triad is counted at (24 per element) and the bytes AdamW moves (28 per parameter).
-  double triad_bytes() const { return 24.0 * static_cast<double>(triad_n_); }
+  /// Bytes the triad moves (32 per element with the write-allocate read of `a`) and the bytes AdamW
+  /// moves (28 per parameter).
+  double triad_bytes() const { return 32.0 * static_cast<double>(triad_n_); }
   double adamw_bytes() const { return 28.0 * static_cast<double>(params_); }
 
   void triad() {
@@ -118,23 +162,30 @@ class AdamwAnchors {
     const float* g = g_.get();
     float* m = m_.get();
     float* v = v_.get();
-    for_blocks(params_, [&](std::size_t begin, std::size_t end) { span(p, g, m, v, begin, end); });
+    const std::size_t count = params_;
+    for_blocks(params_, [&](std::size_t begin, std::size_t end) { span(p, g, m, v, begin, end, count); });
   }
 
  private:
   std::size_t params_;
   std::size_t triad_n_;
-  std::unique_ptr<double[]> a_, b_, c_;
-  std::unique_ptr<float[]> p_, g_, m_, v_;
+  AlignedPtr<double> a_, b_, c_;
+  AlignedPtr<float> p_, g_, m_, v_;
 };
 
 /// Timed kernels run in rounds: each round runs every kernel once, in order, so that all see the same
 /// machine load; per-kernel medians of the times and of the per-round ratios to the anchors.
+///
+/// Besides the wall time, each call's CPU time per thread (the process's CPU time over the call,
+/// divided by the OpenMP thread count; run with OMP_WAIT_POLICY=passive so that waiting threads use
+/// none): on a machine shared with more runnable threads than cores, the wall time mostly measures
+/// how long the threads waited for a core, the CPU time how long they ran, memory stalls included.
+/// For these memory-bound kernels it is the better estimate of the time on an idle machine.
 class Rounds {
  public:
   /// Add a kernel; returns its index. The first two must be the triad and the limit.
   std::size_t add(std::string name, std::string path, double bytes, std::function<void()> body) {
-    kernels_.push_back({std::move(name), std::move(path), bytes, std::move(body), {}});
+    kernels_.push_back({std::move(name), std::move(path), bytes, std::move(body), {}, {}});
     return kernels_.size() - 1;
   }
 
@@ -145,7 +196,9 @@ class Rounds {
     for (int r = 0; r < rounds; ++r) {
       for (auto& kernel : kernels_) {
         kernel.body();
+        const double cpu_start = process_cpu_seconds();
         kernel.times.push_back(seconds(kernel.body));
+        kernel.cpu_times.push_back((process_cpu_seconds() - cpu_start) / omp_get_max_threads());
       }
     }
   }
@@ -155,23 +208,28 @@ class Rounds {
     double ms = 0, gbps = 0;
     double triad_ratio = 0;         // kernel time / triad time, median over rounds
     double limit_fraction = 0;      // limit time / kernel time, median over rounds
-    double bandwidth_fraction = 0;  // kernel GB/s / triad GB/s (both as counted), median over rounds
+    double bandwidth_fraction = 0;  // kernel GB/s / triad GB/s (bytes moved), median over rounds
+    double cpu_ms = 0;              // CPU time per thread, median over rounds
+    double cpu_limit_fraction = 0;  // limit CPU time / kernel CPU time, median over rounds
   };
 
   std::vector<Result> results() const {
     std::vector<Result> out;
     const auto& triad = kernels_.at(0).times;
     const auto& limit = kernels_.at(1).times;
+    const auto& limit_cpu = kernels_.at(1).cpu_times;
     for (const auto& kernel : kernels_) {
-      std::vector<double> triad_ratio, limit_fraction, bandwidth_fraction;
+      std::vector<double> triad_ratio, limit_fraction, bandwidth_fraction, cpu_limit_fraction;
       for (std::size_t r = 0; r < kernel.times.size(); ++r) {
         triad_ratio.push_back(kernel.times[r] / triad[r]);
         limit_fraction.push_back(limit[r] / kernel.times[r]);
         bandwidth_fraction.push_back((kernel.bytes / kernel.times[r]) / (kernels_[0].bytes / triad[r]));
+        cpu_limit_fraction.push_back(limit_cpu[r] / kernel.cpu_times[r]);
       }
       const double time = median(kernel.times);
       out.push_back({kernel.name, kernel.path, 1e3 * time, kernel.bytes / time / 1e9, median(triad_ratio),
-                     median(limit_fraction), median(bandwidth_fraction)});
+                     median(limit_fraction), median(bandwidth_fraction), 1e3 * median(kernel.cpu_times),
+                     median(cpu_limit_fraction)});
     }
     return out;
   }
@@ -181,7 +239,7 @@ class Rounds {
     std::string name, path;
     double bytes;
     std::function<void()> body;
-    std::vector<double> times;
+    std::vector<double> times, cpu_times;
   };
   std::vector<Kernel> kernels_;
 };

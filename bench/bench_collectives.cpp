@@ -1,11 +1,19 @@
 // zerotrain's MPI communicator against raw MPI, measured in the same run.
 //
-// For all_reduce, reduce_scatter, all_gather and broadcast (fp32, sum) at sizes from 4 KiB to
-// 64 MiB, both run on the same MPI_Comm (the communicator's own duplicate) with the same buffers,
-// interleaved call by call so that both see the same
+// For all_reduce, reduce_scatter, all_gather (out of place and in place) and broadcast (fp32, sum) at
+// sizes from 4 KiB to 64 MiB, both run on the same MPI_Comm (the communicator's own duplicate) with
+// the same buffers (first touched before timing) and the same in/out-of-place choice, interleaved
+// call by call so that both see the same
 // machine load: a block makes `iters` pairs of calls, zerotrain and raw alternating, each timed on its
 // own; a block's time per call is the maximum over ranks of the per-rank mean, and a size's figure
 // is the median over blocks.
+//
+// all_gather is out of place (separate send and receive buffers: MPI also copies the rank's own block
+// into the receive buffer); all_gather_in_place passes the rank's own block inside the receive buffer,
+// which zerotrain turns into MPI_IN_PLACE and the raw side calls with MPI_IN_PLACE, as the engine's
+// parameter gathers do. At 2 ranks and 64 MiB the local copy made the out-of-place call ~1.5-2x slower
+// (docs/benchmarks.md), so the two are separate rows. bench/mpi_allgather_anchor.c is the same
+// measurement in a plain MPI program, without zerotrain's runtime: the outside anchor for both.
 //
 // Sizes and bandwidths follow NCCL-tests: S is the all_reduce/broadcast buffer, the whole
 // reduce_scatter input and the whole all_gather output; algbw = S / t; busbw = algbw times
@@ -14,7 +22,8 @@
 // ran interleaved, under the same load) and then the median over blocks.
 //
 //   mpirun -n 4 zt_bench_collectives [--quick] [--min-bytes 4K] [--max-bytes 64M] [--iters N]
-//                                    [--blocks B] [--ops all_reduce,broadcast] [--json PATH] [--raw-vs-raw]
+//                                    [--blocks B] [--ops all_reduce,all_gather_in_place] [--json PATH]
+//                                    [--raw-vs-raw]
 //
 // --raw-vs-raw runs raw MPI in both columns: its ratios show how far this machine's noise alone
 // moves the ratio, the yardstick for reading the real run.
@@ -44,7 +53,8 @@ struct Options {
   int fixed_iterations = 0;  // 0: adapt to the size
   int blocks = 5;
   double block_seconds = 0.06;  // aim per block when adapting iterations
-  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "broadcast"};
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "all_gather_in_place",
+                                  "broadcast"};
   std::string json_path;
   bool raw_vs_raw = false;  // calibration: both columns run raw MPI, so the ratios show the noise
 };
@@ -122,17 +132,19 @@ Options parse_options(int argc, char** argv) {
       std::printf(
           "usage: zt_bench_collectives [--quick] [--min-bytes 4K] [--max-bytes 64M] [--iters N] [--blocks "
           "B]\n"
-          "                            [--ops all_reduce,reduce_scatter,all_gather,broadcast] [--json "
-          "PATH]\n");
+          "                            [--ops "
+          "all_reduce,reduce_scatter,all_gather,all_gather_in_place,broadcast]\n"
+          "                            [--json PATH] [--raw-vs-raw]\n");
       std::exit(0);
     } else {
       ZT_THROW("unknown option '", arg, "'; see --help");
     }
   }
   for (const std::string& op : options.ops) {
-    ZT_CHECK(op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" || op == "broadcast",
+    ZT_CHECK(op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" ||
+                 op == "all_gather_in_place" || op == "broadcast",
              "unknown collective '", op,
-             "' in --ops; expected all_reduce, reduce_scatter, all_gather, broadcast");
+             "' in --ops; expected all_reduce, reduce_scatter, all_gather, all_gather_in_place, broadcast");
   }
   return options;
 }
@@ -262,6 +274,7 @@ Benchmark make_benchmark(const std::string& op, std::size_t target_bytes, zt::Co
     buffers.send.assign(op == "reduce_scatter" ? bench.count * n : bench.count, 1.0f);
     buffers.recv.assign(op == "reduce_scatter" ? bench.count : bench.count * n, 0.0f);
   }
+  // assign() wrote every element: the pages are touched (by this rank) before any timed call.
   float* send = buffers.send.data();
   float* recv = buffers.recv.data();
   const std::size_t count = bench.count;
@@ -282,6 +295,15 @@ Benchmark make_benchmark(const std::string& op, std::size_t target_bytes, zt::Co
     bench.bus_factor = (ranks - 1) / ranks;
     bench.zerotrain = [&comm, send, recv, count] { comm.all_gather(send, recv, count, zt::DType::fp32); };
     bench.raw = [=] { MPI_Allgather(send, mpi_count, MPI_FLOAT, recv, mpi_count, MPI_FLOAT, raw_comm); };
+  } else if (op == "all_gather_in_place") {
+    bench.bus_factor = (ranks - 1) / ranks;
+    float* own_block = recv + static_cast<std::size_t>(comm.rank()) * count;  // zerotrain: MPI_IN_PLACE
+    bench.zerotrain = [&comm, own_block, recv, count] {
+      comm.all_gather(own_block, recv, count, zt::DType::fp32);
+    };
+    bench.raw = [=] {
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, mpi_count, MPI_FLOAT, raw_comm);
+    };
   } else {
     bench.bus_factor = 1.0;
     bench.zerotrain = [&comm, send, count] { comm.broadcast(send, count, zt::DType::fp32, 0); };
@@ -313,7 +335,7 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
     std::printf(
         "fp32 sum; median of %d interleaved blocks; per-call time = max over ranks; GB/s = 1e9 B/s\n\n",
         options.blocks);
-    std::printf("%-15s %9s %11s %6s | %10s %8s %8s | %10s %8s %8s | %7s\n", "collective", "size", "count",
+    std::printf("%-19s %9s %11s %6s | %10s %8s %8s | %10s %8s %8s | %7s\n", "collective", "size", "count",
                 "iters", "zt us", "algbw", "busbw", "raw us", "algbw", "busbw", "zt/raw");
   }
   std::vector<Result> results;
@@ -328,7 +350,7 @@ int run(zt::Runtime& runtime, int argc, char** argv) {
       if (root) {
         const double zt_algbw = static_cast<double>(result.bytes) / result.zerotrain_seconds / 1e9;
         const double raw_algbw = static_cast<double>(result.bytes) / result.raw_seconds / 1e9;
-        std::printf("%-15s %9s %11zu %6d | %10.1f %8.3f %8.3f | %10.1f %8.3f %8.3f | %6.2fx\n", op.c_str(),
+        std::printf("%-19s %9s %11zu %6d | %10.1f %8.3f %8.3f | %10.1f %8.3f %8.3f | %6.2fx\n", op.c_str(),
                     human_bytes(result.bytes).c_str(), result.count, result.iterations,
                     result.zerotrain_seconds * 1e6, zt_algbw, zt_algbw * result.bus_factor,
                     result.raw_seconds * 1e6, raw_algbw, raw_algbw * result.bus_factor, result.ratio);

@@ -33,6 +33,7 @@
 
 #include "base/text.hpp"
 #include "src/cli/checkpoint_import.hpp"
+#include "src/cli/openmp_wait_default.hpp"
 #include "src/cli/plain_message.hpp"
 #include "src/cli/plan_command.hpp"
 #include "zerotrain/build_info.hpp"
@@ -280,6 +281,10 @@ Job prepare_report(Arguments& arguments) {
          {zt::build_report(), zt::mpi_report(runtime), zt::device_report(), zt::io_report()}) {
       report.insert(report.end(), part.begin(), part.end());
     }
+    // After the last "host" line, so that the section stays together.
+    const auto last_host = std::find_if(report.rbegin(), report.rend(),
+                                        [](const zt::ReportLine& line) { return line.section == "host"; });
+    report.insert(last_host.base(), {"host", "OpenMP waiting", zt::cli::openmp_wait_description()});
     if (runtime.world_rank() != 0) return 0;
     std::string section;
     for (const auto& line : report) {
@@ -749,8 +754,9 @@ constexpr std::string_view kCheckpointExitCodes =
 const Command kCommands[] = {
     {"report", "[--config FILE]", "MPI, CUDA/NCCL, HDF5 and I/O capabilities of this build and machine",
      "Prints the build (version, type, compiler), the MPI library, thread level, ranks and nodes, UCX\n"
-     "and the pml in use, CUDA/NCCL, HDF5 (parallel or not), io_uring and libaio, and the watchdog's\n"
-     "collective timeout with its source (ZT_COLLECTIVE_TIMEOUT, or FILE's comm.timeout_s).\n"
+     "and the pml in use, CUDA/NCCL, HDF5 (parallel or not), io_uring and libaio, the host kernels'\n"
+     "ISA path and OpenMP waiting (OMP_WAIT_POLICY/GOMP_SPINCOUNT, or zerotrain's default), and the\n"
+     "watchdog's collective timeout with its source (ZT_COLLECTIVE_TIMEOUT, or FILE's comm.timeout_s).\n"
      "Run it under mpirun/srun to see what a job gets.\n"
      "\n"
      "options:\n"
@@ -1118,6 +1124,9 @@ void hold_before_mpi_init() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before OpenMP is used and before the signal scope below: may execute this program again
+  // (with the default OMP_WAIT_POLICY), and the scope then starts in the new program.
+  zt::cli::apply_openmp_wait_default(argv);
   const bool train = argc > 1 && std::string_view(argv[1]) == "train";
   // `zerotrain train` records SIGTERM/SIGUSR1 from its first instruction: a preemption while MPI
   // starts or a checkpoint loads then ends in exit 75 (requeue), not in a killed job.
