@@ -285,19 +285,21 @@ class NcclCommunicator final : public Communicator {
   template <typename Enqueue>
   void blocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue) {
     const DeviceScope scope(resources_->device, name());
-    refuse_if_aborted();
     const auto start = Clock::now();
-    if (ordered_ != nullptr) {
-      const std::shared_ptr<OwnedEvent> done = enqueue_ordered(enqueue);
-      ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(ordered_, done->get(), 0), name());
-      check_async_error();
-      if (op != CommOp::barrier) {
-        record(op, payload_bytes, seconds_since(start));
-        return;
+    {
+      const NcclCalls calls(*this);
+      if (ordered_ != nullptr) {
+        const std::shared_ptr<OwnedEvent> done = enqueue_ordered(enqueue);
+        ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(ordered_, done->get(), 0), name());
+        check_async_error();
+        if (op != CommOp::barrier) {
+          record(op, payload_bytes, seconds_since(start));
+          return;
+        }
+      } else {
+        enqueue();
       }
-    } else {
-      enqueue();
-    }
+    }  // the host may wait long below: the watchdog's abort must not wait for that
     const cudaError_t error = cudaStreamSynchronize(stream());
     if (error != cudaSuccess) {
       if (aborted_.load()) wait_for_the_job_to_end();
@@ -343,9 +345,29 @@ class NcclCommunicator final : public Communicator {
     retire_completed();
   }
 
-  /// The watchdog ends the job: a collective waiting for a late peer would never return.
+  /// The owner thread's NCCL calls (enqueues, error queries) happen under this, so that the
+  /// watchdog's ncclCommAbort does not free the communicator in the middle of one; a thread that
+  /// reaches the communicator after the abort waits for the job's end instead.
+  class NcclCalls {
+   public:
+    explicit NcclCalls(const NcclCommunicator& comm) : lock_(comm.nccl_calls_) {
+      if (comm.aborted_.load()) {
+        lock_.unlock();  // the abort may be waiting for it
+        comm.wait_for_the_job_to_end();
+      }
+    }
+
+   private:
+    std::unique_lock<std::recursive_timed_mutex> lock_;
+  };
+
+  /// The watchdog ends the job: a collective waiting for a late peer would never return. A call in
+  /// progress on the owner thread is waited for a while (an enqueue that NCCL blocks in, waiting
+  /// for its peers' connections, is what ncclCommAbort exists to end, so not for ever).
   void abort_from_watchdog() {
     if (aborted_.exchange(true)) return;
+    std::unique_lock lock(nccl_calls_, std::defer_lock);
+    (void)lock.try_lock_for(std::chrono::seconds(2));
     cudaSetDevice(resources_->device);
     ncclCommAbort(resources_->comm);
     std::fprintf(stderr,
@@ -359,12 +381,8 @@ class NcclCommunicator final : public Communicator {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 
-  void refuse_if_aborted() const {
-    if (aborted_.load()) wait_for_the_job_to_end();
-  }
-
   void check_async_error() const {
-    if (aborted_.load()) wait_for_the_job_to_end();
+    const NcclCalls calls(*this);
     ncclResult_t async_error = ncclSuccess;
     if (ncclCommGetAsyncError(comm(), &async_error) == ncclSuccess && async_error != ncclSuccess) {
       raise_nccl(__FILE__, __LINE__, "asynchronous NCCL error", name(), comm(), async_error);
@@ -452,6 +470,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<OwnedEvent> ordered_reached_;  // its point when an operation is enqueued
   std::mutex pending_mutex_;                     // the owner thread and the watchdog's
   std::deque<PendingOp> pending_;
+  mutable std::recursive_timed_mutex nccl_calls_;  // see NcclCalls
   std::atomic<bool> aborted_{false};
 };
 
@@ -503,7 +522,7 @@ class NcclCommunicator::Event final : public Work::State {
 template <typename Enqueue>
 Work NcclCommunicator::nonblocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue) {
   const DeviceScope scope(resources_->device, name());
-  refuse_if_aborted();
+  const NcclCalls calls(*this);
   const auto start = Clock::now();
   if (ordered_ != nullptr) {
     return Work(std::make_unique<Event>(*this, op, payload_bytes, start, enqueue_ordered(enqueue)));

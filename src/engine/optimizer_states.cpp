@@ -129,16 +129,10 @@ class HostOffloadedStates final : public OptimizerStates {
         Buffer(host, std::max<std::size_t>(1, elements) * sizeof(float), MemoryCategory::optimizer_states,
                kHostAlignment, offload.pin_memory ? HostMemoryKind::pinned : HostMemoryKind::pageable);
     ExecutionContext::host().zero(host_master_.data(), host_master_.size());
+    master_from_parameters();
     std::vector<ParamBuffer> buffers;
-    for (std::size_t i = 0; i < plan_.size(); ++i) {
-      const OwnedRange& range = plan_.owned()[i];
-      const auto count = static_cast<std::size_t>(range.count);
-      Buffer staging(host, std::max<std::size_t>(1, count) * dtype_size(dtype), MemoryCategory::other);
-      execution_.to_host(staging.data(), strategy_.parameters(i), count * dtype_size(dtype));
-      kernels::convert(ExecutionContext::host().compute(), staging.data(), dtype, host_master(i), DType::fp32,
-                       range.count);
-      buffers.push_back({host_master(i), count});
-    }
+    for (std::size_t i = 0; i < plan_.size(); ++i)
+      buffers.push_back({host_master(i), static_cast<std::size_t>(plan_.owned()[i].count)});
     optimizer_ = make_optimizer(to_string(config.optimizer->type), std::move(buffers),
                                 optimizer_params_of(*config.optimizer), host);
     names_ = optimizer_->state_names();
@@ -188,6 +182,12 @@ class HostOffloadedStates final : public OptimizerStates {
     ExecutionContext::host().copy(optimizer_->state(names_[state], index).data(), source, bytes_of(index));
   }
 
+  /// In fp32 the plan has no separate master (the parameters are the master), so a checkpoint load
+  /// or a weights import writes only the device's parameters: the host master follows them here.
+  void flush() override {
+    if (!plan_.separate_master()) master_from_parameters();
+  }
+
   OptimizerStatesPlacement placement() const override {
     OptimizerStatesPlacement placement;
     placement.device = plan_.settings().optimizer_offload;
@@ -195,6 +195,23 @@ class HostOffloadedStates final : public OptimizerStates {
   }
 
  private:
+  /// The master of every owned range from the device's parameters (compute dtype), converted.
+  void master_from_parameters() {
+    const DType dtype = plan_.settings().compute_dtype;
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      const auto count = static_cast<std::size_t>(plan_.owned()[i].count);
+      if (count == 0) continue;
+      if (dtype == DType::fp32) {
+        execution_.to_host(host_master(i), strategy_.parameters(i), count * sizeof(float));
+        continue;
+      }
+      Buffer staging(ExecutionContext::host().device(), count * dtype_size(dtype), MemoryCategory::other);
+      execution_.to_host(staging.data(), strategy_.parameters(i), count * dtype_size(dtype));
+      kernels::convert(ExecutionContext::host().compute(), staging.data(), dtype, host_master(i), DType::fp32,
+                       plan_.owned()[i].count);
+    }
+  }
+
   float* host_master(std::size_t index) {
     return host_master_.as<float>() + plan_.owned()[index].shard_begin;
   }

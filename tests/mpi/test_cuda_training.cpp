@@ -47,17 +47,17 @@ zt::Config config_of(int stage, const std::string& zero_extra, const std::string
 
 constexpr const char* kBf16 = R"(, "bf16": {"enabled": true})";
 
-struct Run {
+struct TrainingRun {
   std::vector<double> losses;
   std::vector<float> initial;  // the master before the first step
   std::vector<float> master;   // ... and after the last
 };
 
-Run train_on(zt::Device device, const zt::Config& config) {
+TrainingRun train_on(zt::Device device, const zt::Config& config) {
   auto model = zt::build_model(config);
   zt::Engine engine(zt::testing::runtime(), *model, config, {.device = device});
   auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
-  Run run;
+  TrainingRun run;
   run.initial = real_master_parameters(engine);
   for (int step = 0; step < kSteps; ++step) {
     engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
@@ -81,7 +81,7 @@ struct Tolerance {
   double master;  // |gpu - host| / |host - initial|
 };
 
-void expect_close(const Run& gpu, const Run& host, Tolerance tolerance) {
+void expect_close(const TrainingRun& gpu, const TrainingRun& host, Tolerance tolerance) {
   ASSERT_EQ(gpu.losses.size(), host.losses.size());
   for (std::size_t i = 0; i < host.losses.size(); ++i) {
     EXPECT_NEAR(gpu.losses[i], host.losses[i], tolerance.loss * std::abs(host.losses[i])) << "step " << i + 1;
@@ -100,8 +100,8 @@ TEST(CudaTraining, EqualsTheHostAtEveryStage) {
     for (const char* precision : {"", kBf16}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + precision);
       const zt::Config config = config_of(stage, "", precision);
-      const Run host = train_on(zt::Device::host(), config);
-      const Run gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+      const TrainingRun host = train_on(zt::Device::host(), config);
+      const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
       const bool bf16 = *precision != '\0';
       expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-4, 1e-3});
     }
@@ -115,8 +115,8 @@ TEST(CudaTraining, OffloadsTheOptimizerToTheHostAtStage2) {
       SCOPED_TRACE(std::string(optimizer == kSgd ? "SGD" : "AdamW") + precision);
       const zt::Config config = config_of(
           2, R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true})", precision, optimizer);
-      const Run host = train_on(zt::Device::host(), config);
-      const Run gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+      const TrainingRun host = train_on(zt::Device::host(), config);
+      const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
       const bool bf16 = *precision != '\0';
       // Adam turns tiny gradient differences into full steps: its weights are compared loosely.
       const double master = optimizer == kSgd ? (bf16 ? 0.1 : 1e-3) : 0.5;
