@@ -7,7 +7,7 @@
 
 namespace zt {
 
-std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, Device, std::string name) {
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator&, Device, std::string name, const Stream*) {
   ZT_THROW_AS(CommError, "make_nccl_communicator('", name,
               "'): zerotrain was built without CUDA, so there is no NCCL backend; rebuild with "
               "-DZT_WITH_CUDA=ON (needs the CUDA toolkit and NCCL)");

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 namespace zt::detail {
 
@@ -33,6 +34,44 @@ void OpTracker::finish(std::uint64_t token) {
       return;
     }
   }
+}
+
+std::uint64_t OpTracker::begin_device_side() {
+  const std::lock_guard lock(mutex_);
+  const std::uint64_t latest = next_token_ - 1;
+  OpRecord copy;
+  copy.start = WatchdogClock::now();
+  for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
+    if (it->token == latest) {
+      copy = *it;
+      break;
+    }
+  }
+  copy.token = next_token_++;
+  in_flight_.push_back(copy);
+  return copy.token;
+}
+
+void OpTracker::set_device_hooks(std::function<void()> retire, std::function<void()> abort) {
+  const std::lock_guard lock(hooks_mutex_);
+  retire_ = std::move(retire);
+  abort_ = std::move(abort);
+}
+
+void OpTracker::clear_device_hooks() {
+  const std::lock_guard lock(hooks_mutex_);
+  retire_ = nullptr;
+  abort_ = nullptr;
+}
+
+void OpTracker::retire_device_work() {
+  const std::lock_guard lock(hooks_mutex_);
+  if (retire_) retire_();
+}
+
+void OpTracker::abort_device_work() {
+  const std::lock_guard lock(hooks_mutex_);
+  if (abort_) abort_();
 }
 
 OpTracker::Snapshot OpTracker::snapshot() const {
@@ -98,6 +137,20 @@ std::shared_ptr<OpTracker> find_tracker(std::uint64_t id) {
     if (tracker->identity().id == id) return tracker;
   }
   return nullptr;
+}
+
+void retire_device_work_everywhere() {
+  for (const auto& tracker : live_trackers()) tracker->retire_device_work();
+}
+
+void abort_device_work_everywhere() {
+  // The job is ending: one communicator that cannot abort must not keep the others from it.
+  for (const auto& tracker : live_trackers()) {
+    try {
+      tracker->abort_device_work();
+    } catch (...) {
+    }
+  }
 }
 
 }  // namespace zt::detail

@@ -4,12 +4,19 @@
 // finish it when it completes (blocking: on return; non-blocking: when Work::wait/test observes
 // completion). The owning thread writes, the watchdog thread reads a snapshot; one uncontended
 // mutex per communicator and a coarse clock keep this to about 25 ns per operation.
+//
+// A NCCL operation ordered with a compute stream runs on the device after its call (and its
+// Work::wait) have returned: the backend keeps a device-side copy of its record listed until the
+// operation's completion event is reached, and gives the tracker two hooks, one that retires the
+// records whose events were reached (the watchdog calls it before it looks) and one that aborts the
+// communicator (ncclCommAbort, called when the job is ended).
 #pragma once
 
 #include <time.h>
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -70,6 +77,22 @@ class OpTracker {
 
   std::uint64_t begin(CommOp op, std::uint64_t bytes, std::optional<DType> type, int peer, int tag);
   void finish(std::uint64_t token);
+  /// A copy of the record of the operation begun last (the one the owner thread is in: a
+  /// communicator's operations start on one thread), under a token of its own, with the same
+  /// sequence number and start; it stays listed until finish(token), after the call has returned.
+  std::uint64_t begin_device_side();
+
+  /// Hooks of a backend whose operations complete on a device after their call returns (NCCL).
+  /// `retire` finishes the device-side records of completed operations; `abort` ends every
+  /// operation of the communicator for good. Both run on the watchdog's thread, must be
+  /// thread-safe and must not block on MPI.
+  void set_device_hooks(std::function<void()> retire, std::function<void()> abort);
+  /// Removes the hooks, waiting for a call of one that is in progress: the backend calls it before
+  /// it destroys what the hooks use.
+  void clear_device_hooks();
+  /// Calls the hooks, if any.
+  void retire_device_work();
+  void abort_device_work();
 
   struct Snapshot {
     std::uint64_t collectives_started = 0;
@@ -97,6 +120,9 @@ class OpTracker {
   std::uint64_t collectives_started_ = 0;
   std::uint64_t point_to_point_started_ = 0;
   std::vector<OpRecord> in_flight_;
+  std::mutex hooks_mutex_;  // held while a hook runs
+  std::function<void()> retire_;
+  std::function<void()> abort_;
 };
 
 /// One operation registered as in flight; destroying (or finish()ing) it marks it complete.
@@ -135,5 +161,8 @@ void register_tracker(const std::shared_ptr<OpTracker>& tracker);
 std::vector<std::shared_ptr<OpTracker>> live_trackers();
 /// The live tracker with this agreed id, or null.
 std::shared_ptr<OpTracker> find_tracker(std::uint64_t id);
+/// retire_device_work() / abort_device_work() of every live tracker.
+void retire_device_work_everywhere();
+void abort_device_work_everywhere();
 
 }  // namespace zt::detail

@@ -1,13 +1,16 @@
 // The watchdog: finds operations that hang and ranks that are gone, says which, ends the job.
 //
 // Each tick (poll_seconds) the thread
+//   0. retires the NCCL operations whose completion events the device has reached (they run on
+//      a stream after their call has returned, op_tracker.hpp);
 //   1. receives messages on its own communicator: heartbeats, queries (answered at once), replies;
 //   2. sends a heartbeat to its successor in the ring and checks its predecessor's;
 //   3. looks for the oldest operation in flight beyond the timeout; when it finds one on a
 //      collective, it asks the communicator's rank 0 (the coordinator) to report, so that a hang
 //      on n ranks costs O(n) messages and prints one report; the coordinator (or, if it does not
 //      report in time, this rank) asks every member how far it got and prints the report;
-//   4. ends the job with MPI_Abort when the report is ready or a rank is lost.
+//   4. ends the job when the report is ready or a rank is lost: ncclCommAbort on this process's
+//      NCCL communicators (a NCCL kernel waiting for a late peer never returns), then MPI_Abort.
 // Every MPI call here is non-blocking (MPI_Isend, MPI_Irecv, MPI_Test), so a dead peer cannot
 // stall the watchdog: it is reported as not responding once its reply is overdue.
 #include "mpi_layer/watchdog.hpp"
@@ -353,6 +356,8 @@ class Watchdog::Loop {
   }
 
   void tick(WatchdogClock::time_point now, bool shutting_down) {
+    // Operations that completed on a device (NCCL) since the last tick are no longer in flight.
+    retire_device_work_everywhere();
     receive_messages(now);
     progress_sends(shutting_down);
     if (world_size_ > 1) {
@@ -703,6 +708,9 @@ class Watchdog::Loop {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
+    // A NCCL kernel that waits for a peer never returns by itself: abort the device communicators
+    // (ncclCommAbort), so that their streams end and nothing keeps the GPU busy after the job.
+    abort_device_work_everywhere();
     MPI_Abort(MPI_COMM_WORLD, exit_code);
     std::_Exit(exit_code);
   }

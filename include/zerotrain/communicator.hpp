@@ -168,6 +168,9 @@ class Communicator {
 
   /// Record one completed operation (backends call this from their blocking paths and Work states).
   void record(CommOp op, std::size_t payload_bytes, double seconds);
+  /// The in-flight list the watchdog reads, for backends whose operations go on after their call
+  /// returns (NCCL ordered with a stream keeps them listed until the device completes them).
+  detail::OpTracker& in_flight_list() const { return *tracker_; }
   TrafficStats& mutable_traffic() { return traffic_; }
 
   // Backend hooks. Arguments are already validated by the public methods above.

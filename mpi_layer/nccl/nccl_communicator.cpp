@@ -1,18 +1,25 @@
 // The NCCL backend of zt::Communicator (built only with CUDA). See nccl_communicator.hpp for how
-// its semantics differ from the MPI backend.
+// its semantics differ from the MPI backend, and for the stream-ordered mode the engine uses.
 #include "zerotrain/nccl_communicator.hpp"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "base/seconds_since.hpp"
+#include "mpi_layer/op_tracker.hpp"
 #include "mpi_layer/watchdog.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
@@ -113,7 +120,7 @@ class DeviceScope {
 /// Owns the NCCL communicator and the stream; destroyed on the communicator's device.
 struct NcclResources {
   int device = 0;
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // null once ncclCommAbort has freed it
   cudaStream_t stream = nullptr;
   void* scalar = nullptr;  // 4 device bytes for barrier()
 
@@ -154,8 +161,31 @@ class OwnedEvent {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::unique_ptr<NcclResources> resources, int rank, int size, std::string name,
-                   detail::CommIdentity identity)
-      : Communicator(rank, size, std::move(name), std::move(identity)), resources_(std::move(resources)) {}
+                   detail::CommIdentity identity, cudaStream_t ordered_with)
+      : Communicator(rank, size, std::move(name), std::move(identity)),
+        resources_(std::move(resources)),
+        ordered_(ordered_with) {
+    if (ordered_ != nullptr) ordered_reached_ = std::make_unique<OwnedEvent>(this->name());
+    // The watchdog retires what the device has completed and, when it ends the job, aborts.
+    in_flight_list().set_device_hooks([this] { retire_completed_from_any_thread(); },
+                                      [this] { abort_from_watchdog(); });
+  }
+
+  ~NcclCommunicator() override {
+    in_flight_list().clear_device_hooks();  // waits for a hook in progress on the watchdog thread
+    if (aborted_.load()) {
+      resources_->comm = nullptr;  // ncclCommAbort freed it
+    } else {
+      int previous = resources_->device;
+      cudaGetDevice(&previous);
+      cudaSetDevice(resources_->device);
+      cudaStreamSynchronize(stream());  // what is still pending completes (or has failed) now
+      cudaSetDevice(previous);
+    }
+    const std::lock_guard lock(pending_mutex_);
+    for (const PendingOp& op : pending_) in_flight_list().finish(op.token);
+    pending_.clear();
+  }
 
   CommBackend backend() const override { return CommBackend::nccl; }
   Device device() const override { return Device::cuda(resources_->device); }
@@ -190,7 +220,7 @@ class NcclCommunicator final : public Communicator {
   void do_recv(void* buffer, std::size_t count, DType type, int peer, int) override {
     blocking(CommOp::recv, count * dtype_size(type), [&] { enqueue_recv(buffer, count, type, peer); });
   }
-  void do_barrier() override {
+  void do_barrier() override {  // the host waits, also when ordered with a stream
     blocking(CommOp::barrier, 0, [&] {
       ZT_CHECK_NCCL(
           ncclAllReduce(resources_->scalar, resources_->scalar, 1, ncclInt32, ncclSum, comm(), stream()),
@@ -241,15 +271,38 @@ class NcclCommunicator final : public Communicator {
     return total;
   }
 
-  /// Enqueue, wait for the stream, record. A failure while waiting also asks NCCL for an
-  /// asynchronous error (a peer that died, a network failure), which is the more useful message.
+  /// An operation ordered with a stream that the device has not completed yet: its registration
+  /// with the watchdog and its completion event.
+  struct PendingOp {
+    std::uint64_t token = 0;
+    std::shared_ptr<OwnedEvent> done;
+  };
+
+  /// Enqueue, then wait: on the host (stream synchronize), or, ordered with a stream, on the device
+  /// (that stream waits for the operation's end; barrier() still waits on the host). A failure
+  /// while waiting also asks NCCL for an asynchronous error (a peer that died, a network
+  /// failure), which is the more useful message.
   template <typename Enqueue>
   void blocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue) {
     const DeviceScope scope(resources_->device, name());
     const auto start = Clock::now();
-    enqueue();
+    {
+      const NcclCalls calls(*this);
+      if (ordered_ != nullptr) {
+        const std::shared_ptr<OwnedEvent> done = enqueue_ordered(enqueue);
+        ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(ordered_, done->get(), 0), name());
+        check_async_error();
+        if (op != CommOp::barrier) {
+          record(op, payload_bytes, seconds_since(start));
+          return;
+        }
+      } else {
+        enqueue();
+      }
+    }  // the host may wait long below: the watchdog's abort must not wait for that
     const cudaError_t error = cudaStreamSynchronize(stream());
     if (error != cudaSuccess) {
+      if (aborted_.load()) wait_for_the_job_to_end();
       check_async_error();
       raise_cuda(__FILE__, __LINE__,
                  std::string("cudaStreamSynchronize after ") + std::string(comm_op_name(op)), name(), error);
@@ -260,7 +313,76 @@ class NcclCommunicator final : public Communicator {
   template <typename Enqueue>
   Work nonblocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue);
 
+  /// Ordered with a stream: the operation starts on the device after the stream's work so far; its
+  /// completion event keeps it registered with the watchdog until the device reaches it.
+  template <typename Enqueue>
+  std::shared_ptr<OwnedEvent> enqueue_ordered(Enqueue&& enqueue) {
+    retire_completed();  // keeps the list short between the watchdog's ticks
+    ZT_CHECK_CUDA_COMM(cudaEventRecord(ordered_reached_->get(), ordered_), name());
+    ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(stream(), ordered_reached_->get(), 0), name());
+    enqueue();
+    auto done = std::make_shared<OwnedEvent>(name());
+    ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
+    const std::lock_guard lock(pending_mutex_);
+    pending_.push_back({in_flight_list().begin_device_side(), done});
+    return done;
+  }
+
+  /// Finish the registrations of the operations the device has completed, oldest first (one
+  /// stream: they complete in order). Callers have made the device current.
+  void retire_completed() {
+    const std::lock_guard lock(pending_mutex_);
+    while (!pending_.empty() && cudaEventQuery(pending_.front().done->get()) == cudaSuccess) {
+      in_flight_list().finish(pending_.front().token);
+      pending_.pop_front();
+    }
+  }
+
+  /// The watchdog's hook, on its thread: make this communicator's device current there first, so
+  /// that the thread never creates a context on another GPU.
+  void retire_completed_from_any_thread() {
+    if (aborted_.load() || cudaSetDevice(resources_->device) != cudaSuccess) return;
+    retire_completed();
+  }
+
+  /// The owner thread's NCCL calls (enqueues, error queries) happen under this, so that the
+  /// watchdog's ncclCommAbort does not free the communicator in the middle of one; a thread that
+  /// reaches the communicator after the abort waits for the job's end instead.
+  class NcclCalls {
+   public:
+    explicit NcclCalls(const NcclCommunicator& comm) : lock_(comm.nccl_calls_) {
+      if (comm.aborted_.load()) {
+        lock_.unlock();  // the abort may be waiting for it
+        comm.wait_for_the_job_to_end();
+      }
+    }
+
+   private:
+    std::unique_lock<std::recursive_timed_mutex> lock_;
+  };
+
+  /// The watchdog ends the job: a collective waiting for a late peer would never return. A call in
+  /// progress on the owner thread is waited for a while (an enqueue that NCCL blocks in, waiting
+  /// for its peers' connections, is what ncclCommAbort exists to end, so not for ever).
+  void abort_from_watchdog() {
+    if (aborted_.exchange(true)) return;
+    std::unique_lock lock(nccl_calls_, std::defer_lock);
+    (void)lock.try_lock_for(std::chrono::seconds(2));
+    cudaSetDevice(resources_->device);
+    ncclCommAbort(resources_->comm);
+    std::fprintf(stderr,
+                 "zerotrain watchdog: aborted NCCL communicator '%s' (ncclCommAbort) on rank %d of %d\n",
+                 name().c_str(), rank(), size());
+  }
+
+  /// After the watchdog's abort the job is ending: a thread that reaches this communicator (or
+  /// sees its operation fail) waits for the end instead of running on with unfinished results.
+  [[noreturn]] void wait_for_the_job_to_end() const {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+
   void check_async_error() const {
+    const NcclCalls calls(*this);
     ncclResult_t async_error = ncclSuccess;
     if (ncclCommGetAsyncError(comm(), &async_error) == ncclSuccess && async_error != ncclSuccess) {
       raise_nccl(__FILE__, __LINE__, "asynchronous NCCL error", name(), comm(), async_error);
@@ -344,24 +466,36 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<NcclResources> resources_;
+  cudaStream_t ordered_ = nullptr;               // the stream operations are ordered with, if any
+  std::unique_ptr<OwnedEvent> ordered_reached_;  // its point when an operation is enqueued
+  std::mutex pending_mutex_;                     // the owner thread and the watchdog's
+  std::deque<PendingOp> pending_;
+  mutable std::recursive_timed_mutex nccl_calls_;  // see NcclCalls
+  std::atomic<bool> aborted_{false};
 };
 
-/// Completion of a non-blocking NCCL operation: an event recorded on the stream after it.
+/// Completion of a non-blocking NCCL operation: an event recorded on the stream after it. wait()
+/// blocks the host on it, or, ordered with a stream, makes that stream wait for it.
 class NcclCommunicator::Event final : public Work::State {
  public:
-  Event(NcclCommunicator& comm, CommOp op, std::size_t payload_bytes, Clock::time_point start)
-      : comm_(comm), op_(op), payload_bytes_(payload_bytes), start_(start), event_(comm.name()) {}
-
-  void record_on_stream() { ZT_CHECK_CUDA_COMM(cudaEventRecord(event_.get(), comm_.stream()), comm_.name()); }
+  Event(NcclCommunicator& comm, CommOp op, std::size_t payload_bytes, Clock::time_point start,
+        std::shared_ptr<OwnedEvent> done)
+      : comm_(comm), op_(op), payload_bytes_(payload_bytes), start_(start), event_(std::move(done)) {}
 
   void wait() override {
-    const cudaError_t error = cudaEventSynchronize(event_.get());
-    if (error != cudaSuccess) fail(error);
+    if (comm_.ordered_ != nullptr) {
+      const cudaError_t error = cudaStreamWaitEvent(comm_.ordered_, event_->get(), 0);
+      if (error != cudaSuccess) fail(error);
+      comm_.check_async_error();
+    } else {
+      const cudaError_t error = cudaEventSynchronize(event_->get());
+      if (error != cudaSuccess) fail(error);
+    }
     comm_.record(op_, payload_bytes_, seconds_since(start_));
   }
 
   bool test() override {
-    const cudaError_t error = cudaEventQuery(event_.get());
+    const cudaError_t error = cudaEventQuery(event_->get());
     if (error == cudaErrorNotReady) {
       comm_.check_async_error();  // a stuck operation may be a failed one
       return false;
@@ -373,7 +507,7 @@ class NcclCommunicator::Event final : public Work::State {
 
  private:
   [[noreturn]] void fail(cudaError_t error) const {
-    comm_.check_async_error();
+    comm_.check_async_error();  // waits for the job's end after the watchdog's abort
     raise_cuda(__FILE__, __LINE__, std::string("waiting for ") + std::string(comm_op_name(op_)), comm_.name(),
                error);
   }
@@ -382,25 +516,36 @@ class NcclCommunicator::Event final : public Work::State {
   CommOp op_;
   std::size_t payload_bytes_;
   Clock::time_point start_;
-  OwnedEvent event_;
+  std::shared_ptr<OwnedEvent> event_;
 };
 
 template <typename Enqueue>
 Work NcclCommunicator::nonblocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue) {
   const DeviceScope scope(resources_->device, name());
-  auto event = std::make_unique<Event>(*this, op, payload_bytes, Clock::now());
+  const NcclCalls calls(*this);
+  const auto start = Clock::now();
+  if (ordered_ != nullptr) {
+    return Work(std::make_unique<Event>(*this, op, payload_bytes, start, enqueue_ordered(enqueue)));
+  }
+  auto done = std::make_shared<OwnedEvent>(name());
   enqueue();
-  event->record_on_stream();
-  return Work(std::move(event));
+  ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
+  return Work(std::make_unique<Event>(*this, op, payload_bytes, start, std::move(done)));
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap_mpi, Device cuda_device,
-                                                     std::string name) {
+                                                     std::string name, const Stream* ordered_with) {
   ZT_CHECK_AS(CommError, bootstrap_mpi.backend() == CommBackend::mpi, "make_nccl_communicator('", name,
               "'): the bootstrap communicator '", bootstrap_mpi.name(), "' uses the ",
               comm_backend_name(bootstrap_mpi.backend()), " backend; expected an MPI communicator");
   ZT_CHECK_AS(CommError, cuda_device.is_cuda(), "make_nccl_communicator('", name, "'): device ",
               cuda_device.str(), " is not a CUDA device");
+  ZT_CHECK_AS(
+      CommError,
+      ordered_with == nullptr || (ordered_with->device() == cuda_device && ordered_with->native() != nullptr),
+      "make_nccl_communicator('", name, "'): the stream to order with is on ",
+      ordered_with != nullptr ? ordered_with->device().str() : std::string(),
+      "; expected a stream of its own on ", cuda_device.str(), " (not the legacy default stream)");
   const CudaStatus& status = cuda_status();
   ZT_CHECK_AS(CommError, status.usable(), "make_nccl_communicator('", name, "') on rank ",
               bootstrap_mpi.rank(), ": no usable CUDA device (", status.reason, ")");
@@ -435,8 +580,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap_mpi
   ZT_CHECK_CUDA_COMM(cudaMemsetAsync(resources->scalar, 0, sizeof(std::int32_t), resources->stream), name);
   // Same members as the bootstrap communicator, so the watchdog asks them about a hang here.
   detail::CommIdentity identity = detail::agree_comm_identity(native_mpi_comm(bootstrap_mpi), name);
-  return std::make_unique<NcclCommunicator>(std::move(resources), bootstrap_mpi.rank(), bootstrap_mpi.size(),
-                                            std::move(name), std::move(identity));
+  return std::make_unique<NcclCommunicator>(
+      std::move(resources), bootstrap_mpi.rank(), bootstrap_mpi.size(), std::move(name), std::move(identity),
+      ordered_with != nullptr ? static_cast<cudaStream_t>(ordered_with->native()) : nullptr);
 }
 
 void* nccl_stream(const Communicator& communicator) {

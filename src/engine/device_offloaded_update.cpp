@@ -27,6 +27,7 @@ DeviceOffloadedUpdate::DeviceOffloadedUpdate(const DeviceOffloadedUpdateOptions&
            "; expected fp32, bf16 or fp16");
   to_host_ = Stream(options_.device);
   to_device_ = Stream(options_.device);
+  gradients_ready_ = Event(options_.device);
   // The optimizer runs in the host's memory: the chunks' staging buffers are the host context's.
   const HostMemoryKind kind = options_.pin_memory ? HostMemoryKind::pinned : HostMemoryKind::pageable;
   const Device host = ExecutionContext::host().device();
@@ -52,9 +53,17 @@ DeviceOffloadedUpdate::~DeviceOffloadedUpdate() {
 DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, const void* device_gradients,
                                                       void* device_parameters, float* master,
                                                       std::span<float* const> state, std::size_t count,
-                                                      float grad_scale, float lr) {
+                                                      float grad_scale, float lr,
+                                                      const Stream* ordered_after) {
   DeviceOffloadedUpdateStats stats;
   const auto started = Clock::now();
+  if (ordered_after != nullptr) {
+    // The gradients come from kernels on that stream, and kernels queued there may still read the
+    // parameters: both copy streams start after that stream's work so far.
+    gradients_ready_.record(*ordered_after);
+    to_host_.wait(gradients_ready_);
+    to_device_.wait(gradients_ready_);
+  }
   const std::size_t chunk = options_.chunk_elements;
   const std::size_t chunks = (count + chunk - 1) / chunk;
   const std::size_t gradient_size = dtype_size(options_.gradient_dtype);

@@ -5,8 +5,10 @@
 // copied from the device on one stream and chunk k-1's new parameters to the device on another, so
 // both copies overlap the host's work and neither blocks the device's compute streams.
 //
-// Internal to the engine. This build's engine trains on the host, so only tests drive it, on a
-// machine with a GPU (docs/offload.md, "The CUDA side of optimizer offload").
+// Internal to the engine: the optimizer states of an engine on a GPU with offload_optimizer "cpu"
+// (HostOffloadedStates in optimizer_states.cpp) update through it, one owned range per run, after
+// the compute stream's work (the reduced gradients) by an event (docs/offload.md, "The CUDA side of
+// optimizer offload"; docs/gpu.md).
 #pragma once
 
 #include <cstddef>
@@ -51,11 +53,12 @@ class DeviceOffloadedUpdate {
 
   /// Update `count` elements with `optimizer` (its begin_step() already called for this step, as for
   /// update_range): gradients at `device_gradients` and parameters at `device_parameters` (on the
-  /// device, complete when this is called), master and states (state_names() order) in host memory.
+  /// device, complete when this is called, or once `ordered_after`'s work queued so far is: the
+  /// copies wait for it on the device), master and states (state_names() order) in host memory.
   /// Returns when the new parameters are on the device.
   DeviceOffloadedUpdateStats run(Optimizer& optimizer, const void* device_gradients, void* device_parameters,
                                  float* master, std::span<float* const> state, std::size_t count,
-                                 float grad_scale, float lr);
+                                 float grad_scale, float lr, const Stream* ordered_after = nullptr);
 
  private:
   struct Slot {
@@ -68,6 +71,7 @@ class DeviceOffloadedUpdate {
 
   DeviceOffloadedUpdateOptions options_;
   std::vector<Slot> slots_;  // before the streams: destroyed after them
+  Event gradients_ready_;    // the point of `ordered_after` at the start of a run
   Stream to_host_;
   Stream to_device_;
 };

@@ -288,7 +288,7 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       model_(model),
       config_(std::move(config)),
       execution_(options.device),
-      parallel_(runtime, options.grid, options.data_parallel, options.device,
+      parallel_(runtime, options.grid, options.data_parallel, execution_,
                 options.grid == nullptr && options.data_parallel == nullptr
                     ? static_cast<int>(config_.pipeline.stage_count())
                     : 1),
@@ -301,10 +301,6 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       plan_(engine_detail::planned_parameters(parameters_),
             engine_detail::plan_settings(config_, parallel_.data().size(), parallel_.data().rank(),
                                          parallel_.tensor().size(), parallel_.tensor().rank())) {
-  ZT_CHECK_AS(
-      ConfigError, !execution_.device().is_cuda(), "EngineOptions.device is ", execution_.device().str(),
-      ": this build trains on the host (or the emulated test device); the CUDA training path is not built "
-      "yet");
   stage_model_ = dynamic_cast<nn::PipelineStage*>(&model);
   // A pipeline of one stage is the whole model: it trains as any other.
   if (stage_model_ != nullptr && stage_model_->stages() == 1) stage_model_ = nullptr;

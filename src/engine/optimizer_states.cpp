@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/nn_kernels.hpp"
+#include "src/engine/device_offloaded_update.hpp"
 #include "src/engine/swap_options_from_config.hpp"
 #include "src/engine/swapped_optimizer_states.hpp"
 #include "zerotrain/error.hpp"
@@ -108,6 +109,119 @@ class InMemoryStates final : public OptimizerStates {
   }
 
   std::vector<std::string_view> names_;
+};
+
+/// ZeRO-Offload with the model on a GPU (offload_optimizer "cpu"): the fp32 master and the states in
+/// host memory, updated there by the host optimizer chunk by chunk while the chunks' gradients come
+/// down and their new parameters go up through pinned buffers on two copy streams
+/// (DeviceOffloadedUpdate). The gradients and the parameters stay on the device.
+class HostOffloadedStates final : public OptimizerStates {
+ public:
+  HostOffloadedStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config,
+                      const ExecutionContext& execution)
+      : OptimizerStates(plan, strategy, execution) {
+    const OffloadOptimizerConfig& offload = config.zero_optimization.offload_optimizer;
+    const DType dtype = plan_.settings().compute_dtype;
+    const Device host = ExecutionContext::host().device();
+    // The whole shard's master, fp32, initialized from the device's parameters.
+    const std::size_t elements = static_cast<std::size_t>(plan_.shard_size());
+    host_master_ =
+        Buffer(host, std::max<std::size_t>(1, elements) * sizeof(float), MemoryCategory::optimizer_states,
+               kHostAlignment, offload.pin_memory ? HostMemoryKind::pinned : HostMemoryKind::pageable);
+    ExecutionContext::host().zero(host_master_.data(), host_master_.size());
+    master_from_parameters();
+    std::vector<ParamBuffer> buffers;
+    for (std::size_t i = 0; i < plan_.size(); ++i)
+      buffers.push_back({host_master(i), static_cast<std::size_t>(plan_.owned()[i].count)});
+    optimizer_ = make_optimizer(to_string(config.optimizer->type), std::move(buffers),
+                                optimizer_params_of(*config.optimizer), host);
+    names_ = optimizer_->state_names();
+    DeviceOffloadedUpdateOptions options;
+    options.device = execution_.device();
+    options.gradient_dtype = dtype;
+    options.parameter_dtype = dtype;
+    options.buffer_count = std::max<std::size_t>(1, static_cast<std::size_t>(offload.buffer_count));
+    options.pin_memory = offload.pin_memory;
+    options.chunk_elements =
+        std::clamp<std::size_t>(elements, 1, DeviceOffloadedUpdateOptions{}.chunk_elements);
+    pipeline_ = std::make_unique<DeviceOffloadedUpdate>(options);
+  }
+
+  /// Ignores `part` (the in-memory update): each owned range goes through the offload pipeline, which
+  /// writes the new parameters on the device; then the strategy takes the range as committed.
+  OffloadTiming update(float grad_scale, float lr, const UpdatePart&) override {
+    optimizer_->begin_step(grad_scale, lr);
+    OffloadTiming timing;
+    std::vector<float*> state(names_.size());
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      const OwnedRange& range = plan_.owned()[i];
+      for (std::size_t k = 0; k < names_.size(); ++k) state[k] = optimizer_->state(names_[k], i).data();
+      std::byte* target = plan_.separate_master() ? strategy_.update_target(i) : strategy_.parameters(i);
+      const DeviceOffloadedUpdateStats stats =
+          pipeline_->run(*optimizer_, strategy_.gradient(i), target, host_master(i), state,
+                         static_cast<std::size_t>(range.count), grad_scale, lr, &execution_.compute());
+      timing.wall_seconds += stats.wall_seconds;
+      timing.update_seconds += stats.update_seconds;
+      timing.stalled_seconds += stats.wait_in_seconds + stats.wait_out_seconds;
+      strategy_.commit(i);
+    }
+    return timing;
+  }
+
+  void read_master(std::size_t index, float* destination) override {
+    ExecutionContext::host().copy(destination, host_master(index), bytes_of(index));
+  }
+  void write_master(std::size_t index, const float* source) override {
+    ExecutionContext::host().copy(host_master(index), source, bytes_of(index));
+  }
+  void read_state(std::size_t state, std::size_t index, float* destination) override {
+    ExecutionContext::host().copy(destination, optimizer_->state(names_[state], index).data(),
+                                  bytes_of(index));
+  }
+  void write_state(std::size_t state, std::size_t index, const float* source) override {
+    ExecutionContext::host().copy(optimizer_->state(names_[state], index).data(), source, bytes_of(index));
+  }
+
+  /// In fp32 the plan has no separate master (the parameters are the master), so a checkpoint load
+  /// or a weights import writes only the device's parameters: the host master follows them here.
+  void flush() override {
+    if (!plan_.separate_master()) master_from_parameters();
+  }
+
+  OptimizerStatesPlacement placement() const override {
+    OptimizerStatesPlacement placement;
+    placement.device = plan_.settings().optimizer_offload;
+    return placement;
+  }
+
+ private:
+  /// The master of every owned range from the device's parameters (compute dtype), converted.
+  void master_from_parameters() {
+    const DType dtype = plan_.settings().compute_dtype;
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      const auto count = static_cast<std::size_t>(plan_.owned()[i].count);
+      if (count == 0) continue;
+      if (dtype == DType::fp32) {
+        execution_.to_host(host_master(i), strategy_.parameters(i), count * sizeof(float));
+        continue;
+      }
+      Buffer staging(ExecutionContext::host().device(), count * dtype_size(dtype), MemoryCategory::other);
+      execution_.to_host(staging.data(), strategy_.parameters(i), count * dtype_size(dtype));
+      kernels::convert(ExecutionContext::host().compute(), staging.data(), dtype, host_master(i), DType::fp32,
+                       plan_.owned()[i].count);
+    }
+  }
+
+  float* host_master(std::size_t index) {
+    return host_master_.as<float>() + plan_.owned()[index].shard_begin;
+  }
+  std::size_t bytes_of(std::size_t index) const {
+    return static_cast<std::size_t>(plan_.owned()[index].count) * sizeof(float);
+  }
+
+  Buffer host_master_;  // pinned with offload_optimizer.pin_memory
+  std::vector<std::string_view> names_;
+  std::unique_ptr<DeviceOffloadedUpdate> pipeline_;
 };
 
 /// ZeRO-Infinity: the master (in 16-bit training) and the states in the rank's swap file.
@@ -245,6 +359,10 @@ std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan
                                                        const Config& config,
                                                        const ExecutionContext& execution) {
   if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config, execution);
+  // The host and the emulated device keep offloaded states in their own memory, which the host
+  // optimizer reads there; a GPU's memory it cannot read.
+  if (plan.settings().optimizer_offload == OffloadDevice::cpu && execution.device().is_cuda())
+    return std::make_unique<HostOffloadedStates>(plan, strategy, config, execution);
   return std::make_unique<InMemoryStates>(plan, strategy, config, execution);
 }
 

@@ -3,13 +3,14 @@
 
 #include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
+#include "zerotrain/nccl_communicator.hpp"
 #include "zerotrain/runtime.hpp"
 
 namespace zt::engine_detail {
 
 ParallelContext::ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel,
-                                 Device device, int pipeline_stages)
-    : device_(device) {
+                                 const ExecutionContext& execution, int pipeline_stages)
+    : execution_(execution) {
   ZT_CHECK(grid == nullptr || data_parallel == nullptr,
            "EngineOptions: pass a process grid or a data-parallel communicator, not both");
   ZT_CHECK_AS(ConfigError, data_parallel == nullptr || pipeline_stages == 1,
@@ -49,16 +50,18 @@ ParallelContext::Group ParallelContext::group_of(Communicator& host, const char*
            "ones itself");
   Group group;
   group.host = &host;
-  if (device_.is_host()) {
+  const Device device = execution_.device();
+  const std::string device_name = std::string(name) + "@" + device.str();
+  if (device.is_host()) {
     group.device = &host;
-  } else if (device_.is_emulated()) {
-    own_comms_.push_back(make_emulated_device_communicator(native_mpi_comm(host),
-                                                           std::string(name) + "@" + device_.str(), device_));
+  } else if (device.is_emulated()) {
+    own_comms_.push_back(make_emulated_device_communicator(native_mpi_comm(host), device_name, device));
     group.device = own_comms_.back().get();
   } else {
-    // NCCL communicators come with the CUDA training path.
-    ZT_THROW_AS(ConfigError, "communicators for buffers on ", device_.str(),
-                " are not available in this build; train on the host");
+    ZT_CHECK_AS(ConfigError, kHaveNccl, "the engine on ", device.str(),
+                " needs NCCL communicators, and zerotrain was built without CUDA; train on the host");
+    own_comms_.push_back(make_nccl_communicator(host, device, device_name, &execution_.compute()));
+    group.device = own_comms_.back().get();
   }
   return group;
 }

@@ -1,6 +1,10 @@
 // The process grid as the engine sees it: data, pipeline and tensor groups, each with a
-// communicator for host buffers (MPI) and one for buffers in the engine's device memory (the same
-// MPI communicator when the engine computes on the host). Reductions name the groups they span.
+// communicator for host buffers (MPI) and one for buffers in the engine's device memory: the same
+// MPI communicator when the engine computes on the host, the emulated device's on that device, and
+// on a GPU a NCCL communicator ordered with the execution context's compute stream by events
+// (collectives wait on the device for the kernels queued before them, and kernels queued after a
+// wait for them; the host never waits for a collective: nccl_communicator.hpp). Reductions name
+// the groups they span.
 // Internal to the engine (docs/architecture.md, "The engine's seams").
 #pragma once
 
@@ -14,6 +18,7 @@
 
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/device.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/process_grid.hpp"
 
 namespace zt {
@@ -47,9 +52,10 @@ class ParallelContext {
 
   /// The groups of `grid`; without one, a data-parallel-only grid over `data_parallel`, or, when
   /// that is null too, a grid of `pipeline_stages` stages over the runtime's world (data: the rest).
-  /// Device communicators are made for `device`.
-  ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel, Device device,
-                  int pipeline_stages = 1);
+  /// Device communicators are made for `execution`'s device (collectively over each group), and
+  /// on a GPU ordered with its compute stream; `execution` must outlive the context.
+  ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel,
+                  const ExecutionContext& execution, int pipeline_stages = 1);
   ~ParallelContext();
   ParallelContext(const ParallelContext&) = delete;
   ParallelContext& operator=(const ParallelContext&) = delete;
@@ -74,7 +80,7 @@ class ParallelContext {
 
   std::unique_ptr<ProcessGrid> own_grid_;                 // when the engine made its own
   std::vector<std::unique_ptr<Communicator>> own_comms_;  // size-1 groups, device communicators
-  Device device_;
+  const ExecutionContext& execution_;
   Group data_;
   Group tensor_;
   Group pipeline_;

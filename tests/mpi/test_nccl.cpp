@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "collective_reference.hpp"
+#include "gpu_per_rank.hpp"
+#include "mpi_layer/op_tracker.hpp"
 #include "mpi_test_main.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
@@ -31,34 +33,9 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// Why this job cannot run the NCCL tests ("" when it can), the same on every rank.
-std::string skip_reason() {
-  if (!zt::build_info::have_cuda) return "built without CUDA";
-  const zt::CudaStatus& status = zt::cuda_status();
-  std::string reason;
-  if (!status.usable()) {
-    reason = "no usable GPU: " + status.reason;
-  } else if (zt::testing::runtime().local_size() > status.device_count) {
-    reason = "more ranks on this node (" + std::to_string(zt::testing::runtime().local_size()) +
-             ") than GPUs (" + std::to_string(status.device_count) + "); NCCL needs one GPU per rank";
-  }
-  int unable_here = reason.empty() ? 0 : 1;
-  int unable_anywhere = 0;
-  MPI_Allreduce(&unable_here, &unable_anywhere, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (unable_anywhere != 0 && reason.empty()) reason = "another rank has no usable GPU of its own";
-  return reason;
-}
-
-#define ZT_SKIP_WITHOUT_NCCL()                                       \
-  do {                                                               \
-    if (const std::string reason = skip_reason(); !reason.empty()) { \
-      GTEST_SKIP() << reason;                                        \
-    }                                                                \
-  } while (0)
-
 /// The device of this rank: one per local rank.
 zt::Device my_device() {
-  return zt::Device::cuda(zt::testing::runtime().local_rank());
+  return zt::testing::gpu_of_this_rank();
 }
 
 /// A device copy of host values, and back.
@@ -121,7 +98,7 @@ const std::vector<std::size_t> kSizes = {0, 1, 7, 1000, 100003};
 class Nccl : public ::testing::Test {
  protected:
   void SetUp() override {
-    ZT_SKIP_WITHOUT_NCCL();
+    ZT_SKIP_WITHOUT_GPU_PER_RANK();
     mpi_ = zt::make_mpi_communicator(MPI_COMM_WORLD, "nccl-bootstrap");
     nccl_ = zt::make_nccl_communicator(*mpi_, my_device(), "nccl");
   }
@@ -335,6 +312,60 @@ TEST_F(Nccl, BarrierAndTraffic) {
   const auto n = static_cast<std::uint64_t>(nccl_->size());
   EXPECT_EQ(nccl_->traffic()[zt::CommOp::all_reduce].bytes, 4000u);
   EXPECT_EQ(nccl_->traffic()[zt::CommOp::all_reduce].wire_bytes, 4000u * 2 * (n - 1) / n);
+}
+
+/// Ordered with a stream (as the engine's device communicators are): the collectives wait on the
+/// device for the copies queued on that stream before them, and that stream's later work waits
+/// for them; the host waits only when it copies the results back. The results equal the MPI
+/// backend's, and every operation leaves the watchdog's list once the device has completed it.
+TEST_F(Nccl, OrderedWithAStreamWithoutHostWaits) {
+  const zt::Stream compute(my_device());
+  auto ordered = zt::make_nccl_communicator(*mpi_, my_device(), "nccl ordered", &compute);
+  const int n = ordered->size();
+  const int r = ordered->rank();
+  for (DType type : {DType::fp32, DType::bf16}) {
+    SCOPED_TRACE(std::string(zt::dtype_name(type)));
+    const std::size_t count = 100003;
+    const Values input = input_values(type, count, r);
+    // Through the compute stream only: the copy in, the sum, the gather, the copy out.
+    zt::Buffer values(my_device(), count * zt::dtype_size(type));
+    zt::copy_bytes(values.data(), my_device(), input.bytes(), zt::Device::host(),
+                   input.size() * zt::dtype_size(type), &compute);
+    ordered->all_reduce(values.data(), values.data(), count, type, ReduceOp::sum);
+    const std::size_t piece = 1001;
+    zt::Buffer gathered(my_device(), piece * static_cast<std::size_t>(n) * zt::dtype_size(type));
+    zt::Work gather = ordered->iall_gather(values.data(), gathered.data(), piece, type);
+    gather.wait();
+    Values summed(type, count);
+    Values all(type, piece * static_cast<std::size_t>(n));
+    zt::copy_bytes(summed.bytes(), zt::Device::host(), values.data(), my_device(),
+                   count * zt::dtype_size(type), &compute);
+    zt::copy_bytes(all.bytes(), zt::Device::host(), gathered.data(), my_device(),
+                   all.size() * zt::dtype_size(type), &compute);
+    compute.synchronize();
+    EXPECT_TRUE(reduction_matches(summed, 0, count, type, ReduceOp::sum, n, 0));
+    for (int q = 0; q < n; ++q) {
+      EXPECT_TRUE(matches(all, static_cast<std::size_t>(q) * piece, piece,
+                          [&](std::size_t i) {
+                            return summed.get(i);  // every rank's first piece of the sum is the same
+                          }))
+          << "piece of rank " << q;
+    }
+  }
+  EXPECT_EQ(ordered->traffic()[zt::CommOp::all_reduce].calls, 2u);
+  EXPECT_EQ(ordered->traffic()[zt::CommOp::all_gather].calls, 2u);
+  // The device has completed everything (the stream was synchronized): once the watchdog's hook
+  // retires them, nothing is in flight and every collective counts as completed.
+  std::shared_ptr<zt::detail::OpTracker> tracker;
+  for (auto& live : zt::detail::live_trackers()) {
+    if (live->name() == "nccl ordered") tracker = live;
+  }
+  ASSERT_NE(tracker, nullptr);
+  tracker->retire_device_work();
+  const auto snapshot = tracker->snapshot();
+  EXPECT_TRUE(snapshot.in_flight.empty());
+  EXPECT_EQ(snapshot.collectives_completed, 4u);
+  ordered->barrier();  // the host waits here, ordered or not
 }
 
 }  // namespace

@@ -130,4 +130,17 @@ TEST(ParallelContext, AGridAndADataParallelGroupTogetherAreRefused) {
       << message;
 }
 
+/// On a GPU the groups get NCCL communicators (mpi.cuda_training); without a usable one the engine
+/// says why, on every rank alike, before any communication.
+TEST(ParallelContext, AGpuEngineWithoutAUsableGpuSaysWhy) {
+  if (zt::cuda_status().usable()) GTEST_SKIP() << "a GPU is usable here: mpi.cuda_training trains on it";
+  const zt::Config config = parse(gpt_config(2, 1));
+  auto model = zt::build_model(config);
+  const std::string message = zt::testing::error_of(
+      [&] { zt::Engine engine(zt::testing::runtime(), *model, config, {.device = zt::Device::cuda(0)}); });
+  EXPECT_TRUE(message.find("no usable CUDA device") != std::string::npos ||
+              message.find("without CUDA") != std::string::npos)
+      << message;
+}
+
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -97,6 +98,53 @@ TEST(Watchdog, OperationsAreInFlightUntilCompletionIsObserved) {
     EXPECT_EQ(tracker->snapshot().in_flight.size(), 1u);
   }
   EXPECT_TRUE(tracker->snapshot().in_flight.empty());
+}
+
+/// A NCCL operation ordered with a stream runs on after its call: its device-side copy of the record
+/// (same sequence number) stays listed until the backend's retire hook finishes it, which the
+/// watchdog calls each tick; the abort hook runs when the job is ended. Hooks are gone once cleared.
+TEST(Watchdog, DeviceSideRecordsStayUntilTheDeviceCompletesThem) {
+  auto tracker = std::make_shared<zt::detail::OpTracker>("device side", 0, 1, zt::detail::CommIdentity{});
+  zt::detail::register_tracker(tracker);
+  const std::uint64_t host = tracker->begin(zt::CommOp::all_reduce, 64, zt::DType::bf16, -1, -1);
+  const std::uint64_t device = tracker->begin_device_side();
+  auto snapshot = tracker->snapshot();
+  ASSERT_EQ(snapshot.in_flight.size(), 2u);
+  EXPECT_EQ(snapshot.in_flight[1].seq, snapshot.in_flight[0].seq);
+  EXPECT_EQ(snapshot.in_flight[1].op, zt::CommOp::all_reduce);
+  EXPECT_EQ(snapshot.in_flight[1].bytes, 64u);
+  EXPECT_EQ(snapshot.in_flight[1].type, zt::DType::bf16);
+  tracker->finish(host);  // the call returned: the collective still runs on the device
+  snapshot = tracker->snapshot();
+  ASSERT_EQ(snapshot.in_flight.size(), 1u);
+  EXPECT_EQ(snapshot.collectives_completed, 0u);
+
+  // The runtime's watchdog thread calls the hooks too (each tick).
+  std::atomic<bool> reached{false};
+  std::atomic<int> retired{0};
+  std::atomic<int> aborted{0};
+  tracker->set_device_hooks(
+      [&] {
+        ++retired;
+        if (reached.load()) tracker->finish(device);
+      },
+      [&] { ++aborted; });
+  zt::detail::retire_device_work_everywhere();  // not reached yet: still in flight
+  EXPECT_EQ(tracker->snapshot().in_flight.size(), 1u);
+  reached = true;
+  zt::detail::retire_device_work_everywhere();
+  snapshot = tracker->snapshot();
+  EXPECT_TRUE(snapshot.in_flight.empty());
+  EXPECT_EQ(snapshot.collectives_completed, 1u);
+  EXPECT_GE(retired, 2);
+  tracker->abort_device_work();
+  EXPECT_EQ(aborted, 1);
+  tracker->clear_device_hooks();
+  const int retired_before = retired.load();
+  zt::detail::retire_device_work_everywhere();
+  zt::detail::abort_device_work_everywhere();
+  EXPECT_EQ(retired, retired_before);
+  EXPECT_EQ(aborted, 1);
 }
 
 TEST(Watchdog, CommunicatorIdsAgreeAndNameWorldRanks) {

@@ -76,9 +76,13 @@ void expect_same_as_the_host_optimizer(zt::Device gpu) {
       options.chunk_elements = kChunk;
       options.buffer_count = buffers;
       DeviceOffloadedUpdate update(options);
+      // The gradients arrive on a stream of their own, as the engine's come from its compute stream:
+      // the update's copies must wait for it (run's ordered_after).
+      const zt::Stream producer(gpu);
       for (int step = 0; step < 3; ++step) {
         const std::vector<std::byte> gradients = random_values(kCount, dtype, 100 + step);
-        zt::copy_bytes(device_gradients.data(), gpu, gradients.data(), zt::Device::host(), gradients.size());
+        zt::copy_bytes(device_gradients.data(), gpu, gradients.data(), zt::Device::host(), gradients.size(),
+                       &producer);
         const float grad_scale = 0.5f;
         const float lr = 1e-3f;
         host->begin_step(grad_scale, lr);
@@ -91,8 +95,9 @@ void expect_same_as_the_host_optimizer(zt::Device gpu) {
 
         offloaded->begin_step(grad_scale, lr);
         float* offloaded_state[] = {offloaded_m.data(), offloaded_v.data()};
-        const auto stats = update.run(*offloaded, device_gradients.data(), device_parameters.data(),
-                                      offloaded_master.data(), offloaded_state, kCount, grad_scale, lr);
+        const auto stats =
+            update.run(*offloaded, device_gradients.data(), device_parameters.data(), offloaded_master.data(),
+                       offloaded_state, kCount, grad_scale, lr, &producer);
         EXPECT_GT(stats.update_seconds, 0.0);
         std::vector<std::byte> back(kCount * element);
         zt::copy_bytes(back.data(), zt::Device::host(), device_parameters.data(), gpu, back.size());
