@@ -1,6 +1,6 @@
 // What of the CUDA path has run on a GPU, and what has only compiled: the one record of it, read by
 // `zerotrain report` ("gpu path") and by the device choice ("device": "auto" takes a GPU only once
-// the engine trains on one). docs/gpu.md, "What has run on a GPU", says the same in prose.
+// the engine has run on one: `ran`). docs/gpu.md, "What has run on a GPU", says the same in prose.
 //
 // A session that runs a part on a GPU (scripts/gpu-check.sh) flips its entry to `ran` and records the
 // run in docs/benchmarks.md (GPU section); a branch that builds a part flips `not_built` to `compiled`.
@@ -37,7 +37,7 @@ inline constexpr std::array kGpuPath{
     GpuPathEntry{GpuPathPart::kernels, "CUDA kernels", GpuPathState::compiled},
     GpuPathEntry{GpuPathPart::gemms, "cuBLASLt GEMMs", GpuPathState::compiled},
     GpuPathEntry{GpuPathPart::nccl, "NCCL communicators", GpuPathState::compiled},
-    GpuPathEntry{GpuPathPart::engine, "training engine", GpuPathState::not_built},
+    GpuPathEntry{GpuPathPart::engine, "training engine", GpuPathState::compiled},
 };
 
 constexpr GpuPathState gpu_path_state(GpuPathPart part) {

@@ -85,10 +85,11 @@ DeviceDecision decide_device(DeviceChoice choice, std::span<const RankGpu> ranks
       return decision;
     }
     if (!engine_trains_on_cuda) {
-      decision.notice = key + ": " + rank_label(ranks, first_with) +
-                        " has GPU cuda:" + std::to_string(ranks[first_with].bound_gpu) +
-                        ", but this build's training engine does not run on CUDA yet (zerotrain report, "
-                        "\"gpu path\"); training on the host";
+      decision.notice =
+          key + ": " + rank_label(ranks, first_with) +
+          " has GPU cuda:" + std::to_string(ranks[first_with].bound_gpu) +
+          ", but this build's training engine has not yet been verified on a GPU (zerotrain report, "
+          "\"gpu path\"; \"device\": \"cuda\" or --device cuda uses it anyway); training on the host";
       return decision;
     }
   }
@@ -146,8 +147,10 @@ Device resolve_training_device(Runtime& runtime, DeviceChoice choice) {
   std::vector<RankGpu> ranks;
   for (const std::string& text : all_gather_strings(runtime.world(), this_rank_gpu(runtime).to_text()))
     ranks.push_back(RankGpu::from_text(text));
+  // "auto" takes a GPU only once the engine has trained on one and passed its tests there: a default
+  // must not send users' jobs down a path that has only compiled ("cuda" asks for it explicitly).
   const bool engine_trains_on_cuda =
-      kernels::gpu_path_state(kernels::GpuPathPart::engine) != kernels::GpuPathState::not_built;
+      kernels::gpu_path_state(kernels::GpuPathPart::engine) == kernels::GpuPathState::ran;
   const DeviceDecision decision = decide_device(choice, ranks, runtime.world_rank(), engine_trains_on_cuda);
   if (!decision.error.empty()) ZT_THROW_AS(DeviceChoiceError, decision.error);
   if (!decision.notice.empty() && runtime.world_rank() == 0) {

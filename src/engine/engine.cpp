@@ -68,6 +68,15 @@ LossScalerParams loss_scaler_params_of(const Config& config) {
   return params;
 }
 
+/// Reads one fp64 device scalar (a loss) on the host. The read synchronizes the compute stream,
+/// so it is also where an out-of-range token or target that a CUDA kernel met since the last read is
+/// raised (kernels::check_index_errors), naming it, instead of training on with a NaN loss; the host
+/// kernels have thrown already.
+void read_device_scalar(const ExecutionContext& execution, double* host_destination, const void* source) {
+  execution.to_host(host_destination, source, sizeof(double));
+  kernels::check_index_errors(execution.compute());
+}
+
 }  // namespace
 
 void check_engine_supports(const Config& config) {
@@ -579,7 +588,7 @@ double Engine::Impl::forward(const Batch& batch) {
     throw;
   }
   double value = 0;
-  execution_.to_host(&value, pending_loss_->value.raw_data(), sizeof value);
+  read_device_scalar(execution_, &value, pending_loss_->value.raw_data());
   return value;
 }
 
@@ -799,7 +808,7 @@ double Engine::Impl::eval_pipelined(const Batch& batch) {
                                        {.execution = &execution_, .save_for_backward = false});
     if (last) {
       const Loss loss = builtin_loss(output, loaded.targets);
-      execution_.to_host(&value, loss.value.raw_data(), sizeof value);
+      read_device_scalar(execution_, &value, loss.value.raw_data());
     }
     return output;
   };
@@ -828,7 +837,7 @@ std::vector<double> Engine::Impl::row_losses(const Tensor& output, const Tensor&
     const Loss loss = on_device.dtype() == DType::int32
                           ? cross_entropy_loss(row_output, row_targets, execution_)
                           : mse_loss(row_output, row_targets, execution_);
-    execution_.to_host(&values[static_cast<std::size_t>(row)], loss.value.raw_data(), sizeof(double));
+    read_device_scalar(execution_, &values[static_cast<std::size_t>(row)], loss.value.raw_data());
   }
   return values;
 }
@@ -970,7 +979,7 @@ bool Engine::Impl::step() {
   // The reported loss is the mean over micro-batches and data-parallel ranks (identical on every
   // rank); the built-in losses' sum comes from the device, in one read.
   double device_loss_sum = 0;
-  execution_.to_host(&device_loss_sum, loss_sum_.data(), sizeof device_loss_sum);
+  read_device_scalar(execution_, &device_loss_sum, loss_sum_.data());
   execution_.zero(loss_sum_.data(), loss_sum_.size());
   double loss_sum[2] = {accumulated_loss_ + device_loss_sum, static_cast<double>(accumulated_micro_batches_)};
   parallel_.data().host->all_reduce(loss_sum, loss_sum, 2, DType::fp64, ReduceOp::sum);
@@ -1002,7 +1011,7 @@ double Engine::Impl::eval(const Batch& batch) {
     return builtin_loss(output, batch.targets);
   }();
   double value = 0;
-  execution_.to_host(&value, loss.value.raw_data(), sizeof value);
+  read_device_scalar(execution_, &value, loss.value.raw_data());
   return value;
 }
 

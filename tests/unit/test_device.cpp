@@ -229,7 +229,7 @@ TEST(DeviceChoice, AutoTakesTheBoundGpuOnceTheEngineTrainsOnCuda) {
   EXPECT_TRUE(decision.error.empty() && decision.notice.empty()) << decision.error << decision.notice;
   decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, false);
   EXPECT_EQ(decision.device, zt::Device::host());
-  EXPECT_NE(decision.notice.find("does not run on CUDA yet"), std::string::npos) << decision.notice;
+  EXPECT_NE(decision.notice.find("has not yet been verified on a GPU"), std::string::npos) << decision.notice;
   // The build's record (kernels/gpu_path.hpp) says which applies.
   EXPECT_EQ(zt::kernels::gpu_path_state(zt::kernels::GpuPathPart::engine),
             zt::kernels::GpuPathState::not_built);
