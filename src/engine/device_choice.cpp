@@ -80,10 +80,9 @@ DeviceDecision decide_device(DeviceChoice choice, std::span<const RankGpu> ranks
   }
   DeviceDecision decision;
   if (choice == DeviceChoice::automatic) {
-    if (without == ranks.size()) {
-      decision.notice = key + ": no usable GPU (" + missing_gpu_reason(ranks[0]) + "); training on the host";
-      return decision;
-    }
+    // No rank has a GPU: the host is what anyone expects, so nothing is said (a line on every CPU
+    // job, carrying CUDA's error name, would be noise that log scanners take for an error).
+    if (without == ranks.size()) return decision;
     if (!engine_trains_on_cuda) {
       decision.notice =
           key + ": " + rank_label(ranks, first_with) +

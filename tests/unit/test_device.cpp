@@ -210,16 +210,13 @@ TEST(DeviceChoice, HostIsAlwaysTheHost) {
   EXPECT_TRUE(decision.error.empty());
 }
 
-TEST(DeviceChoice, AutoWithoutAGpuTrainsOnTheHostWithANotice) {
+TEST(DeviceChoice, AutoWithoutAGpuTrainsOnTheHostSilently) {
   const std::vector ranks{no_gpu_rank("a", 0), no_gpu_rank("a", 1)};
   const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, true);
   EXPECT_EQ(decision.device, zt::Device::host());
-  EXPECT_TRUE(decision.error.empty());
-  EXPECT_NE(decision.notice.find("no usable GPU (cudaGetDeviceCount: cudaErrorInsufficientDriver (35)); "
-                                 "training on the host"),
-            std::string::npos)
-      << decision.notice;
-  EXPECT_EQ(decision.notice.find("warning"), std::string::npos) << "a notice, not a warning";
+  EXPECT_TRUE(decision.error.empty()) << decision.error;
+  EXPECT_TRUE(decision.notice.empty()) << "a machine without GPUs trains on the host without a word: "
+                                       << decision.notice;
 }
 
 TEST(DeviceChoice, AutoTakesTheBoundGpuOnceTheEngineTrainsOnCuda) {
@@ -230,9 +227,10 @@ TEST(DeviceChoice, AutoTakesTheBoundGpuOnceTheEngineTrainsOnCuda) {
   decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, false);
   EXPECT_EQ(decision.device, zt::Device::host());
   EXPECT_NE(decision.notice.find("has not yet been verified on a GPU"), std::string::npos) << decision.notice;
-  // The build's record (kernels/gpu_path.hpp) says which applies.
+  // The build's record (kernels/gpu_path.hpp) says which applies: the CUDA engine has compiled but not
+  // yet run on a GPU, so "auto" keeps to the host (a GPU session that records it as `ran` changes this).
   EXPECT_EQ(zt::kernels::gpu_path_state(zt::kernels::GpuPathPart::engine),
-            zt::kernels::GpuPathState::not_built);
+            zt::kernels::GpuPathState::compiled);
 }
 
 TEST(DeviceChoice, CudaWithoutAGpuNamesTheRankAndTheReason) {
