@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/grid_stride.cuh"
+#include "kernels/cuda/stream_scratch.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
 
@@ -210,37 +211,13 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
-/// Device memory for one call, allocated and freed in the stream's order (cudaMallocAsync): no
-/// device-wide synchronization, and the pool reuses it from one call to the next.
-class StreamScratch {
- public:
-  StreamScratch(std::size_t bytes, cudaStream_t stream, const char* kernel_name) : stream_(stream) {
-    const cudaError_t status = cudaMallocAsync(&data_, bytes, stream);
-    if (status != cudaSuccess) {
-      ZT_THROW_AS(CudaError, "CUDA ", kernel_name, ": cudaMallocAsync(", bytes,
-                  " bytes) for the reduction's partial sums failed: ", cudaGetErrorString(status));
-    }
-  }
-  ~StreamScratch() { cudaFreeAsync(data_, stream_); }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 /// Both passes over grads[0, count) (count > 0) into *result (device memory), with scratch for the
 /// partials allocated on the stream.
 void launch_sum_squares(const void* grads, DType grad_dtype, std::size_t count, double scale,
                         GradCheckScalars* result, bool accumulate, cudaStream_t stream) {
   const auto elements = static_cast<std::int64_t>(count);
   const unsigned int blocks = grid_blocks(elements, kReduceThreads, kMaxPartials);
-  const StreamScratch partials(blocks * sizeof(double), stream, "grad_sum_squares");
+  const StreamScratch partials(blocks * sizeof(double), stream, "grad_sum_squares (partial sums)");
   with_grad_type(grad_dtype, "grad_sum_squares", [&](auto tag) {
     using Grad = decltype(tag);
     sum_squares_partials_kernel<Grad><<<blocks, kReduceThreads, 0, stream>>>(static_cast<const Grad*>(grads),
@@ -310,7 +287,7 @@ GradCheck grad_sum_squares(const void* grads, DType grad_dtype, std::size_t coun
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
   GradCheckScalars check;
   {
-    const StreamScratch result(sizeof(GradCheckScalars), cuda_stream, "grad_sum_squares");
+    const StreamScratch result(sizeof(GradCheckScalars), cuda_stream, "grad_sum_squares (result)");
     launch_sum_squares(grads, grad_dtype, count, scale, result.as<GradCheckScalars>(), false, cuda_stream);
     ZT_CHECK_CUDA(cudaMemcpyAsync(&check, result.as<GradCheckScalars>(), sizeof(check),
                                   cudaMemcpyDeviceToHost, cuda_stream));

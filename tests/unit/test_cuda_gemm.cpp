@@ -249,6 +249,46 @@ TEST_F(CudaGemm, WeightGradRowsRejectsRowsOutsideTheWeight) {
   }
 }
 
+/// The same GEMMs (shape, dtype, bias or not) with every operand at an aligned address, then one element
+/// off it, then aligned again: each distinct alignment must get its own cached cuBLASLt plan (an
+/// algorithm chosen for 256-byte operands faults or misreads on 2-byte ones), and the fused bias too.
+TEST_F(CudaGemm, CachedPlansFollowTheOperandsAlignment) {
+  ZT_REQUIRE_GPU();
+  const MatmulShape shape{37, 64, 96};
+  const auto [rows, in, out] = shape;
+  for (DType dtype : kDtypes) {
+    for (std::int64_t offset : {std::int64_t{0}, std::int64_t{1}, std::int64_t{0}}) {
+      const std::string what = describe(shape, dtype) + " operands " + std::to_string(offset) +
+                               " element(s) past an aligned address";
+      // One element more than needed, so that the operands can start one element in.
+      MirroredBuffer input = make_operand(rows * in + 1, dtype, 11, *cuda_stream);
+      MirroredBuffer weight = make_operand(out * in + 1, dtype, 12, *cuda_stream);
+      MirroredBuffer bias = make_operand(out + 1, dtype, 13, *cuda_stream);
+      MirroredBuffer output = make_operand(rows * out + 1, dtype, 14, *cuda_stream);
+      MirroredBuffer grad_output = make_operand(rows * out + 1, dtype, 15, *cuda_stream);
+      MirroredBuffer grad_weight = make_operand(out * in + 1, dtype, 16, *cuda_stream);
+      const std::size_t shift = static_cast<std::size_t>(offset) * zt::dtype_size(dtype);
+      const auto host_at = [&](MirroredBuffer& buffer) { return buffer.host.as<std::byte>() + shift; };
+      const auto device_at = [&](MirroredBuffer& buffer) {
+        return static_cast<std::byte*>(buffer.device_data()) + shift;
+      };
+      zt::kernels::matmul_forward(host_stream, dtype, host_at(input), host_at(weight), host_at(bias),
+                                  host_at(output), shape);
+      zt::kernels::matmul_forward(*cuda_stream, dtype, device_at(input), device_at(weight), device_at(bias),
+                                  device_at(output), shape);
+      zt::kernels::matmul_backward(host_stream, dtype, host_at(grad_output), host_at(input), host_at(weight),
+                                   nullptr, host_at(grad_weight), nullptr, shape);
+      zt::kernels::matmul_backward(*cuda_stream, dtype, device_at(grad_output), device_at(input),
+                                   device_at(weight), nullptr, device_at(grad_weight), nullptr, shape);
+      output.download();
+      grad_weight.download();
+      // The element before the operands (offset 1) is untouched on both sides: compared too.
+      EXPECT_TRUE(all_close(output, dtype, gemm_tolerance(dtype, in), "matmul_forward " + what));
+      EXPECT_TRUE(all_close(grad_weight, dtype, gemm_tolerance(dtype, rows), "matmul_backward " + what));
+    }
+  }
+}
+
 #if ZT_HAVE_CUDA
 TEST_F(CudaGemm, Tf32MatchesHostWithinTf32Rounding) {
   ZT_REQUIRE_GPU();

@@ -304,9 +304,16 @@ TEST_F(CudaOptimizer, GradSumSquaresFindsInfAndNanWhereverTheyAre) {
         EXPECT_TRUE(on_device.found_inf);
       }
     }
-    // The largest finite values are no overflow: fp16's 65504, fp32's max squared fits fp64.
+    // The largest finite values are no overflow: fp16's 65504, fp32's max squared fits fp64. bf16 takes
+    // its own largest finite value, 0x1.fep127: fp32's max rounds (to nearest even) to bf16 inf, which
+    // would make this a test of an inf.
     MirroredBuffer grads = uniform_buffer(grad_dtype, static_cast<std::int64_t>(kCount), -1.0, 1.0, 5, *cuda);
-    poison(grads, grad_dtype, 7, grad_dtype == DType::fp16 ? 65504.0f : std::numeric_limits<float>::max());
+    const float largest_finite = grad_dtype == DType::fp16   ? 65504.0f
+                                 : grad_dtype == DType::bf16 ? 0x1.fep127f
+                                                             : std::numeric_limits<float>::max();
+    poison(grads, grad_dtype, 7, largest_finite);
+    ASSERT_TRUE(std::isfinite(zt::testing::element_as_double(grads.host.data(), grad_dtype, 7)))
+        << zt::dtype_name(grad_dtype) << ": the largest finite value is not finite in the dtype";
     const kernels::GradCheck on_device =
         kernels::grad_sum_squares(*cuda, grads.device_data(), grad_dtype, kCount);
     EXPECT_FALSE(on_device.found_inf) << zt::dtype_name(grad_dtype) << " with its largest finite value";
