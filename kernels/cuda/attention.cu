@@ -25,6 +25,11 @@ constexpr int kQueryTile = 8;                    // rows a block owns (one warp 
 constexpr int kKeyTile = 32;                     // rows of the other side staged per step
 constexpr int kThreads = kQueryTile * kKeyTile;  // one thread per (owned row, staged row) product
 constexpr std::size_t kDefaultSharedBytes = 48 * 1024;
+// The kernels rely on this shape of the block: one thread per (owned row, staged row) product in
+// causal_tile_products, one whole warp per owned row in the softmaxes (full-mask shuffles), and
+// block-wide loops over the kQueryTile x kKeyTile weights. Changing a tile size must keep these.
+static_assert(kThreads % kWarpSize == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
+static_assert(kThreads / kWarpSize >= kQueryTile, "the softmaxes take one warp per owned row");
 
 /// Where one (batch, head) pair lives: row t of q is q + t * row_stride (k and v follow at +C, +2C).
 struct HeadLayout {

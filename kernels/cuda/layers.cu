@@ -27,6 +27,9 @@ __device__ unsigned long long g_first_bad_target = kNoIndexError;
 
 constexpr unsigned int kRowThreads = 256;
 constexpr unsigned int kReduceThreads = 1024;
+// block_reduce (block_reduce.cuh) needs whole warps and at most 32 of them.
+static_assert(kRowThreads % kWarpSize == 0 && kRowThreads <= 1024, "block_reduce needs whole warps");
+static_assert(kReduceThreads % kWarpSize == 0 && kReduceThreads <= 1024, "block_reduce needs whole warps");
 // Grid limit for kernels that walk rows (or sorted positions) with a block-stride loop.
 constexpr std::int64_t kMaxRowBlocks = 65535 * 16;
 

@@ -93,6 +93,16 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheHost) {
   }
 }
 
+TEST(CudaAttention, NoBatchDoesNothing) {
+  ZT_REQUIRE_GPU();
+  const Stream cuda_stream(zt::Device::cuda(0));
+  const zk::AttentionShape shape{0, 1024, 12, 64};
+  EXPECT_NO_THROW(zk::attention_forward(cuda_stream, DType::fp32, nullptr, nullptr, nullptr, shape));
+  EXPECT_NO_THROW(
+      zk::attention_backward(cuda_stream, DType::fp32, nullptr, nullptr, nullptr, nullptr, shape));
+  EXPECT_NO_THROW(cuda_stream.synchronize());
+}
+
 TEST(CudaAttention, BackwardIsDeterministic) {
   ZT_REQUIRE_GPU();
   const Stream cuda_stream(zt::Device::cuda(0));
