@@ -28,7 +28,7 @@ const ExecutionContext& ExecutionContext::host() {
 }
 
 Tensor ExecutionContext::empty(const Shape& shape, DType dtype, MemoryCategory category) const {
-  return Tensor::empty(shape, dtype, device_, category);
+  return Tensor::empty(shape, dtype, device_, category, &compute_);
 }
 
 Tensor ExecutionContext::zeros(const Shape& shape, DType dtype, MemoryCategory category) const {
@@ -38,7 +38,7 @@ Tensor ExecutionContext::zeros(const Shape& shape, DType dtype, MemoryCategory c
 }
 
 Buffer ExecutionContext::allocate(std::size_t bytes, MemoryCategory category, std::size_t alignment) const {
-  return Buffer(device_, bytes, category, alignment);
+  return Buffer(device_, bytes, category, alignment, HostMemoryKind::pageable, &compute_);
 }
 
 void ExecutionContext::zero(void* data, std::size_t bytes) const {
@@ -68,12 +68,12 @@ void ExecutionContext::move(void* destination, const void* source, std::size_t b
       return;
     }
     case DeviceType::cuda: {
-      // A device copy must not overlap itself: through a scratch buffer, both copies on the stream
-      // (the scratch is freed once the stream has passed them).
+      // A device copy must not overlap itself: through a scratch buffer, both copies on the compute
+      // stream. The scratch is allocated and freed in that stream's order (allocate()), so it is
+      // reused only after the second copy has read it: no host wait.
       Buffer scratch = allocate(bytes, MemoryCategory::other);
       copy(scratch.as<std::byte>(), source, bytes);
       copy(destination, scratch.as<std::byte>(), bytes);
-      compute_.synchronize();
       return;
     }
   }
@@ -93,7 +93,9 @@ Tensor ExecutionContext::on_device(const Tensor& tensor, MemoryCategory category
   if (tensor.device() == device_) return tensor;
   ZT_CHECK(tensor.device().is_host(), "ExecutionContext on ", device_.str(), ": on_device of ",
            tensor.description(), "; expected a host tensor or one on ", device_.str());
-  return tensor.to(device_, category, &compute_);
+  Tensor moved = empty(tensor.shape(), tensor.dtype(), category);
+  moved.copy_from(tensor, &compute_);
+  return moved;
 }
 
 void ExecutionContext::synchronize() const {

@@ -22,14 +22,19 @@ std::int64_t shape_numel(const Shape& shape) {
   return count;
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, MemoryCategory category,
+                     const Stream* stream) {
   Tensor tensor;
   tensor.shape_ = shape;
   tensor.numel_ = shape_numel(shape);
   tensor.dtype_ = dtype;
   tensor.device_ = device;
   tensor.defined_ = true;
-  tensor.storage_ = std::make_shared<Buffer>(device, tensor.nbytes(), category);
+  // Only a stream of the tensor's own device orders its memory (a host tensor copied on a CUDA
+  // stream is pageable memory that no stream frees).
+  const Stream* ordered_on = stream != nullptr && stream->device() == device ? stream : nullptr;
+  tensor.storage_ = std::make_shared<Buffer>(device, tensor.nbytes(), category, kHostAlignment,
+                                             HostMemoryKind::pageable, ordered_on);
   tensor.data_ = tensor.storage_->data();
   return tensor;
 }

@@ -6,6 +6,13 @@
 //   - the operations below are ordered on the compute stream;
 //   - to_host() waits for the copy (and the work before it); everything else is asynchronous on a
 //     GPU and immediate on the host and the emulated device;
+//   - its memory (empty, zeros, allocate, on_device) is allocated and freed in the compute stream's
+//     order (zt::Buffer with the stream): on a GPU a free does not wait for the device, and the
+//     memory is reused only by work queued after the free on the compute stream, or on another
+//     stream once the free is done. Work on another stream that uses such memory must be ordered
+//     after the allocation and before the free by events: the engine's NCCL communicators, ordered
+//     with the compute stream, are (docs/gpu.md, "NCCL in the engine"). On the host and the
+//     emulated device the stream changes nothing;
 //   - collectives run on the communication stream; communication_waits_for_compute() and
 //     compute_waits_for_communication() order the two with events (no-ops on the host and the
 //     emulated device, whose streams run work at once).
@@ -38,7 +45,7 @@ class ExecutionContext {
   const Stream& compute() const { return compute_; }
   const Stream& communication() const { return communication_; }
 
-  // ---- memory on the context's device ----
+  // ---- memory on the context's device, ordered on the compute stream (see the top) ----
   Tensor empty(const Shape& shape, DType dtype, MemoryCategory category = MemoryCategory::other) const;
   Tensor zeros(const Shape& shape, DType dtype, MemoryCategory category = MemoryCategory::other) const;
   Buffer allocate(std::size_t bytes, MemoryCategory category = MemoryCategory::other,

@@ -37,9 +37,12 @@ class Tensor {
   /// An undefined tensor (no memory, defined() is false).
   Tensor() = default;
 
-  /// Uninitialized memory on `device`, counted under `category`.
+  /// Uninitialized memory on `device`, counted under `category`. With `stream` (a stream of
+  /// `device`), allocated and freed in that stream's order (zt::Buffer): on a GPU, no device-wide
+  /// wait when the tensor's memory is freed; a stream of another device, the host's or the emulated
+  /// device's changes nothing.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::host(),
-                      MemoryCategory category = MemoryCategory::other);
+                      MemoryCategory category = MemoryCategory::other, const Stream* stream = nullptr);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::host(),
                       MemoryCategory category = MemoryCategory::other);
   /// A non-owning view of `numel(shape)` elements at `data`; the caller keeps the memory alive.

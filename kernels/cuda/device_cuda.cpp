@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,36 @@ std::uint64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attribute) noex
     return 0;
   }
   return value;
+}
+
+/// The streams made by cuda_stream_create and not destroyed yet. A buffer freed in stream order
+/// remembers its stream's handle, and a tensor may outlive the stream it was allocated on (an
+/// engine's forward output kept after the engine, whose execution context owns the stream): a free
+/// on a stream that is gone falls back to the free that waits for the device, instead of handing a
+/// dead handle to cudaFreeAsync.
+class LiveStreams {
+ public:
+  void add(void* stream) {
+    const std::lock_guard lock(mutex_);
+    streams_.insert(stream);
+  }
+  void remove(void* stream) noexcept {
+    const std::lock_guard lock(mutex_);
+    streams_.erase(stream);
+  }
+  bool contains(void* stream) noexcept {
+    const std::lock_guard lock(mutex_);
+    return streams_.contains(stream);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<void*> streams_;
+};
+/// Never destroyed: buffers may be freed during static destruction.
+LiveStreams& live_streams() {
+  static auto* streams = new LiveStreams();
+  return *streams;
 }
 
 /// Device memory, cached, in stream order: the device's default memory pool (the one cudaMallocAsync
@@ -116,7 +147,11 @@ class CudaDeviceAllocator final : public Allocator {
     return pointer;
   }
 
-  void deallocate_on(void* pointer, std::size_t, void* stream) noexcept override {
+  void deallocate_on(void* pointer, std::size_t bytes, void* stream) noexcept override {
+    if (!live_streams().contains(stream)) {
+      deallocate(pointer, bytes);  // its stream is gone (see LiveStreams)
+      return;
+    }
     const DeviceScope scope(index_);
     cudaFreeAsync(pointer, as_cuda_stream(stream));
   }
@@ -189,6 +224,10 @@ class CudaPinnedAllocator final : public Allocator {
   }
 
   void deallocate_on(void* pointer, std::size_t bytes, void* stream) noexcept override {
+    if (!live_streams().contains(stream)) {
+      deallocate(pointer, bytes);  // its stream is gone (see LiveStreams)
+      return;
+    }
     cudaEvent_t event = spare_event();
     if (event != nullptr && cudaEventRecord(event, as_cuda_stream(stream)) != cudaSuccess) {
       cudaGetLastError();
@@ -320,10 +359,15 @@ void* cuda_stream_create(int device_index) {
   ZT_CHECK_CUDA(cudaSetDevice(device_index));
   cudaStream_t stream = nullptr;
   ZT_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  live_streams().add(stream);
   return stream;
 }
 
 void cuda_stream_destroy(void* stream) noexcept {
+  live_streams().remove(stream);
+  // Its work done first: a later stream may get the same handle, and a buffer of this one freed on
+  // that handle must not be reused while this stream's kernels may still touch it.
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
 

@@ -69,6 +69,29 @@ TEST(Tensor, MemoryIsAccountedByCategoryAndReleasedWithTheLastHandle) {
   EXPECT_EQ(current_bytes(MemoryCategory::gradients), gradients_before);
 }
 
+TEST(Tensor, AStreamOnTheHostOrTheEmulatedDeviceChangesNothing) {
+  // Tensor::empty with a stream (what ExecutionContext passes, its compute stream) allocates and
+  // frees as without one where streams have no native handle; a stream of another device is ignored.
+  for (const zt::Device device : {zt::Device::host(), zt::Device::emulated()}) {
+    const zt::Stream stream(device);
+    const zt::Stream other_device_stream(device.is_host() ? zt::Device::emulated() : zt::Device::host());
+    const std::size_t before = zt::memory_snapshot(device.type)[MemoryCategory::activations].current;
+    {
+      Tensor ordered = Tensor::empty({5}, DType::fp32, device, MemoryCategory::activations, &stream);
+      Tensor other =
+          Tensor::empty({3}, DType::fp32, device, MemoryCategory::activations, &other_device_stream);
+      EXPECT_EQ(ordered.device(), device);
+      EXPECT_EQ(zt::memory_snapshot(device.type)[MemoryCategory::activations].current,
+                before + 8 * sizeof(float))
+          << device.str();
+      ordered.fill_(1.5, &stream);
+      other.copy_from(ordered.flat_slice(0, 3), &stream);
+      EXPECT_EQ(other.item_as_double(2), 1.5) << device.str();
+    }
+    EXPECT_EQ(zt::memory_snapshot(device.type)[MemoryCategory::activations].current, before) << device.str();
+  }
+}
+
 TEST(Tensor, ViewOfExternalMemoryReadsAndWritesIt) {
   std::vector<float> flat(12, 0.0f);
   Tensor view = Tensor::view_of(flat.data(), {3, 4}, DType::fp32);
