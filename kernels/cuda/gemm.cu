@@ -33,6 +33,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cuda/cublaslt_library.hpp"
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "zerotrain/dtype.hpp"
@@ -57,7 +58,7 @@ std::string describe(const GemmContext& gemm) {
 }
 
 [[noreturn]] void throw_cublas_error(const GemmContext& gemm, const char* call, cublasStatus_t status) {
-  ZT_THROW_AS(CudaError, describe(gemm), ": ", call, " failed: ", cublasLtGetStatusString(status), " (",
+  ZT_THROW_AS(CudaError, describe(gemm), ": ", call, " failed: ", lt::cublasLtGetStatusString(status), " (",
               static_cast<int>(status), ")");
 }
 
@@ -99,10 +100,10 @@ struct CublasDestroyer {
 template <typename Handle, cublasStatus_t (*destroy)(Handle)>
 using CublasObject = std::unique_ptr<std::remove_pointer_t<Handle>, CublasDestroyer<Handle, destroy>>;
 
-using LtHandle = CublasObject<cublasLtHandle_t, cublasLtDestroy>;
-using MatmulDescriptor = CublasObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using MatrixLayout = CublasObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using MatmulPreference = CublasObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using LtHandle = CublasObject<cublasLtHandle_t, lt::cublasLtDestroy>;
+using MatmulDescriptor = CublasObject<cublasLtMatmulDesc_t, lt::cublasLtMatmulDescDestroy>;
+using MatrixLayout = CublasObject<cublasLtMatrixLayout_t, lt::cublasLtMatrixLayoutDestroy>;
+using MatmulPreference = CublasObject<cublasLtMatmulPreference_t, lt::cublasLtMatmulPreferenceDestroy>;
 
 struct DeviceMemoryFree {
   void operator()(void* pointer) const noexcept { cudaFree(pointer); }
@@ -144,7 +145,7 @@ cublasLtHandle_t lt_handle(int device, const GemmContext& gemm) {
   LtHandle& handle = handles[device];
   if (!handle) {
     cublasLtHandle_t created = nullptr;
-    ZT_CHECK_CUBLAS(cublasLtCreate(&created), gemm);
+    ZT_CHECK_CUBLAS(lt::cublasLtCreate(&created), gemm);
     handle.reset(created);
   }
   return handle.get();
@@ -249,8 +250,8 @@ struct GemmPlan {
 MatrixLayout make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t columns, std::int64_t ld,
                          const GemmContext& gemm) {
   cublasLtMatrixLayout_t layout = nullptr;
-  ZT_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&layout, type, static_cast<std::uint64_t>(rows),
-                                             static_cast<std::uint64_t>(columns), ld),
+  ZT_CHECK_CUBLAS(lt::cublasLtMatrixLayoutCreate(&layout, type, static_cast<std::uint64_t>(rows),
+                                                 static_cast<std::uint64_t>(columns), ld),
                   gemm);
   return MatrixLayout(layout);
 }
@@ -258,13 +259,14 @@ MatrixLayout make_layout(cudaDataType_t type, std::int64_t rows, std::int64_t co
 template <typename Value>
 void set_descriptor(cublasLtMatmulDesc_t descriptor, cublasLtMatmulDescAttributes_t attribute,
                     const Value& value, const GemmContext& gemm) {
-  ZT_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(descriptor, attribute, &value, sizeof(value)), gemm);
+  ZT_CHECK_CUBLAS(lt::cublasLtMatmulDescSetAttribute(descriptor, attribute, &value, sizeof(value)), gemm);
 }
 
 template <typename Value>
 void set_preference(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
                     const Value& value, const GemmContext& gemm) {
-  ZT_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)), gemm);
+  ZT_CHECK_CUBLAS(lt::cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)),
+                  gemm);
 }
 
 /// The plan for `key`, or null when the heuristic has no algorithm for it.
@@ -273,7 +275,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, const void* bias, cublas
   const GemmTypes types = gemm_types(key.dtype, key.tf32, gemm);
   auto plan = std::make_unique<GemmPlan>();
   cublasLtMatmulDesc_t descriptor = nullptr;
-  ZT_CHECK_CUBLAS(cublasLtMatmulDescCreate(&descriptor, types.compute, types.scale), gemm);
+  ZT_CHECK_CUBLAS(lt::cublasLtMatmulDescCreate(&descriptor, types.compute, types.scale), gemm);
   plan->descriptor.reset(descriptor);
   const cublasOperation_t op_a = key.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = key.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -292,7 +294,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, const void* bias, cublas
   plan->layout_c = make_layout(types.data, key.m, key.n, key.ldc, gemm);
 
   cublasLtMatmulPreference_t created_preference = nullptr;
-  ZT_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&created_preference), gemm);
+  ZT_CHECK_CUBLAS(lt::cublasLtMatmulPreferenceCreate(&created_preference), gemm);
   const MatmulPreference preference(created_preference);
   const std::uint64_t workspace_bytes = kWorkspaceBytes;
   set_preference(created_preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes, gemm);
@@ -303,7 +305,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, const void* bias, cublas
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t status = lt::cublasLtMatmulAlgoGetHeuristic(
       handle, descriptor, plan->layout_a.get(), plan->layout_b.get(), plan->layout_c.get(),
       plan->layout_c.get(), created_preference, 1, &result, &found);
   // No algorithm. For a fused bias any failed query counts as none (the unfused GEMM follows): which
@@ -369,9 +371,9 @@ bool run_gemm(const ColumnMajorGemm& product, DType dtype, const StreamDeviceSco
     set_descriptor(plan->descriptor.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, product.bias, gemm);
   }
   ZT_CHECK_CUBLAS(
-      cublasLtMatmul(handle, plan->descriptor.get(), alpha, product.a, plan->layout_a.get(), product.b,
-                     plan->layout_b.get(), beta, product.c, plan->layout_c.get(), product.c,
-                     plan->layout_c.get(), &plan->algorithm, workspace, kWorkspaceBytes, stream),
+      lt::cublasLtMatmul(handle, plan->descriptor.get(), alpha, product.a, plan->layout_a.get(), product.b,
+                         plan->layout_b.get(), beta, product.c, plan->layout_c.get(), product.c,
+                         plan->layout_c.get(), &plan->algorithm, workspace, kWorkspaceBytes, stream),
       gemm);
   return true;
 }

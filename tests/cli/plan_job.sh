@@ -30,7 +30,7 @@ expect "$out" "^zerotrain plan: GPT model, [0-9]+ parameters, fp32, global batch
 expect "$out" "^  8 candidate\(s\), 4 pruned by their predicted peak:$" "pruned count"
 [ "$(grep -Ec "^    pruned: stage [13], offload (none|cpu), micro [0-9]+ x gas [0-9]+: predicted peak .* > limit " "$out")" = 4 ] ||
   fail "four pruned lines with their reason expected"
-expect "$out" "^  rank stage offload micro x gas step ms tokens/s predicted peak measured peak measured/predicted peak RSS$" "table header"
+expect "$out" "^  rank stage offload micro x gas step ms tokens/s predicted peak measured peak measured/predicted +peak RSS$" "table header"
 [ "$(grep -Ec "^ +[1-4] +[13] +(none|cpu) +[0-9]+ x [0-9]+ +[0-9.]+ +[0-9]+ +[0-9.]+ [KM]iB +[0-9.]+ [KM]iB +[0-9.]+ +[0-9.]+ MiB$" "$out")" = 4 ] ||
   fail "four ranked rows expected"
 expect "$out" "^baseline: 8 steps of $ranks rank\(s\) against 1 rank \(micro [0-9]+ x gas [0-9]+, the same 16 samples per step\): losses (bitwise equal|max relative difference [0-9.e-]+ \(tolerance 1e-5)" baseline
