@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -158,6 +159,18 @@ inline ::testing::AssertionResult all_close(const MirroredBuffer& buffer, DType 
   return all_close(buffer.host.data(), buffer.downloaded.data(), dtype,
                    buffer.host.size() / dtype_size(dtype), tolerance, what);
 }
+
+/// A fixture for CUDA kernel tests: skips without a usable GPU, else gives the host stream (the
+/// reference kernels) and a stream on cuda:0.
+class CudaKernelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZT_REQUIRE_GPU();
+    cuda = std::make_unique<Stream>(Device::cuda(0));
+  }
+  Stream host;  // the host stream: the reference kernels
+  std::unique_ptr<Stream> cuda;
+};
 
 /// `count` elements of `dtype` uniform in [low, high), on the host and uploaded.
 inline MirroredBuffer uniform_buffer(DType dtype, std::int64_t count, double low, double high,

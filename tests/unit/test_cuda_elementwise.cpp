@@ -101,15 +101,7 @@ void fill_conversion_probes(void* data, DType dtype, std::size_t count, std::uin
   }
 }
 
-class CudaElementwise : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ZT_REQUIRE_GPU();
-    cuda = std::make_unique<zt::Stream>(zt::Device::cuda(0));
-  }
-  zt::Stream host;  // the host stream: the reference kernels
-  std::unique_ptr<zt::Stream> cuda;
-};
+class CudaElementwise : public zt::testing::CudaKernelTest {};
 
 // ---- conversion -------------------------------------------------------------------------------
 

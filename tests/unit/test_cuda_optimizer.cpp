@@ -69,15 +69,7 @@ void expect_equal_results(MirroredBuffer& buffer, DType dtype, const std::string
   EXPECT_TRUE(all_close(buffer, dtype, kExact, what + " (the host's value exactly)"));
 }
 
-class CudaOptimizer : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ZT_REQUIRE_GPU();
-    cuda = std::make_unique<zt::Stream>(zt::Device::cuda(0));
-  }
-  zt::Stream host;  // the host stream: the reference kernels
-  std::unique_ptr<zt::Stream> cuda;
-};
+class CudaOptimizer : public zt::testing::CudaKernelTest {};
 
 // ---- Adam / AdamW -------------------------------------------------------------------------------
 
