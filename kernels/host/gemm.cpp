@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 // Defined (to 1) by kernels/CMakeLists.txt when the build links oneDNN (cmake/ZerotrainOneDnn.cmake).
 #ifndef ZT_HAVE_ONEDNN
@@ -234,12 +235,16 @@ void widen(const T* source, std::int64_t rows, std::int64_t columns, std::int64_
 /// The 16-bit GEMM: fp32 copies of A and B (and C when beta != 0), sgemm, then one rounding per element.
 /// (Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16, so cblas_sbgemm is not available; on
 /// AVX2 without AVX512-BF16 it would widen internally anyway.)
+/// The copies live for the call only: kept per thread they held the largest GEMM's operands for the
+/// process's life (the LM head at vocabulary 50257: ~80 MiB per rank that nothing accounted,
+/// docs/benchmarks.md). Freed, the heap keeps them (Runtime's keep_freed_memory) for the next
+/// allocation, so no page faults come back.
 template <typename T>
 void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
                 double alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, double beta, T* c,
                 std::int64_t ldc) {
-  thread_local std::vector<float> a_storage, b_storage, c_storage;
-  float* c32 = scratch(c_storage, static_cast<std::size_t>(m * n));  // dense [m, n]
+  const auto c_storage = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(m * n));
+  float* c32 = c_storage.get();  // dense [m, n]
   if (beta != 0) {
     for (std::int64_t r = 0; r < m; ++r) {
       for (std::int64_t col = 0; col < n; ++col) c32[r * n + col] = static_cast<float>(c[r * ldc + col]);
@@ -247,8 +252,12 @@ void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   }
   const std::int64_t a_rows = transpose_a ? k : m, a_columns = transpose_a ? m : k;
   const std::int64_t b_rows = transpose_b ? n : k, b_columns = transpose_b ? k : n;
-  float* a32 = scratch(a_storage, static_cast<std::size_t>(span(a_rows, a_columns, lda)));
-  float* b32 = scratch(b_storage, static_cast<std::size_t>(span(b_rows, b_columns, ldb)));
+  const auto a_storage =
+      std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(span(a_rows, a_columns, lda)));
+  const auto b_storage =
+      std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(span(b_rows, b_columns, ldb)));
+  float* a32 = a_storage.get();
+  float* b32 = b_storage.get();
   widen(a, a_rows, a_columns, lda, a32);
   widen(b, b_rows, b_columns, ldb, b32);
   gemm(transpose_a, transpose_b, m, n, k, alpha, a32, lda, b32, ldb, beta, c32, n);
@@ -270,6 +279,10 @@ struct Bf16GemmShape {
 /// oneDNN matmul primitives, one per shape, built on first use. Building one takes milliseconds (it
 /// picks and JIT-compiles a kernel), running it a GEMM's time; a training step repeats a few dozen
 /// shapes, so they are kept (up to kMaxPrimitives, then the cache starts over).
+/// Their scratchpads (fp32 accumulators: m x n x 4 bytes for the LM head's [B*T, vocab]) are ours
+/// (scratchpad_mode::user) and live for one call: in oneDNN's library mode, built with
+/// DNNL_ENABLE_CONCURRENT_EXEC as Debian's is, every cached primitive owned its own for the process's
+/// life (~29 MB per rank at vocabulary 50257 that nothing accounted, docs/benchmarks.md).
 class OneDnnBf16Gemms {
  public:
   static OneDnnBf16Gemms& instance() {
@@ -279,7 +292,7 @@ class OneDnnBf16Gemms {
 
   /// C = alpha op(A) op(B) + beta C: bf16 operands, fp32 accumulation, one rounding to bf16.
   void run(const Bf16GemmShape& shape, const bf16* a, const bf16* b, bf16* c) {
-    const dnnl::matmul primitive = primitive_for(shape);
+    const CachedMatmul cached = primitive_for(shape);
     // A stream per thread: a stream is not meant to be shared by threads that execute at once.
     thread_local dnnl::stream stream(engine_);
     using dnnl::memory;
@@ -287,9 +300,13 @@ class OneDnnBf16Gemms {
     memory a_memory(a_descriptor(shape), engine_, const_cast<bf16*>(a));
     memory b_memory(b_descriptor(shape), engine_, const_cast<bf16*>(b));
     memory c_memory(c_descriptor(shape), engine_, c);
+    const auto scratchpad_storage = std::make_unique_for_overwrite<std::byte[]>(cached.scratchpad.get_size());
+    memory scratchpad_memory(cached.scratchpad, engine_, scratchpad_storage.get());
     try {
-      primitive.execute(stream,
-                        {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+      cached.primitive.execute(stream, {{DNNL_ARG_SRC, a_memory},
+                                        {DNNL_ARG_WEIGHTS, b_memory},
+                                        {DNNL_ARG_DST, c_memory},
+                                        {DNNL_ARG_SCRATCHPAD, scratchpad_memory}});
       stream.wait();
     } catch (const dnnl::error& error) {
       ZT_THROW("oneDNN bf16 matmul C[", shape.m, ", ", shape.n, "] (k ", shape.k, ") failed: ", error.what());
@@ -298,6 +315,13 @@ class OneDnnBf16Gemms {
 
  private:
   static constexpr std::size_t kMaxPrimitives = 1024;
+
+  /// A primitive (a handle: copies share it, so clearing the cache never pulls one away from a thread
+  /// that runs it) and the scratchpad each of its executions needs.
+  struct CachedMatmul {
+    dnnl::matmul primitive;
+    dnnl::memory::desc scratchpad;
+  };
 
   /// A row-major [rows, columns] view with leading dimension ld, or its transpose.
   static dnnl::memory::desc strided(std::int64_t rows, std::int64_t columns, std::int64_t ld,
@@ -314,13 +338,13 @@ class OneDnnBf16Gemms {
   }
   static dnnl::memory::desc c_descriptor(const Bf16GemmShape& s) { return strided(s.m, s.n, s.ldc, false); }
 
-  /// The primitive for `shape` (a handle: copies share it, so clearing the cache never pulls one away
-  /// from a thread that runs it).
-  dnnl::matmul primitive_for(const Bf16GemmShape& shape) {
+  /// The primitive for `shape`, built on first use.
+  CachedMatmul primitive_for(const Bf16GemmShape& shape) {
     const std::lock_guard lock(mutex_);
     if (auto found = primitives_.find(shape); found != primitives_.end()) return found->second;
     if (primitives_.size() >= kMaxPrimitives) primitives_.clear();
     dnnl::primitive_attr attributes;
+    attributes.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     // oneDNN's order is dst = output_scale * (A B) + sum_scale * dst, in fp32, then one rounding.
     if (shape.alpha != 1.0f) attributes.set_output_scales(0, {shape.alpha});
     if (shape.beta != 0.0f) {
@@ -332,7 +356,9 @@ class OneDnnBf16Gemms {
       const dnnl::matmul::primitive_desc description(
           dnnl::matmul::desc(a_descriptor(shape), b_descriptor(shape), c_descriptor(shape)), attributes,
           engine_);
-      return primitives_.emplace(shape, dnnl::matmul(description)).first->second;
+      return primitives_
+          .emplace(shape, CachedMatmul{dnnl::matmul(description), description.scratchpad_desc()})
+          .first->second;
     } catch (const dnnl::error& error) {
       ZT_THROW("oneDNN has no bf16 matmul for C[", shape.m, ", ", shape.n, "] = ", shape.alpha, " op(A)[",
                shape.m, ", ", shape.k, "] op(B)[", shape.k, ", ", shape.n, "] + ", shape.beta,
@@ -344,7 +370,7 @@ class OneDnnBf16Gemms {
 
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   std::mutex mutex_;
-  std::map<Bf16GemmShape, dnnl::matmul> primitives_;
+  std::map<Bf16GemmShape, CachedMatmul> primitives_;
 };
 
 void onednn_bf16_gemm(const Bf16GemmShape& shape, const bf16* a, const bf16* b, bf16* c) {
