@@ -64,30 +64,32 @@ class MirroredBuffer {
   Buffer downloaded;
 };
 
+/// data[i] = value rounded to `dtype` (floating: fp32, fp64, bf16 or fp16, as the host's conversions).
+inline void store_as(void* data, DType dtype, std::size_t i, double value) {
+  switch (dtype) {
+    case DType::fp32:
+      static_cast<float*>(data)[i] = static_cast<float>(value);
+      return;
+    case DType::fp64:
+      static_cast<double*>(data)[i] = value;
+      return;
+    case DType::bf16:
+      static_cast<bf16*>(data)[i] = bf16(static_cast<float>(value));
+      return;
+    case DType::fp16:
+      static_cast<fp16*>(data)[i] = fp16(static_cast<float>(value));
+      return;
+    default:
+      FAIL() << "store_as: " << dtype_name(dtype) << " is not floating";
+  }
+}
+
 /// `count` values of `dtype` (floating) drawn uniform in [low, high), rounded to the dtype.
 inline void fill_uniform(void* data, DType dtype, std::size_t count, double low, double high,
                          std::uint64_t seed) {
   std::mt19937_64 engine(seed);
   std::uniform_real_distribution<double> pick(low, high);
-  for (std::size_t i = 0; i < count; ++i) {
-    const double value = pick(engine);
-    switch (dtype) {
-      case DType::fp32:
-        static_cast<float*>(data)[i] = static_cast<float>(value);
-        break;
-      case DType::fp64:
-        static_cast<double*>(data)[i] = value;
-        break;
-      case DType::bf16:
-        static_cast<bf16*>(data)[i] = bf16(static_cast<float>(value));
-        break;
-      case DType::fp16:
-        static_cast<fp16*>(data)[i] = fp16(static_cast<float>(value));
-        break;
-      default:
-        FAIL() << "fill_uniform: " << dtype_name(dtype) << " is not floating";
-    }
-  }
+  for (std::size_t i = 0; i < count; ++i) store_as(data, dtype, i, pick(engine));
 }
 
 inline double element_as_double(const void* data, DType dtype, std::size_t i) {

@@ -80,25 +80,7 @@ void fill_conversion_probes(void* data, DType dtype, std::size_t count, std::uin
     const double sign = (engine() & 1) ? -1.0 : 1.0;
     values.push_back(sign * mantissa(engine) * std::exp2(std::floor(exponent(engine))));
   }
-  for (std::size_t i = 0; i < count; ++i) {
-    const double value = values[i];
-    switch (dtype) {
-      case DType::fp32:
-        static_cast<float*>(data)[i] = static_cast<float>(value);
-        break;
-      case DType::fp64:
-        static_cast<double*>(data)[i] = value;
-        break;
-      case DType::bf16:
-        static_cast<zt::bf16*>(data)[i] = zt::bf16(static_cast<float>(value));
-        break;
-      case DType::fp16:
-        static_cast<zt::fp16*>(data)[i] = zt::fp16(static_cast<float>(value));
-        break;
-      default:
-        FAIL() << "fill_conversion_probes: " << zt::dtype_name(dtype) << " is not floating";
-    }
-  }
+  for (std::size_t i = 0; i < count; ++i) zt::testing::store_as(data, dtype, i, values[i]);
 }
 
 class CudaElementwise : public zt::testing::CudaKernelTest {};

@@ -215,8 +215,8 @@ TEST(DeviceChoice, AutoWithoutAGpuTrainsOnTheHostSilently) {
   const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, ranks, 1, true);
   EXPECT_EQ(decision.device, zt::Device::host());
   EXPECT_TRUE(decision.error.empty()) << decision.error;
-  EXPECT_TRUE(decision.notice.empty()) << "a machine without GPUs trains on the host without a word: "
-                                       << decision.notice;
+  EXPECT_TRUE(decision.notice.empty())
+      << "a machine without GPUs trains on the host without a word: " << decision.notice;
 }
 
 TEST(DeviceChoice, AutoTakesTheBoundGpuOnceTheEngineTrainsOnCuda) {
