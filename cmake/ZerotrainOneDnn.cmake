@@ -8,9 +8,28 @@
 # ZT_HAVE_ONEDNN and the target zt_onednn.
 set(ZT_HAVE_ONEDNN OFF)
 if(NOT ZT_WITH_ONEDNN STREQUAL "OFF")
-  find_package(dnnl CONFIG QUIET)
   set(zt_onednn_missing "")
-  if(NOT dnnl_FOUND)
+  # A oneDNN built with the OpenCL GPU runtime (Debian 12's) calls find_package(OpenCL REQUIRED) in its
+  # config file, which stops the configure when the OpenCL headers are missing (ocl-icd-opencl-dev is
+  # only Recommended by libdnnl-dev): look first, so a machine without them builds without oneDNN.
+  find_file(ZT_DNNL_CONFIG_FILE NAMES dnnl-config.cmake
+            PATH_SUFFIXES lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/dnnl lib/cmake/dnnl lib64/cmake/dnnl)
+  if(ZT_DNNL_CONFIG_FILE)
+    file(STRINGS "${ZT_DNNL_CONFIG_FILE}" zt_dnnl_gpu_runtime REGEX "set\\(DNNL_GPU_RUNTIME \"OCL\"\\)")
+    if(zt_dnnl_gpu_runtime)
+      find_package(OpenCL QUIET)
+      if(NOT OpenCL_FOUND)
+        set(zt_onednn_missing
+            "oneDNN at ${ZT_DNNL_CONFIG_FILE} needs OpenCL, not found (Debian: ocl-icd-opencl-dev)")
+      endif()
+    endif()
+  endif()
+  if(zt_onednn_missing STREQUAL "")
+    find_package(dnnl CONFIG QUIET)
+  endif()
+  if(NOT zt_onednn_missing STREQUAL "")
+    # the OpenCL the oneDNN config needs is missing: reported below
+  elseif(NOT dnnl_FOUND)
     set(zt_onednn_missing "oneDNN (dnnl) not found")
   elseif(NOT DNNL_CPU_RUNTIME STREQUAL "OMP")
     set(zt_onednn_missing "oneDNN at ${dnnl_DIR} threads with ${DNNL_CPU_RUNTIME}, not OpenMP")

@@ -13,12 +13,13 @@ packages=(
   libhdf5-openmpi-dev hdf5-tools      # parallel HDF5 and h5dump
   python3-h5py                        # tests: checkpoints and exports read without zerotrain
   python3-torch                       # tests: an export loaded into PyTorch gives zerotrain's loss
-    python3-matplotlib                  # zerotrain plot (scripts/zerotrain-plot) and its test
+  python3-matplotlib                  # zerotrain plot (scripts/zerotrain-plot) and its test
   python3-venv                        # tests: cli.metrics_sinks reads the event file with PyPI's tensorboard
 
   liburing-dev libaio-dev             # asynchronous I/O for NVMe offload
   libopenblas-dev                     # host GEMM
   libdnnl-dev                         # oneDNN: bf16 host GEMMs on CPUs with AVX512-BF16/AMX (optional: ZT_WITH_ONEDNN)
+  ocl-icd-opencl-dev                  # Debian's dnnl-config.cmake requires OpenCL (its GPU runtime); only Recommended
   nlohmann-json3-dev                  # ds_config parsing
   libgtest-dev libgmock-dev           # tests
   gfortran                            # the Fortran module and example (optional: ZT_WITH_FORTRAN)
