@@ -347,7 +347,7 @@ void attention_forward(DType dtype, const void* qkv, void* output, void* probabi
                        const AttentionShape& shape, void* stream) {
   check_shape(shape, "attention_forward");
   if (shape.batch == 0) return;
-  with_storage_type(dtype, "attention_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "attention_forward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     const std::size_t shared_bytes = query_tile_shared_bytes<C>(shape.head_dim);
@@ -365,7 +365,7 @@ void attention_backward(DType dtype, const void* grad_output, const void* qkv, c
   check_shape(shape, "attention_backward");
   if (shape.batch == 0) return;
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
-  with_storage_type(dtype, "attention_backward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "attention_backward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     const C scale = C(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));

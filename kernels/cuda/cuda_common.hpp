@@ -59,6 +59,9 @@ inline unsigned int grid_blocks(std::int64_t count, unsigned int threads = 256,
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
+#include <string>
+
 #include "zerotrain/dtype.hpp"
 
 namespace zt::kernels::cuda {
@@ -106,26 +109,56 @@ struct compute_type<double> {
 template <typename T>
 using compute_t = typename compute_type<T>::type;
 
-/// Calls body(T{}) with T the storage type of a floating `dtype` (float, double, __nv_bfloat16, __half);
-/// throws naming `kernel_name` for any other dtype.
-template <typename Body>
-void with_storage_type(DType dtype, const char* kernel_name, Body&& body) {
-  switch (dtype) {
-    case DType::fp32:
-      body(float{});
-      return;
-    case DType::fp64:
-      body(double{});
-      return;
-    case DType::bf16:
-      body(bf16_storage{});
-      return;
-    case DType::fp16:
-      body(fp16_storage{});
-      return;
-    default:
-      ZT_THROW("CUDA kernel ", kernel_name, ": dtype ", dtype_name(dtype), " is not floating");
+/// A value of the type a kernel stores `dtype`'s elements as (storage_t names the type).
+template <DType dtype>
+auto storage_tag() {  // only its type is used (storage_t)
+  if constexpr (dtype == DType::fp32)
+    return float{};
+  else if constexpr (dtype == DType::fp64)
+    return double{};
+  else if constexpr (dtype == DType::bf16)
+    return bf16_storage{};
+  else if constexpr (dtype == DType::fp16)
+    return fp16_storage{};
+  else if constexpr (dtype == DType::int32)
+    return std::int32_t{};
+  else
+    return std::int64_t{};
+}
+template <DType dtype>
+using storage_t = decltype(storage_tag<dtype>());
+
+/// The dtypes a kernel argument accepts; `role` names the argument in errors ("gradient", ...).
+template <DType... Accepted>
+struct DTypeSet {
+  const char* role;
+};
+
+inline constexpr DTypeSet<DType::fp32, DType::fp64, DType::bf16, DType::fp16> kFloatingDTypes{"tensor"};
+inline constexpr DTypeSet<DType::fp32, DType::fp64, DType::bf16, DType::fp16, DType::int32, DType::int64>
+    kAnyDTypes{"tensor"};
+
+/// "fp32, bf16 or fp16": the accepted dtypes as an error message lists them.
+template <DType... Accepted>
+std::string dtype_list(DTypeSet<Accepted...>) {
+  constexpr DType accepted[] = {Accepted...};
+  std::string list;
+  for (std::size_t i = 0; i < sizeof...(Accepted); ++i) {
+    if (i > 0) list += i + 1 == sizeof...(Accepted) ? " or " : ", ";
+    list += dtype_name(accepted[i]);
   }
+  return list;
+}
+
+/// Calls body(T{}) with T = storage_t<dtype> (float, double, __nv_bfloat16, __half, int32_t, int64_t)
+/// when `dtype` is one of `accepted`; otherwise throws naming the kernel, the argument's role, the dtype
+/// and the accepted ones.
+template <DType... Accepted, typename Body>
+void with_dtype(DTypeSet<Accepted...> accepted, DType dtype, const char* kernel_name, Body&& body) {
+  const bool dispatched = ((dtype == Accepted && (body(storage_t<Accepted>{}), true)) || ...);
+  if (!dispatched)
+    ZT_THROW("CUDA kernel ", kernel_name, ": ", accepted.role, " dtype ", dtype_name(dtype),
+             " is not supported; expected ", dtype_list(accepted));
 }
 
 }  // namespace zt::kernels::cuda

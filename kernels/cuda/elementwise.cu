@@ -43,21 +43,6 @@ __device__ __forceinline__ void store_as(T* p, V value) {
   }
 }
 
-/// Calls body(T{}) with the storage type of any dtype, integers included.
-template <typename Body>
-void with_any_storage_type(DType dtype, const char* kernel_name, Body&& body) {
-  switch (dtype) {
-    case DType::int32:
-      body(std::int32_t{});
-      return;
-    case DType::int64:
-      body(std::int64_t{});
-      return;
-    default:
-      with_storage_type(dtype, kernel_name, body);
-  }
-}
-
 // ---- conversion and fills ---------------------------------------------------------------------
 
 template <typename To, typename From>
@@ -234,9 +219,9 @@ void convert(const void* source, DType source_dtype, void* destination, DType de
                                   cudaMemcpyDefault, cuda_stream));
     return;
   }
-  with_any_storage_type(source_dtype, "convert", [&](auto source_tag) {
+  with_dtype(kAnyDTypes, source_dtype, "convert", [&](auto source_tag) {
     using From = decltype(source_tag);
-    with_any_storage_type(destination_dtype, "convert", [&](auto destination_tag) {
+    with_dtype(kAnyDTypes, destination_dtype, "convert", [&](auto destination_tag) {
       using To = decltype(destination_tag);
       for_each_index(count,
                      ConvertOp<To, From>{static_cast<const From*>(source), static_cast<To*>(destination)},
@@ -268,7 +253,7 @@ void fill(DType dtype, void* data, std::int64_t count, double value, void* strea
 
 void fill_normal(DType dtype, void* data, std::int64_t count, double mean, double stddev, std::uint64_t seed,
                  void* stream) {
-  with_storage_type(dtype, "fill_normal", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "fill_normal", [&](auto tag) {
     using T = decltype(tag);
     for_each_index(count, FillNormalOp<T>{static_cast<T*>(data), mean, stddev, seed}, as_cuda_stream(stream),
                    "fill_normal");
@@ -276,7 +261,7 @@ void fill_normal(DType dtype, void* data, std::int64_t count, double mean, doubl
 }
 
 void add(DType dtype, const void* a, const void* b, void* output, std::int64_t count, void* stream) {
-  with_storage_type(dtype, "add", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "add", [&](auto tag) {
     using T = decltype(tag);
     for_each_index(count,
                    AddOp<T>{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(output)},
@@ -291,7 +276,7 @@ void accumulate(DType dtype, void* target, const void* source, std::int64_t coun
 }
 
 void scale(DType dtype, void* data, std::int64_t count, double factor, void* stream) {
-  with_storage_type(dtype, "scale", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "scale", [&](auto tag) {
     using T = decltype(tag);
     const auto multiplier = static_cast<compute_t<T>>(factor);  // rounded first, as on the host
     for_each_index(count, ScaleOp<T>{static_cast<T*>(data), multiplier}, as_cuda_stream(stream), "scale");
@@ -300,7 +285,7 @@ void scale(DType dtype, void* data, std::int64_t count, double factor, void* str
 
 void activation_forward(DType dtype, Activation activation, const void* input, void* output,
                         std::int64_t count, void* stream) {
-  with_storage_type(dtype, "activation_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "activation_forward", [&](auto tag) {
     using T = decltype(tag);
     with_activation(activation, "activation_forward", [&](auto kind) {
       for_each_index(count,
@@ -313,7 +298,7 @@ void activation_forward(DType dtype, Activation activation, const void* input, v
 
 void activation_backward(DType dtype, Activation activation, const void* input, const void* grad_output,
                          void* grad_input, std::int64_t count, void* stream) {
-  with_storage_type(dtype, "activation_backward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "activation_backward", [&](auto tag) {
     using T = decltype(tag);
     with_activation(activation, "activation_backward", [&](auto kind) {
       for_each_index(
@@ -328,7 +313,7 @@ void activation_backward(DType dtype, Activation activation, const void* input, 
 void dropout_forward(DType dtype, const void* input, void* output, std::int64_t count, double p,
                      std::uint64_t seed, std::uint64_t mask_stream, void* stream) {
   ZT_CHECK(p >= 0 && p < 1, "dropout probability must lie in [0, 1), got ", p);
-  with_storage_type(dtype, "dropout_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "dropout_forward", [&](auto tag) {
     using T = decltype(tag);
     const auto keep_scale = static_cast<compute_t<T>>(1.0 / (1.0 - p));  // as the host computes it
     for_each_index(

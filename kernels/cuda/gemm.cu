@@ -425,7 +425,7 @@ __global__ void broadcast_row_kernel(const T* row, std::int64_t rows, std::int64
 void add_column_sums(DType dtype, const void* values, std::int64_t rows, std::int64_t columns, void* sums,
                      cudaStream_t stream) {
   if (rows == 0 || columns == 0) return;
-  with_storage_type(dtype, "matmul_backward (grad_bias)", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "matmul_backward (grad_bias)", [&](auto tag) {
     using T = decltype(tag);
     const auto blocks = static_cast<unsigned int>((columns + kSumColumns - 1) / kSumColumns);
     add_column_sums_kernel<T><<<blocks, dim3(kSumColumns, kSumRowLanes), 0, stream>>>(
@@ -436,7 +436,7 @@ void add_column_sums(DType dtype, const void* values, std::int64_t rows, std::in
 
 void broadcast_row(DType dtype, const void* row, std::int64_t rows, std::int64_t columns, void* output,
                    cudaStream_t stream) {
-  with_storage_type(dtype, "matmul_forward (bias)", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "matmul_forward (bias)", [&](auto tag) {
     using T = decltype(tag);
     constexpr unsigned int threads = 256;
     broadcast_row_kernel<T><<<grid_blocks(rows * columns, threads), threads, 0, stream>>>(

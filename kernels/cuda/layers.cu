@@ -453,7 +453,7 @@ void embedding_forward(DType dtype, const std::int32_t* tokens, const void* toke
                        const void* position_table, void* output, const EmbeddingShape& shape, void* stream) {
   const std::int64_t positions = shape.batch * shape.seq_len, total = positions * shape.channels;
   if (total == 0) return;
-  with_storage_type(dtype, "embedding_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "embedding_forward", [&](auto tag) {
     using T = decltype(tag);
     embedding_forward_kernel<T><<<grid_blocks(total), 256, 0, as_cuda_stream(stream)>>>(
         tokens, static_cast<const T*>(token_table), static_cast<const T*>(position_table),
@@ -466,7 +466,7 @@ void embedding_backward(DType dtype, const std::int32_t* tokens, const void* gra
                         void* grad_token_table, void* grad_position_table, const EmbeddingShape& shape,
                         void* stream) {
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
-  with_storage_type(dtype, "embedding_backward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* dy = static_cast<const T*>(grad_output);
     const std::int64_t per_batch = shape.seq_len * shape.channels;
@@ -486,7 +486,7 @@ void embedding_backward_rows(DType dtype, const std::int32_t* tokens, const void
                              void* grad_rows, const EmbeddingShape& shape, std::int64_t first_row,
                              std::int64_t row_count, void* stream) {
   const std::int64_t positions = shape.batch * std::max<std::int64_t>(shape.seq_len, 1);  // as the host
-  with_storage_type(dtype, "embedding_backward_rows", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "embedding_backward_rows", [&](auto tag) {
     using T = decltype(tag);
     add_token_rows(tokens, static_cast<const T*>(grad_output), static_cast<T*>(grad_rows), positions,
                    shape.channels, first_row, row_count, false, as_cuda_stream(stream),
@@ -500,7 +500,7 @@ void layernorm_forward(DType dtype, const void* input, const void* weight, const
   if (rows == 0) return;
   ZT_CHECK(channels > 0, "layernorm_forward: ", rows, " rows of ", channels,
            " channels; expected channels > 0");
-  with_storage_type(dtype, "layernorm_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "layernorm_forward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     layernorm_forward_kernel<T><<<row_blocks(rows), kRowThreads, 0, as_cuda_stream(stream)>>>(
@@ -515,7 +515,7 @@ void layernorm_backward(DType dtype, const void* grad_output, const void* input,
                         void* grad_bias, std::int64_t rows, std::int64_t channels, void* stream) {
   if (rows == 0 || channels == 0) return;
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
-  with_storage_type(dtype, "layernorm_backward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "layernorm_backward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     const T* dy = static_cast<const T*>(grad_output);
@@ -555,7 +555,7 @@ void cross_entropy_forward(DType dtype, const void* logits, const std::int32_t* 
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
   const StreamScratch row_loss(static_cast<std::size_t>(rows) * sizeof(double), cuda_stream,
                                "cross_entropy_forward row losses");
-  with_storage_type(dtype, "cross_entropy_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     if (rows > 0) {
@@ -576,7 +576,7 @@ void cross_entropy_backward(DType dtype, const void* logits, const std::int32_t*
                             void* grad_logits, std::int64_t rows, std::int64_t vocab,
                             std::int32_t ignore_index, double scale, void* stream) {
   if (rows == 0 || vocab == 0) return;
-  with_storage_type(dtype, "cross_entropy_backward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     cross_entropy_backward_kernel<T><<<row_blocks(rows), kRowThreads, 0, as_cuda_stream(stream)>>>(
@@ -592,7 +592,7 @@ void mse_forward(DType dtype, const void* prediction, const void* target, std::i
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
   const unsigned int blocks = grid_blocks(count, 256, kMsePartials);  // fixed by count: deterministic
   const StreamScratch partials(blocks * sizeof(double), cuda_stream, "mse_forward partial sums");
-  with_storage_type(dtype, "mse_forward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "mse_forward", [&](auto tag) {
     using T = decltype(tag);
     mse_partials_kernel<T><<<blocks, 256, 0, cuda_stream>>>(
         static_cast<const T*>(prediction), static_cast<const T*>(target), count, partials.as<double>());
@@ -605,7 +605,7 @@ void mse_forward(DType dtype, const void* prediction, const void* target, std::i
 void mse_backward(DType dtype, const void* prediction, const void* target, void* grad_prediction,
                   std::int64_t count, double scale, void* stream) {
   if (count == 0) return;
-  with_storage_type(dtype, "mse_backward", [&](auto tag) {
+  with_dtype(kFloatingDTypes, dtype, "mse_backward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     mse_backward_kernel<T><<<grid_blocks(count), 256, 0, as_cuda_stream(stream)>>>(

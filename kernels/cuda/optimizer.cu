@@ -25,24 +25,10 @@ namespace {
 
 // ---- dtypes -------------------------------------------------------------------------------------
 
-/// Calls body(G{}) with the storage type of a gradient dtype; the host kernels take the same three.
-template <typename Body>
-void with_grad_type(DType dtype, const char* kernel_name, Body&& body) {
-  switch (dtype) {
-    case DType::fp32:
-      body(float{});
-      return;
-    case DType::bf16:
-      body(bf16_storage{});
-      return;
-    case DType::fp16:
-      body(fp16_storage{});
-      return;
-    default:
-      ZT_THROW("CUDA ", kernel_name, ": gradient dtype ", dtype_name(dtype),
-               " is not supported; expected fp32, bf16 or fp16");
-  }
-}
+/// The gradient dtypes the host kernels take too.
+constexpr DTypeSet<DType::fp32, DType::bf16, DType::fp16> kGradientDTypes{"gradient"};
+/// The dtypes of the 16-bit parameter copy.
+constexpr DTypeSet<DType::bf16, DType::fp16> kParameterCopyDTypes{"parameter copy"};
 
 /// The type of "no 16-bit parameter copy".
 struct NoCopy {};
@@ -54,17 +40,7 @@ void with_copy_type(const void* params_16bit, DType dtype, const char* kernel_na
     body(NoCopy{});
     return;
   }
-  switch (dtype) {
-    case DType::bf16:
-      body(bf16_storage{});
-      return;
-    case DType::fp16:
-      body(fp16_storage{});
-      return;
-    default:
-      ZT_THROW("CUDA ", kernel_name, ": the parameter copy dtype is ", dtype_name(dtype),
-               "; expected bf16 or fp16");
-  }
+  with_dtype(kParameterCopyDTypes, dtype, kernel_name, body);
 }
 
 template <typename Copy>
@@ -218,7 +194,7 @@ void launch_sum_squares(const void* grads, DType grad_dtype, std::size_t count, 
   const auto elements = static_cast<std::int64_t>(count);
   const unsigned int blocks = grid_blocks(elements, kReduceThreads, kMaxPartials);
   const StreamScratch partials(blocks * sizeof(double), stream, "grad_sum_squares (partial sums)");
-  with_grad_type(grad_dtype, "grad_sum_squares", [&](auto tag) {
+  with_dtype(kGradientDTypes, grad_dtype, "grad_sum_squares", [&](auto tag) {
     using Grad = decltype(tag);
     sum_squares_partials_kernel<Grad><<<blocks, kReduceThreads, 0, stream>>>(static_cast<const Grad*>(grads),
                                                                              elements, partials.as<double>());
@@ -241,7 +217,7 @@ struct CastOp {
 void adam_step(const AdamStepArgs& args, void* stream) {
   const AdamConstants constants{adam_step_constants(args), args.beta1,       args.beta2, args.eps,
                                 args.grad_scale,           args.weight_decay};
-  with_grad_type(args.grad_dtype, "adam_step", [&](auto grad_tag) {
+  with_dtype(kGradientDTypes, args.grad_dtype, "adam_step", [&](auto grad_tag) {
     using Grad = decltype(grad_tag);
     with_copy_type(args.params_16bit, args.params_16bit_dtype, "adam_step", [&](auto copy_tag) {
       using Copy = decltype(copy_tag);
@@ -263,7 +239,7 @@ void adam_step(const AdamStepArgs& args, void* stream) {
 
 void sgd_step(const SgdStepArgs& args, void* stream) {
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
-  with_grad_type(args.grad_dtype, "sgd_step", [&](auto grad_tag) {
+  with_dtype(kGradientDTypes, args.grad_dtype, "sgd_step", [&](auto grad_tag) {
     using Grad = decltype(grad_tag);
     with_copy_type(args.params_16bit, args.params_16bit_dtype, "sgd_step", [&](auto copy_tag) {
       using Copy = decltype(copy_tag);
@@ -282,7 +258,8 @@ void sgd_step(const SgdStepArgs& args, void* stream) {
 
 GradCheck grad_sum_squares(const void* grads, DType grad_dtype, std::size_t count, double scale,
                            void* stream) {
-  with_grad_type(grad_dtype, "grad_sum_squares", [](auto) {});  // a bad dtype throws before any work
+  with_dtype(kGradientDTypes, grad_dtype, "grad_sum_squares",
+             [](auto) {});             // a bad dtype throws before any work
   if (count == 0) return GradCheck{};  // the host's result for no elements, without a device round trip
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
   GradCheckScalars check;
@@ -298,7 +275,7 @@ GradCheck grad_sum_squares(const void* grads, DType grad_dtype, std::size_t coun
 
 void grad_sum_squares(const void* grads, DType grad_dtype, std::size_t count, double scale,
                       GradCheckScalars* accumulator, void* stream) {
-  with_grad_type(grad_dtype, "grad_sum_squares", [](auto) {});
+  with_dtype(kGradientDTypes, grad_dtype, "grad_sum_squares", [](auto) {});
   // No elements add a zero sum and no inf: nothing to do.
   if (count == 0) return;
   launch_sum_squares(grads, grad_dtype, count, scale, accumulator, true, as_cuda_stream(stream));
