@@ -19,20 +19,11 @@ import shutil
 import subprocess
 import sys
 
-try:
+from clitest import check, finish, skipped_without
+
+with skipped_without("python3-h5py"):
     import h5py
     import numpy as np
-except ImportError as error:
-    print(f"skipped: {error} (Debian: apt-get install python3-h5py)")
-    sys.exit(77)
-
-failures = []
-
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL:", message)
 
 
 def doc_snippet(doc):
@@ -150,12 +141,8 @@ def main():
     check(dump.returncode == 0 and 'GROUP "optimizer"' in dump.stdout and 'ATTRIBUTE "checksum"' in dump.stdout,
           "h5dump -H reads the checkpoint itself")
     shutil.rmtree(work, ignore_errors=True)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("checkpoint and export read by h5py and h5dump: OK")
-    return 0
+    finish("checkpoint and export read by h5py and h5dump: OK")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

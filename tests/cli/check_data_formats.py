@@ -27,19 +27,12 @@ import tempfile
 
 import numpy as np
 
+from clitest import check, finish
+
 zerotrain, base_config, bench_dir = sys.argv[1:4]
 mpiexec = sys.argv[4:]
 sys.path.insert(0, bench_dir)
 import zt_tokens  # noqa: E402  (bench/zt_tokens.py: the ZTTOKENS writer and reader in Python)
-
-failures = []
-
-
-def check(condition, what):
-    print(("ok   " if condition else "FAIL ") + what)
-    if not condition:
-        failures.append(what)
-
 
 def run(*args, expect=0, pattern=None, name="", launcher=()):
     result = subprocess.run([*launcher, zerotrain, *args], capture_output=True, text=True, timeout=300)
@@ -270,7 +263,4 @@ with tempfile.TemporaryDirectory(prefix="zt-formats-") as work:
         pattern=r"output '[^']*u2\.npy' is the input file")
     check(np.array_equal(np.load(w("u2.npy")), tokens), "the input of the refused conversion is unchanged")
 
-if failures:
-    print(f"FAIL: {len(failures)} check(s): {failures}")
-    sys.exit(1)
-print("PASS: data formats")
+finish("PASS: data formats")

@@ -20,24 +20,15 @@ import shutil
 import subprocess
 import sys
 
-try:
+from clitest import check, check_doc_quotes, finish, skipped_without
+
+with skipped_without("python3-torch python3-h5py"):
     import h5py
     import torch
-except ImportError as error:
-    print(f"SKIPPED: {error} (Debian: apt-get install python3-torch python3-h5py)")
-    sys.exit(77)
 
 zerotrain, config_path, source, work = sys.argv[1:5]
 mpiexec = sys.argv[5:]
 script = os.path.join(source, "scripts", "zerotrain_torch.py")
-failures = []
-
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL:", message)
-
 
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
@@ -109,14 +100,6 @@ check(hf_config["n_embd"] == C and hf_config["n_layer"] == model["n_layer"] and 
       f"config.json: {hf_config}")
 
 # The doc's code is the script's.
-doc = open(os.path.join(source, "docs", "checkpoint-format.md")).read()
-quoted = re.search(r"<!-- export-to-torch: scripts/zerotrain_torch.py -->\s*```python\n(.*?)```", doc, re.S)
-region = re.search(r"# --- docs/checkpoint-format.md: export-to-torch \(begin\) ---\n(.*?)"
-                   r"# --- docs/checkpoint-format.md: export-to-torch \(end\) ---", open(script).read(), re.S)
-check(quoted is not None and region is not None and quoted.group(1) == region.group(1),
-      "docs/checkpoint-format.md quotes scripts/zerotrain_torch.py's export-to-torch code verbatim")
+check_doc_quotes(source, script, "export-to-torch")
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("PASS: export_torch")
+finish("PASS: export_torch")

@@ -28,14 +28,13 @@ import shutil
 import subprocess
 import sys
 
-try:
+from clitest import check, finish, skipped_without
+
+with skipped_without("python3-torch python3-h5py"):
     import h5py
     import numpy as np
     import torch
     import torch.nn.functional as F
-except ImportError as error:
-    print(f"SKIPPED: {error} (Debian: apt-get install python3-torch python3-h5py)")
-    sys.exit(77)
 
 np_ranks = int(sys.argv[1])
 zerotrain, config_path, source, work = sys.argv[2:6]
@@ -44,15 +43,6 @@ from torch_gpt_case import one_global_batch, random_gpt, zerotrain_torch  # noqa
 
 STEPS = 20
 FREEZE = ["wte.*", "h.0.*"]
-failures = []
-
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL:", message)
-
-
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 base = json.load(open(config_path))
@@ -216,7 +206,4 @@ if np_ranks == 1:
     check(steps is not None and "resumed from" in result.stdout and len(steps) == 1,
           "a resume with h.0 unfrozen trains on")
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("PASS: freeze_torch")
+finish("PASS: freeze_torch")

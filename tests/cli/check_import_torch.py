@@ -25,29 +25,19 @@ import shutil
 import subprocess
 import sys
 
-try:
+from clitest import check, check_doc_quotes, finish, skipped_without
+
+with skipped_without("python3-torch python3-h5py"):
     import h5py
     import numpy as np
     import torch
     import torch.nn.functional as F
-except ImportError as error:
-    print(f"SKIPPED: {error} (Debian: apt-get install python3-torch python3-h5py)")
-    sys.exit(77)
 
 np_ranks = int(sys.argv[1])
 zerotrain, config_path, source, work = sys.argv[2:6]
 mpiexec = sys.argv[6:]
 script = os.path.join(source, "scripts", "zerotrain_torch.py")
 from torch_gpt_case import one_global_batch, random_gpt, zerotrain_torch  # noqa: E402
-
-failures = []
-
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL:", message)
-
 
 def run(command, timeout=240):
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -204,14 +194,6 @@ if np_ranks == 1:
           f"a misspelt init key: exit {misspelt.returncode}, {misspelt.stderr.strip()[-400:]}")
 
     # The doc's code is the script's.
-    doc = open(os.path.join(source, "docs", "checkpoint-format.md")).read()
-    quoted = re.search(r"<!-- torch-to-zerotrain: scripts/zerotrain_torch.py -->\s*```python\n(.*?)```", doc, re.S)
-    region = re.search(r"# --- docs/checkpoint-format.md: torch-to-zerotrain \(begin\) ---\n(.*?)"
-                       r"# --- docs/checkpoint-format.md: torch-to-zerotrain \(end\) ---", open(script).read(), re.S)
-    check(quoted is not None and region is not None and quoted.group(1) == region.group(1),
-          "docs/checkpoint-format.md quotes scripts/zerotrain_torch.py's torch-to-zerotrain code verbatim")
+    check_doc_quotes(source, script, "torch-to-zerotrain")
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("PASS: import_torch")
+finish("PASS: import_torch")

@@ -27,25 +27,10 @@ import subprocess
 import sys
 import time
 
+from clitest import check, finish
+
 zerotrain, config_path, work = sys.argv[1:4]
 mpiexec = sys.argv[4:]
-failures = []
-
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL:", message)
-
-
-def finish():
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        sys.exit(1)
-    print("PASS: metrics_sinks")
-    sys.exit(0)
-
-
 # ---- an independent TFRecord + protobuf reader (formats as published by TensorFlow) -------------
 def crc32c(data):
     crc = 0xFFFFFFFF
@@ -279,4 +264,4 @@ if watchdog:
     check(watchdog[0]["rank"] == 0 and watchdog[0]["exit_code"] in (86, 87), f"watchdog alert: {watchdog[0]}")
     check("zerotrain watchdog" in watchdog[0]["report"] and watchdog[0]["report"].strip() in output,
           "the alert carries the report the watchdog printed")
-finish()
+finish("PASS: metrics_sinks")

@@ -15,26 +15,16 @@ import shutil
 import subprocess
 import sys
 
-try:
+from clitest import check, finish, skipped_without
+
+with skipped_without("python3-matplotlib"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.image
     import numpy as np
-except ImportError as error:
-    print(f"SKIPPED: {error} (Debian: apt-get install python3-matplotlib)")
-    sys.exit(77)
 
 zerotrain, config_path, work = sys.argv[1:4]
 mpiexec = sys.argv[4:]
-failures = []
-
-
-def check(condition, message):
-    if not condition:
-        failures.append(message)
-        print("FAIL:", message)
-
-
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 config = json.load(open(config_path))
@@ -68,7 +58,4 @@ for name in ("loss", "lr", "tokens_per_s", "memory", "comm_wait"):
 
 usage = subprocess.run([zerotrain, "plot", runs[0]], capture_output=True, text=True, timeout=60)
 check(usage.returncode == 2 and "--out" in usage.stderr, f"missing --out: exit {usage.returncode}, {usage.stderr}")
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("PASS: plot")
+finish("PASS: plot")
