@@ -377,8 +377,8 @@ static int run_simulation(MPI_Comm comm, const Options* options) {
       /* The solver's field first, then zerotrain's checkpoint, whose "latest" names the step. */
       solver_write_restart(&solver, options->checkpoint_dir);
       /* client_state records the step and the field's file for whoever inspects the checkpoint
-       * (zerotrain checkpoint inspect); the C API has no call to read it back, so a resume takes
-       * the step from the optimizer's step count instead. */
+       * (zerotrain checkpoint inspect, zt_checkpoint_client_state); a resume takes the step from
+       * the optimizer's step count, which needs no JSON parser in C. */
       char client_state[256];
       snprintf(client_state, sizeof client_state, "{\"solver_step\": %ld, \"restart\": \"heat_step%ld.bin\"}",
                solver.step, solver.step);

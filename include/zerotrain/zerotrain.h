@@ -42,10 +42,11 @@ extern "C" {
 
 /* ---- version ---------------------------------------------------------------------------- */
 
-/** The C API this header declares: 1.0. A program compiled against major M runs with a library
+/** The C API this header declares: 1.1 (1.1 added zt_engine_loaded_client_state and
+ *  zt_checkpoint_client_state). A program compiled against major M runs with a library
  *  whose zt_api_version() has the same major and a minor at least the header's. */
 #define ZT_API_VERSION_MAJOR 1
-#define ZT_API_VERSION_MINOR 0
+#define ZT_API_VERSION_MINOR 1
 #define ZT_API_VERSION (ZT_API_VERSION_MAJOR * 1000 + ZT_API_VERSION_MINOR)
 
 /** The library's C API version, major * 1000 + minor (compare with ZT_API_VERSION). */
@@ -242,18 +243,25 @@ ZT_API zt_status zt_engine_zero_stage(const zt_engine* engine, int* stage);
 /** Where this rank's optimizer states and parameter pieces live (docs/offload.md), as text:
  *  "optimizer states: host memory; parameters: host memory", or with "nvme <swap file> (<backend>)
  *  ..." for offload. Writes at most `capacity` bytes into `text`, NUL included (truncated to fit;
- *  text may be NULL with capacity 0); `length` (may be NULL) gets the whole text's length. */
+ *  text may be NULL with capacity 0); `length` (may be NULL) gets the whole text's length, so that
+ *  a first call with capacity 0 asks the size. Every call below that returns text does the same. */
 ZT_API zt_status zt_engine_placement(const zt_engine* engine, char* text, size_t capacity, size_t* length);
 
 /** Save a checkpoint to DIR/TAG.h5 (collective, at an accumulation boundary; docs/checkpoint-format.md).
- *  `tag` NULL: "global_step<N>". `client_state` NULL: "{}", else JSON text stored with it.
- *  `keep_last` > 0 removes older tags beyond that many. */
+ *  `tag` NULL: "global_step<N>". `client_state` NULL: "{}", else JSON text (any JSON value; other
+ *  text is ZT_STATUS_INVALID_ARGUMENT) stored with it as given, for zt_engine_loaded_client_state
+ *  after a load. `keep_last` > 0 removes older tags beyond that many. */
 ZT_API zt_status zt_engine_save_checkpoint(zt_engine* engine, const char* dir, const char* tag,
                                            const char* client_state, int64_t keep_last);
 /** Load a checkpoint saved at any world size and ZeRO stage (collective). `tag` NULL: the tag in
  *  DIR/latest. An external model's buffers get the loaded values. A missing, damaged or mismatching
  *  file is ZT_STATUS_IO_ERROR naming the file and dataset. */
 ZT_API zt_status zt_engine_load_checkpoint(zt_engine* engine, const char* dir, const char* tag);
+/** The client state of the checkpoint the engine last loaded, the text given to
+ *  zt_engine_save_checkpoint ("{}" when it was NULL), as zt_engine_placement writes text. Not
+ *  collective. ZT_STATUS_ERROR when the engine has loaded none, or its last load failed. (API 1.1) */
+ZT_API zt_status zt_engine_loaded_client_state(const zt_engine* engine, char* text, size_t capacity,
+                                               size_t* length);
 /** Set every parameter from a plain HDF5 file of named tensors (the layout of zt_checkpoint_export;
  *  collective, every rank passes the same path): an external model's buffers get the values; the
  *  optimizer state and counters stay. A missing file, or one whose tensors do not fit the model
@@ -266,6 +274,11 @@ ZT_API zt_status zt_engine_load_weights(zt_engine* engine, const char* path);
 /** Write the parameters of checkpoint file `path` (DIR/TAG.h5), by name and shape, to a plain HDF5
  *  file `out` in `dtype` (ZT_DTYPE_FP32 or ZT_DTYPE_BF16). */
 ZT_API zt_status zt_checkpoint_export(const char* path, const char* out, zt_dtype dtype);
+/** The client state stored in checkpoint file `path` (DIR/TAG.h5), as zt_engine_placement writes
+ *  text, after the structure checks every reader makes, the attribute checksum (which covers the
+ *  client state) among them; ZT_STATUS_IO_ERROR names the file and the problem. The datasets'
+ *  checksums are not read (zt_checkpoint_verify). One process. (API 1.1) */
+ZT_API zt_status zt_checkpoint_client_state(const char* path, char* text, size_t capacity, size_t* length);
 /** Verify every checksum of checkpoint file `path`; ZT_STATUS_IO_ERROR names the first bad dataset. */
 ZT_API zt_status zt_checkpoint_verify(const char* path);
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -43,7 +44,8 @@ struct zt_engine {
   std::shared_ptr<zt::Runtime> runtime;
   std::shared_ptr<zt::nn::Module> module;
   bool external = false;  // the model is the caller's buffers (forward and backward are the caller's)
-  std::unique_ptr<zt::Engine> engine;  // declared last: destroyed before what it refers to
+  std::optional<std::string> loaded_client_state;  // of the last zt_engine_load_checkpoint
+  std::unique_ptr<zt::Engine> engine;              // declared last: destroyed before what it refers to
 };
 
 struct zt_metrics {
@@ -164,6 +166,21 @@ nlohmann::json json_object_of(const char* function, const char* argument, const 
   nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   ZT_C_REQUIRE(parsed.is_object(), function, ": argument '", argument, "' is not a JSON object: ", text);
   return parsed;
+}
+
+/// The (text, capacity, length) convention of the calls that return text: at most `capacity` bytes
+/// into `text`, NUL included (truncated to fit; text may be NULL with capacity 0), and the whole
+/// length into `length` (may be NULL), so that a caller can ask the size first.
+void copy_text_out(const char* function, const std::string& value, char* text, size_t capacity,
+                   size_t* length) {
+  ZT_C_REQUIRE(text != nullptr || capacity == 0, function, ": argument 'text' is NULL with capacity ",
+               capacity);
+  if (capacity > 0) {
+    const std::size_t copied = std::min(value.size(), capacity - 1);
+    value.copy(text, copied);
+    text[copied] = '\0';
+  }
+  if (length != nullptr) *length = value.size();
 }
 
 void write_line(zt_metrics& metrics, const nlohmann::json& line) {
@@ -497,16 +514,9 @@ zt_status zt_engine_zero_stage(const zt_engine* engine, int* stage) {
 zt_status zt_engine_placement(const zt_engine* engine, char* text, size_t capacity, size_t* length) {
   return guarded([&] {
     const zt::Engine& trained = engine_of("zt_engine_placement", engine);
-    ZT_C_REQUIRE(text != nullptr || capacity == 0,
-                 "zt_engine_placement: argument 'text' is NULL with capacity ", capacity);
     const std::string placement = "optimizer states: " + trained.optimizer_states_placement().describe() +
                                   "; parameters: " + trained.parameters_placement().describe();
-    if (capacity > 0) {
-      const std::size_t copied = std::min(placement.size(), capacity - 1);
-      placement.copy(text, copied);
-      text[copied] = '\0';
-    }
-    if (length != nullptr) *length = placement.size();
+    copy_text_out("zt_engine_placement", placement, text, capacity, length);
   });
 }
 
@@ -517,6 +527,9 @@ zt_status zt_engine_save_checkpoint(zt_engine* engine, const char* dir, const ch
     zt::Engine& trained = engine_of(function, engine);
     ZT_C_NOT_NULL(function, dir);
     ZT_C_REQUIRE(keep_last >= 0, function, ": argument 'keep_last' is ", keep_last, "; expected >= 0");
+    // Checked here, before the collective save: a load hands the text back as JSON.
+    ZT_C_REQUIRE(client_state == nullptr || nlohmann::json::accept(client_state), function,
+                 ": argument 'client_state' is not JSON text: ", client_state);
     zt::SaveOptions options;
     if (tag != nullptr) options.tag = tag;
     if (client_state != nullptr) options.client_state = client_state;
@@ -531,7 +544,19 @@ zt_status zt_engine_load_checkpoint(zt_engine* engine, const char* dir, const ch
     ZT_C_NOT_NULL("zt_engine_load_checkpoint", dir);
     zt::LoadOptions options;
     if (tag != nullptr) options.tag = tag;
-    trained.load_checkpoint(dir, options);
+    engine->loaded_client_state.reset();  // a failed load leaves no state of an earlier one
+    engine->loaded_client_state = trained.load_checkpoint(dir, options).client_state;
+  });
+}
+
+zt_status zt_engine_loaded_client_state(const zt_engine* engine, char* text, size_t capacity,
+                                        size_t* length) {
+  return guarded([&] {
+    constexpr const char* function = "zt_engine_loaded_client_state";
+    engine_of(function, engine);
+    ZT_CHECK(engine->loaded_client_state.has_value(), function,
+             ": no checkpoint loaded (none yet, or the last zt_engine_load_checkpoint failed)");
+    copy_text_out(function, *engine->loaded_client_state, text, capacity, length);
   });
 }
 
@@ -552,6 +577,14 @@ zt_status zt_checkpoint_export(const char* path, const char* out, zt_dtype dtype
     ZT_C_REQUIRE(dtype == ZT_DTYPE_FP32 || dtype == ZT_DTYPE_BF16, "zt_checkpoint_export: dtype ",
                  static_cast<int>(dtype), " cannot be exported; expected ZT_DTYPE_FP32 or ZT_DTYPE_BF16");
     zt::export_checkpoint(path, out, static_cast<zt::DType>(dtype));
+  });
+}
+
+zt_status zt_checkpoint_client_state(const char* path, char* text, size_t capacity, size_t* length) {
+  return guarded([&] {
+    ZT_C_NOT_NULL("zt_checkpoint_client_state", path);
+    copy_text_out("zt_checkpoint_client_state", zt::inspect_checkpoint(path).client_state, text, capacity,
+                  length);
   });
 }
 

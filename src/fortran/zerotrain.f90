@@ -19,7 +19,7 @@ module zerotrain
   ! ---- version, status codes, dtypes, devices (the values of zerotrain.h) ------------------
   !> The C API version this module was written for (ZT_API_VERSION of zerotrain.h; Fortran names are
   !> not case-sensitive, so the parameter cannot be called zt_api_version like the function).
-  integer(c_int), parameter, public :: ZT_MODULE_API_VERSION_MAJOR = 1, ZT_MODULE_API_VERSION_MINOR = 0
+  integer(c_int), parameter, public :: ZT_MODULE_API_VERSION_MAJOR = 1, ZT_MODULE_API_VERSION_MINOR = 1
   integer(c_int), parameter, public :: ZT_MODULE_API_VERSION = ZT_MODULE_API_VERSION_MAJOR * 1000 + &
                                                                ZT_MODULE_API_VERSION_MINOR
   integer(c_int), parameter, public :: ZT_STATUS_OK = 0, ZT_STATUS_INVALID_ARGUMENT = 1, &
@@ -79,8 +79,8 @@ module zerotrain
   public :: zt_engine_create, zt_engine_destroy, zt_engine_step, zt_engine_forward_backward, zt_engine_train_batch, &
             zt_engine_last_step, zt_engine_batch_sizes, zt_engine_global_steps, zt_engine_zero_stage, &
             zt_engine_placement, &
-            zt_engine_save_checkpoint, zt_engine_load_checkpoint
-  public :: zt_checkpoint_export, zt_checkpoint_verify
+            zt_engine_save_checkpoint, zt_engine_load_checkpoint, zt_engine_loaded_client_state
+  public :: zt_checkpoint_export, zt_checkpoint_verify, zt_checkpoint_client_state
   public :: zt_metrics_open, zt_metrics_record_step, zt_metrics_record, zt_metrics_close
   public :: zt_tensor_of
 
@@ -99,6 +99,21 @@ module zerotrain
   interface zt_tensor_of
     module procedure tensor_of_real_1, tensor_of_real_2, tensor_of_int_1, tensor_of_int_2
   end interface zt_tensor_of
+
+  !> The C calls that return text (zerotrain.h, zt_engine_placement): at most `capacity` bytes into
+  !> `text`, NUL included, the whole length into `length`; `subject` is the engine's handle, or the
+  !> C string of a checkpoint file's path.
+  abstract interface
+    integer(c_int) function c_text_call(subject, text, capacity, length) bind(C)
+      import :: c_int, c_ptr, c_size_t
+      type(c_ptr), value :: subject, text
+      integer(c_size_t), value :: capacity
+      integer(c_size_t) :: length
+    end function
+  end interface
+  procedure(c_text_call), bind(C, name="zt_engine_placement") :: c_zt_engine_placement
+  procedure(c_text_call), bind(C, name="zt_engine_loaded_client_state") :: c_zt_engine_loaded_client_state
+  procedure(c_text_call), bind(C, name="zt_checkpoint_client_state") :: c_zt_checkpoint_client_state
 
   ! ---- the C functions -------------------------------------------------------------------
   interface
@@ -251,12 +266,6 @@ module zerotrain
       type(c_ptr), value :: engine
       integer(c_int) :: stage
     end function
-    integer(c_int) function c_zt_engine_placement(engine, text, capacity, length) bind(C, name="zt_engine_placement")
-      import :: c_int, c_ptr, c_size_t
-      type(c_ptr), value :: engine, text
-      integer(c_size_t), value :: capacity
-      integer(c_size_t) :: length
-    end function
     integer(c_int) function c_zt_engine_save_checkpoint(engine, dir, tag, client_state, keep_last) &
         bind(C, name="zt_engine_save_checkpoint")
       import :: c_int, c_ptr, c_char, c_int64_t
@@ -333,6 +342,23 @@ contains
       text(i:i) = chars(i)
     end do
   end function f_string
+
+  !> The text `c_call` returns for `subject`: its length first (capacity 0), then the text into a
+  !> buffer of that size. "" when a call fails (its status is returned).
+  integer(c_int) function text_of(c_call, subject, text)
+    procedure(c_text_call) :: c_call
+    type(c_ptr), intent(in) :: subject
+    character(len=:), allocatable, intent(out) :: text
+    character(kind=c_char, len=:), allocatable, target :: buffer
+    integer(c_size_t) :: length
+    length = 0
+    text = ""
+    text_of = c_call(subject, c_null_ptr, 0_c_size_t, length)
+    if (text_of /= ZT_STATUS_OK) return
+    allocate (character(kind=c_char, len=length + 1) :: buffer)
+    text_of = c_call(subject, c_loc(buffer), length + 1, length)
+    if (text_of == ZT_STATUS_OK) text = buffer(1:length)
+  end function text_of
 
   ! ---- version and errors ------------------------------------------------------------------
 
@@ -676,15 +702,7 @@ contains
   integer(c_int) function zt_engine_placement(engine, text)
     type(zt_engine), intent(in) :: engine
     character(len=:), allocatable, intent(out) :: text
-    character(kind=c_char, len=:), allocatable, target :: buffer
-    integer(c_size_t) :: length
-    length = 0
-    zt_engine_placement = c_zt_engine_placement(engine%handle, c_null_ptr, 0_c_size_t, length)
-    text = ""
-    if (zt_engine_placement /= ZT_STATUS_OK) return
-    allocate (character(kind=c_char, len=length + 1) :: buffer)
-    zt_engine_placement = c_zt_engine_placement(engine%handle, c_loc(buffer), length + 1, length)
-    if (zt_engine_placement == ZT_STATUS_OK) text = buffer(1:length)
+    zt_engine_placement = text_of(c_zt_engine_placement, engine%handle, text)
   end function zt_engine_placement
 
   integer(c_int) function zt_engine_save_checkpoint(engine, dir, tag, client_state, keep_last)
@@ -725,6 +743,13 @@ contains
     zt_engine_load_checkpoint = c_zt_engine_load_checkpoint(engine%handle, c_string(dir), tag_pointer)
   end function zt_engine_load_checkpoint
 
+  !> The client state of the checkpoint the engine last loaded (the JSON text given to the save).
+  integer(c_int) function zt_engine_loaded_client_state(engine, text)
+    type(zt_engine), intent(in) :: engine
+    character(len=:), allocatable, intent(out) :: text
+    zt_engine_loaded_client_state = text_of(c_zt_engine_loaded_client_state, engine%handle, text)
+  end function zt_engine_loaded_client_state
+
   ! ---- checkpoint files ----------------------------------------------------------------------
 
   integer(c_int) function zt_checkpoint_export(path, out, dtype)
@@ -735,6 +760,19 @@ contains
     if (present(dtype)) element = dtype
     zt_checkpoint_export = c_zt_checkpoint_export(c_string(path), c_string(out), element)
   end function zt_checkpoint_export
+
+  !> The client state stored in checkpoint file `path` (DIR/TAG.h5); one process.
+  integer(c_int) function zt_checkpoint_client_state(path, text)
+    character(len=*), intent(in) :: path
+    character(len=:), allocatable, intent(out) :: text
+    character(kind=c_char, len=len(path) + 1), target :: path_c
+    type(c_ptr) :: path_pointer
+    path_c = c_string(path)
+    ! Through a variable: gfortran 12 passes c_loc(path_c) as an actual argument with path_c's
+    ! hidden length, which shifts text's.
+    path_pointer = c_loc(path_c)
+    zt_checkpoint_client_state = text_of(c_zt_checkpoint_client_state, path_pointer, text)
+  end function zt_checkpoint_client_state
 
   integer(c_int) function zt_checkpoint_verify(path)
     character(len=*), intent(in) :: path

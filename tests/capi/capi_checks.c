@@ -1,8 +1,9 @@
 /* The C API as a C program uses it (ctest capi.checks.np1/np2/np4): status codes and messages of
  * the error paths (NULL handles, bad arguments, a bad config key, a missing file), an external
  * model at ZeRO stage 3 whose buffers hold the full values on every rank and come back from a
- * checkpoint, checkpoint verify and export, a built-in MLP trained with train_batch and
- * forward_backward, metrics lines, and the runtime from a Fortran handle.
+ * checkpoint, its client state (from the engine after a load and from the file; "{}" without
+ * one; text that is not JSON refused), checkpoint verify and export, a built-in MLP trained with
+ * train_batch and forward_backward, metrics lines, and the runtime from a Fortran handle.
  *   mpiexec -n N capi_checks WORK_DIR      prints "capi: N checks passed" and exits 0 */
 #include <math.h>
 #include <mpi.h>
@@ -187,6 +188,54 @@ static void train_linear(zt_engine* engine, zt_model* model, float* w, float* b,
   }
 }
 
+/* The client state saved with "saved": any JSON text, kept byte for byte (spacing, UTF-8). */
+static const char* kClientState = "{\"epoch\": 1,  \"note\": \"r\xc3\xa9sum\xc3\xa9\", \"steps\": [4, 8]}";
+
+/* `call` (a zt_*_client_state call with text, capacity and length appended) returns kClientState:
+ * its length asked first, then the whole text, then cut to a 6-byte buffer. */
+#define EXPECT_CLIENT_STATE(call, ...)                                          \
+  do {                                                                          \
+    char text_[128], cut_[6];                                                   \
+    size_t length_ = 0, cut_length_ = 0;                                        \
+    memset(text_, 'x', sizeof text_);                                           \
+    EXPECT_OK(call(__VA_ARGS__, NULL, 0, &length_));                            \
+    EXPECT(length_ == strlen(kClientState));                                    \
+    EXPECT_OK(call(__VA_ARGS__, text_, sizeof text_, NULL));                    \
+    EXPECT(strcmp(text_, kClientState) == 0);                                   \
+    EXPECT_OK(call(__VA_ARGS__, cut_, sizeof cut_, &cut_length_));              \
+    EXPECT(strcmp(cut_, "{\"epo") == 0 && cut_length_ == strlen(kClientState)); \
+  } while (0)
+
+/* Client states through real checkpoints ("saved", loaded just before, holds kClientState): from
+ * the engine after a load and from the file; "{}" for a save without one; text that is not JSON
+ * refused before anything is written. Every rank reads the same. */
+static void check_client_states(zt_engine* engine, const char* dir) {
+  char file[1200], text[64];
+  EXPECT_CLIENT_STATE(zt_engine_loaded_client_state, engine);
+  snprintf(file, sizeof file, "%s/saved.h5", dir);
+  EXPECT_CLIENT_STATE(zt_checkpoint_client_state, file);
+  EXPECT_STATUS(zt_engine_loaded_client_state(engine, NULL, 8, NULL), ZT_STATUS_INVALID_ARGUMENT,
+                "argument 'text' is NULL with capacity 8");
+  EXPECT_STATUS(zt_engine_loaded_client_state(NULL, text, sizeof text, NULL), ZT_STATUS_INVALID_ARGUMENT,
+                "argument 'engine' is NULL");
+  EXPECT_STATUS(zt_checkpoint_client_state(NULL, text, sizeof text, NULL), ZT_STATUS_INVALID_ARGUMENT,
+                "argument 'path' is NULL");
+
+  EXPECT_STATUS(zt_engine_save_checkpoint(engine, dir, "not-json", "epoch 1", 0), ZT_STATUS_INVALID_ARGUMENT,
+                "argument 'client_state' is not JSON text: epoch 1");
+  snprintf(file, sizeof file, "%s/not-json.h5", dir);
+  EXPECT_STATUS(zt_checkpoint_client_state(file, text, sizeof text, NULL), ZT_STATUS_IO_ERROR, "not-json.h5");
+
+  EXPECT_OK(zt_engine_save_checkpoint(engine, dir, "no-state", NULL, 0));
+  EXPECT_OK(zt_engine_load_checkpoint(engine, dir, "no-state"));
+  EXPECT_OK(zt_engine_loaded_client_state(engine, text, sizeof text, NULL));
+  EXPECT(strcmp(text, "{}") == 0);
+  snprintf(file, sizeof file, "%s/no-state.h5", dir);
+  size_t length = 0;
+  EXPECT_OK(zt_checkpoint_client_state(file, text, sizeof text, &length));
+  EXPECT(strcmp(text, "{}") == 0 && length == 2);
+}
+
 static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const char* work) {
   float w[kOut * kIn], b[kOut], dw[kOut * kIn], db[kOut];
   for (int i = 0; i < kOut * kIn; ++i) w[i] = (float)(i % 4) * 0.1f - 0.15f;
@@ -253,7 +302,9 @@ static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const cha
 
   char dir[1024], file[1200], exported[1200];
   snprintf(dir, sizeof dir, "%s/checkpoints", work);
-  EXPECT_OK(zt_engine_save_checkpoint(engine, dir, "saved", "{\"epoch\": 1}", 0));
+  EXPECT_STATUS(zt_engine_loaded_client_state(engine, NULL, 0, NULL), ZT_STATUS_ERROR,
+                "no checkpoint loaded");
+  EXPECT_OK(zt_engine_save_checkpoint(engine, dir, "saved", kClientState, 0));
   float w_saved[kOut * kIn], b_saved[kOut];
   memcpy(w_saved, w, sizeof w);
   memcpy(b_saved, b, sizeof b);
@@ -265,10 +316,15 @@ static void check_external_stage3_and_checkpoints(zt_runtime* runtime, const cha
   int64_t steps = 0;
   EXPECT_OK(zt_engine_global_steps(engine, &steps));
   EXPECT(steps == 4);
+  check_client_states(engine, dir);
   char missing[1100];
   snprintf(missing, sizeof missing, "%s/no-checkpoints", work);
   EXPECT_STATUS(zt_engine_load_checkpoint(engine, missing, "global_step9"), ZT_STATUS_IO_ERROR,
                 "global_step9");
+  /* A failed load leaves no client state of the load before it. */
+  EXPECT_STATUS(zt_engine_loaded_client_state(engine, NULL, 0, NULL), ZT_STATUS_ERROR,
+                "no checkpoint loaded");
+  EXPECT_OK(zt_engine_load_checkpoint(engine, dir, "saved"));
 
   snprintf(file, sizeof file, "%s/saved.h5", dir);
   snprintf(exported, sizeof exported, "%s/weights-rank%d.h5", work, rank);

@@ -1,9 +1,10 @@
 ! The Fortran module as a Fortran program uses it (ctest capi.fortran_checks.np1/np2/np4): the runtime
 ! from an mpi_f08 type(MPI_Comm) and from an integer handle (of a sub-communicator), status codes
 ! and zt_last_error() of the error paths (a bad config key, a non-contiguous array, mismatched
-! shapes, a missing checkpoint), the column-major shapes as zerotrain records them (the export of a
-! checkpoint read back with h5ls), stage 3 with the full values in every rank's arrays, a checkpoint
-! that restores them, a built-in MLP trained from Fortran arrays.
+! shapes, a missing checkpoint, a client state that is not JSON), the column-major shapes as
+! zerotrain records them (the export of a checkpoint read back with h5ls), stage 3 with the full
+! values in every rank's arrays, a checkpoint that restores them and hands back its client state
+! (from the engine and from the file), the placement text, a built-in MLP trained from Fortran arrays.
 !   mpiexec -n N fortran_checks WORK_DIR     prints "fortran: N checks passed" and exits 0
 program fortran_checks
   use, intrinsic :: iso_c_binding
@@ -120,6 +121,8 @@ contains
     integer(c_int64_t) :: tensors, elements, steps
     integer :: i, o, unit, status
     character(len=256) :: line
+    character(len=:), allocatable :: text
+    character(len=*), parameter :: CLIENT_STATE = '{"from": "fortran",  "steps": [3]}'
     logical :: found
     do o = 1, OUTPUTS
       do i = 1, INPUTS
@@ -144,8 +147,17 @@ contains
     call MPI_Allreduce(w, high, size(w), MPI_REAL, MPI_MAX, MPI_COMM_WORLD)
     call expect(all(low == high), "the same w on every rank")
     call expect(all(dw == 0), "gradients zeroed at the boundary")
-    call expect_ok(zt_engine_save_checkpoint(engine, work // "/ckpt", tag="saved", client_state='{"from": "fortran"}'), &
-                   "zt_engine_save_checkpoint")
+    call expect_ok(zt_engine_placement(engine, text), "zt_engine_placement")
+    call expect(index(text, "optimizer states: host memory; parameters: ") == 1, &
+                "the placement text: " // text)
+    call expect_status(zt_engine_loaded_client_state(engine, text), ZT_STATUS_ERROR, "no checkpoint loaded", &
+                       "a client state before any load")
+    call expect(text == "", "no client state before any load")
+    call expect_status(zt_engine_save_checkpoint(engine, work // "/ckpt", tag="bad", &
+                                                 client_state="from fortran"), &
+                       ZT_STATUS_INVALID_ARGUMENT, "is not JSON text", "a client state that is not JSON")
+    call expect_ok(zt_engine_save_checkpoint(engine, work // "/ckpt", tag="saved", &
+                                             client_state=CLIENT_STATE), "zt_engine_save_checkpoint")
     w_saved = w
     call train(engine, model, w, dw, b, db, 2)
     call expect(any(w /= w_saved), "training changed w")
@@ -153,8 +165,16 @@ contains
     call expect(all(w == w_saved), "the load restored w in the Fortran array")
     call expect_ok(zt_engine_global_steps(engine, steps), "zt_engine_global_steps")
     call expect(steps == 3, "global steps 3 after the load")
+    call expect_ok(zt_engine_loaded_client_state(engine, text), "zt_engine_loaded_client_state")
+    call expect(text == CLIENT_STATE, "the loaded client state is the saved text: " // text)
+    call expect_ok(zt_checkpoint_client_state(work // "/ckpt/saved.h5", text), "zt_checkpoint_client_state")
+    call expect(text == CLIENT_STATE, "the file's client state is the saved text: " // text)
+    call expect_status(zt_checkpoint_client_state(work // "/ckpt/bad.h5", text), ZT_STATUS_IO_ERROR, &
+                       "bad.h5", "the client state of a checkpoint the refused save did not write")
     call expect_status(zt_engine_load_checkpoint(engine, work // "/ckpt", tag="nonexistent"), ZT_STATUS_IO_ERROR, &
                        "nonexistent", "a missing tag")
+    call expect_status(zt_engine_loaded_client_state(engine, text), ZT_STATUS_ERROR, "no checkpoint loaded", &
+                       "a client state after a failed load")
     ! The shape zerotrain records is the Fortran shape reversed: w(5, 3) is [3, 5].
     if (rank == 0) then
       call expect_ok(zt_checkpoint_export(work // "/ckpt/saved.h5", work // "/weights.h5"), "zt_checkpoint_export")
