@@ -343,6 +343,18 @@ contains
     end do
   end function f_string
 
+  !> `text` as a C string in `buffer` (the caller's, alive until its C call) and the address of
+  !> that: what a C argument that may be NULL gets; c_null_ptr when `text` is absent.
+  function c_string_or_null(text, buffer) result(pointer)
+    character(len=*), intent(in), optional :: text
+    character(kind=c_char, len=:), allocatable, target, intent(out) :: buffer
+    type(c_ptr) :: pointer
+    pointer = c_null_ptr
+    if (.not. present(text)) return
+    buffer = c_string(text)
+    pointer = c_loc(buffer)
+  end function c_string_or_null
+
   !> The text `c_call` returns for `subject`: its length first (capacity 0), then the text into a
   !> buffer of that size. "" when a call fails (its status is returned).
   integer(c_int) function text_of(c_call, subject, text)
@@ -711,22 +723,12 @@ contains
     character(len=*), intent(in), optional :: tag, client_state
     integer, intent(in), optional :: keep_last
     character(kind=c_char, len=:), allocatable, target :: tag_c, state_c
-    type(c_ptr) :: tag_pointer, state_pointer
     integer(c_int64_t) :: keep
-    tag_pointer = c_null_ptr
-    state_pointer = c_null_ptr
-    if (present(tag)) then
-      tag_c = c_string(tag)
-      tag_pointer = c_loc(tag_c)
-    end if
-    if (present(client_state)) then
-      state_c = c_string(client_state)
-      state_pointer = c_loc(state_c)
-    end if
     keep = 0
     if (present(keep_last)) keep = int(keep_last, c_int64_t)
-    zt_engine_save_checkpoint = c_zt_engine_save_checkpoint(engine%handle, c_string(dir), tag_pointer, &
-                                                            state_pointer, keep)
+    zt_engine_save_checkpoint = c_zt_engine_save_checkpoint(engine%handle, c_string(dir), &
+                                                            c_string_or_null(tag, tag_c), &
+                                                            c_string_or_null(client_state, state_c), keep)
   end function zt_engine_save_checkpoint
 
   integer(c_int) function zt_engine_load_checkpoint(engine, dir, tag)
@@ -734,13 +736,8 @@ contains
     character(len=*), intent(in) :: dir
     character(len=*), intent(in), optional :: tag
     character(kind=c_char, len=:), allocatable, target :: tag_c
-    type(c_ptr) :: tag_pointer
-    tag_pointer = c_null_ptr
-    if (present(tag)) then
-      tag_c = c_string(tag)
-      tag_pointer = c_loc(tag_c)
-    end if
-    zt_engine_load_checkpoint = c_zt_engine_load_checkpoint(engine%handle, c_string(dir), tag_pointer)
+    zt_engine_load_checkpoint = c_zt_engine_load_checkpoint(engine%handle, c_string(dir), &
+                                                            c_string_or_null(tag, tag_c))
   end function zt_engine_load_checkpoint
 
   !> The client state of the checkpoint the engine last loaded (the JSON text given to the save).
@@ -765,13 +762,10 @@ contains
   integer(c_int) function zt_checkpoint_client_state(path, text)
     character(len=*), intent(in) :: path
     character(len=:), allocatable, intent(out) :: text
-    character(kind=c_char, len=len(path) + 1), target :: path_c
-    type(c_ptr) :: path_pointer
-    path_c = c_string(path)
-    ! Through a variable: gfortran 12 passes c_loc(path_c) as an actual argument with path_c's
-    ! hidden length, which shifts text's.
-    path_pointer = c_loc(path_c)
-    zt_checkpoint_client_state = text_of(c_zt_checkpoint_client_state, path_pointer, text)
+    character(kind=c_char, len=:), allocatable, target :: path_c
+    ! Not c_loc(path_c) in the argument list: gfortran 12 passes it with path_c's hidden length,
+    ! which shifts text's (a segfault).
+    zt_checkpoint_client_state = text_of(c_zt_checkpoint_client_state, c_string_or_null(path, path_c), text)
   end function zt_checkpoint_client_state
 
   integer(c_int) function zt_checkpoint_verify(path)
@@ -793,13 +787,8 @@ contains
     type(zt_engine), intent(in) :: engine
     character(len=*), intent(in), optional :: extra_json
     character(kind=c_char, len=:), allocatable, target :: extra_c
-    type(c_ptr) :: extra_pointer
-    extra_pointer = c_null_ptr
-    if (present(extra_json)) then
-      extra_c = c_string(extra_json)
-      extra_pointer = c_loc(extra_c)
-    end if
-    zt_metrics_record_step = c_zt_metrics_record_step(metrics%handle, engine%handle, extra_pointer)
+    zt_metrics_record_step = c_zt_metrics_record_step(metrics%handle, engine%handle, &
+                                                      c_string_or_null(extra_json, extra_c))
   end function zt_metrics_record_step
 
   integer(c_int) function zt_metrics_record(metrics, event, json)
@@ -807,13 +796,7 @@ contains
     character(len=*), intent(in) :: event
     character(len=*), intent(in), optional :: json
     character(kind=c_char, len=:), allocatable, target :: json_c
-    type(c_ptr) :: json_pointer
-    json_pointer = c_null_ptr
-    if (present(json)) then
-      json_c = c_string(json)
-      json_pointer = c_loc(json_c)
-    end if
-    zt_metrics_record = c_zt_metrics_record(metrics%handle, c_string(event), json_pointer)
+    zt_metrics_record = c_zt_metrics_record(metrics%handle, c_string(event), c_string_or_null(json, json_c))
   end function zt_metrics_record
 
   integer(c_int) function zt_metrics_close(metrics)

@@ -4,7 +4,8 @@
 ! shapes, a missing checkpoint, a client state that is not JSON), the column-major shapes as
 ! zerotrain records them (the export of a checkpoint read back with h5ls), stage 3 with the full
 ! values in every rank's arrays, a checkpoint that restores them and hands back its client state
-! (from the engine and from the file), the placement text, a built-in MLP trained from Fortran arrays.
+! (from the engine and from the file), the placement text, metrics lines, a built-in MLP trained
+! from Fortran arrays.
 !   mpiexec -n N fortran_checks WORK_DIR     prints "fortran: N checks passed" and exits 0
 program fortran_checks
   use, intrinsic :: iso_c_binding
@@ -147,6 +148,7 @@ contains
     call MPI_Allreduce(w, high, size(w), MPI_REAL, MPI_MAX, MPI_COMM_WORLD)
     call expect(all(low == high), "the same w on every rank")
     call expect(all(dw == 0), "gradients zeroed at the boundary")
+    call check_metrics(engine)
     call expect_ok(zt_engine_placement(engine, text), "zt_engine_placement")
     call expect(index(text, "optimizer states: host memory; parameters: ") == 1, &
                 "the placement text: " // text)
@@ -193,6 +195,40 @@ contains
     call expect_ok(zt_model_destroy(model), "zt_model_destroy")
     call expect_ok(zt_config_destroy(config), "zt_config_destroy")
   end subroutine check_stage3_and_checkpoint
+
+  !> Metrics lines from Fortran, with and without the optional JSON members; rank 0 writes them.
+  subroutine check_metrics(engine)
+    type(zt_engine), intent(in) :: engine
+    type(zt_metrics) :: metrics
+    character(len=512) :: lines(4)
+    integer :: unit, status, count
+    call expect_ok(zt_metrics_open(runtime, work // "/metrics.jsonl", metrics), "zt_metrics_open")
+    call expect_ok(zt_metrics_record_step(metrics, engine, extra_json='{"phase": "fortran"}'), &
+                   "zt_metrics_record_step with extra members")
+    call expect_ok(zt_metrics_record_step(metrics, engine), "zt_metrics_record_step")
+    call expect_ok(zt_metrics_record(metrics, "custom", json='{"value": 7}'), "zt_metrics_record with members")
+    call expect_ok(zt_metrics_record(metrics, "bare"), "zt_metrics_record")
+    call expect_status(zt_metrics_record(metrics, "custom", json="[1]"), ZT_STATUS_INVALID_ARGUMENT, &
+                       "not a JSON object", "metrics members that are not a JSON object")
+    call expect_ok(zt_metrics_close(metrics), "zt_metrics_close")
+    if (rank /= 0) return
+    count = 0
+    open (newunit=unit, file=work // "/metrics.jsonl", action="read", iostat=status)
+    do while (status == 0 .and. count < size(lines))
+      read (unit, '(a)', iostat=status) lines(count + 1)
+      if (status == 0) count = count + 1
+    end do
+    close (unit)
+    call expect(count == 4, "4 metrics lines")
+    if (count /= 4) return
+    call expect(index(lines(1), '"event":"step"') > 0 .and. index(lines(1), '"phase":"fortran"') > 0, &
+                "the step line with its extra member: " // trim(lines(1)))
+    call expect(index(lines(2), '"event":"step"') > 0 .and. index(lines(2), '"phase"') == 0, &
+                "the step line without: " // trim(lines(2)))
+    call expect(index(lines(3), '"event":"custom"') > 0 .and. index(lines(3), '"value":7') > 0, &
+                "the custom line: " // trim(lines(3)))
+    call expect(trim(lines(4)) == '{"event":"bare"}', "the bare line: " // trim(lines(4)))
+  end subroutine check_metrics
 
   !> `steps` optimizer steps of y = W^T x + b on samples that depend on the step and rank.
   subroutine train(engine, model, w, dw, b, db, steps)
