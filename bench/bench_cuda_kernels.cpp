@@ -18,6 +18,7 @@
 // and exits 0.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -101,13 +102,22 @@ struct Peaks {
   double copy_anchor_bytes_per_second = 0;  // the trivial copy kernel, this process
 };
 
+/// "41.3% of peak", or "peak unknown" where the device reports no memory clock or bus width.
+std::string fraction_of_peak(const Peaks& peaks, double bytes_per_second) {
+  if (!(peaks.theoretical_bytes_per_second > 0)) return "peak unknown";
+  char text[32];
+  std::snprintf(text, sizeof text, "%5.1f%% of peak",
+                100.0 * bytes_per_second / peaks.theoretical_bytes_per_second);
+  return text;
+}
+
 /// Prints one memory-bound kernel's line.
 void report_bandwidth(const Peaks& peaks, const std::string& name, DType dtype, const std::string& shape,
                       double seconds, double bytes) {
   const double rate = bytes / seconds;
-  std::printf("  %-30s %-5s %-22s %9.4f ms %10.1f MB %8.0f GB/s %5.1f%% of peak, ratio to copy anchor %.2f\n",
+  std::printf("  %-30s %-5s %-22s %9.4f ms %10.1f MB %8.0f GB/s %s, ratio to copy anchor %.2f\n",
               name.c_str(), std::string(zt::dtype_name(dtype)).c_str(), shape.c_str(), seconds * 1e3,
-              bytes / 1e6, rate / 1e9, 100.0 * rate / peaks.theoretical_bytes_per_second,
+              bytes / 1e6, rate / 1e9, fraction_of_peak(peaks, rate).c_str(),
               rate / peaks.copy_anchor_bytes_per_second);
 }
 
@@ -182,15 +192,15 @@ Peaks measure_peaks(const Stream& stream, const TimingPlan& plan) {
   std::printf("peak bandwidth (theoretical, from the attributes above): %.0f GB/s\n",
               peaks.theoretical_bytes_per_second / 1e9);
   std::printf(
-      "anchor cudaMemcpyAsync device to device, 1 GiB (2 GiB moved): %.0f GB/s, %.1f%% of peak, ratio to "
-      "copy anchor %.2f\n",
-      memcpy_rate / 1e9, 100.0 * memcpy_rate / peaks.theoretical_bytes_per_second,
+      "anchor cudaMemcpyAsync device to device, 1 GiB (2 GiB moved): %.0f GB/s, %s, ratio to copy anchor "
+      "%.2f\n",
+      memcpy_rate / 1e9, fraction_of_peak(peaks, memcpy_rate).c_str(),
       memcpy_rate / peaks.copy_anchor_bytes_per_second);
   std::printf(
-      "anchor copy kernel (float4 grid-stride), 1 GiB (2 GiB moved): %.0f GB/s, %.1f%% of peak, ratio to "
-      "copy anchor 1.00\n",
+      "anchor copy kernel (float4 grid-stride), 1 GiB (2 GiB moved): %.0f GB/s, %s, ratio to copy anchor "
+      "1.00\n",
       peaks.copy_anchor_bytes_per_second / 1e9,
-      100.0 * peaks.copy_anchor_bytes_per_second / peaks.theoretical_bytes_per_second);
+      fraction_of_peak(peaks, peaks.copy_anchor_bytes_per_second).c_str());
   return peaks;
 }
 
@@ -321,8 +331,10 @@ void bench_layers(const Stream& stream, const TimingPlan& plan, const Peaks& pea
       zt::copy_bytes(&loss, zt::Device::host(), scalars, stream.device(), sizeof loss, &stream);
       stream.synchronize();
       // N(0, 1) logits: E[log-sum-exp] is about ln(vocab) + 1/2, minus E[logit] = 0.
-      std::printf("    (cross-entropy %s mean loss %.4f over %.0f rows; ln(vocab) + 0.5 = 11.33 expected)\n",
-                  std::string(zt::dtype_name(dtype)).c_str(), loss.mean_loss, loss.counted_rows);
+      std::printf(
+          "    (cross-entropy %s mean loss %.4f over %.0f rows; about ln(vocab) + 0.5 = %.2f expected)\n",
+          std::string(zt::dtype_name(dtype)).c_str(), loss.mean_loss, loss.counted_rows,
+          std::log(static_cast<double>(gpt.vocab)) + 0.5);
     }
     {  // causal attention, 12 heads of 64: the full [B, H, T, T] probabilities are saved (fp32)
       const k::AttentionShape shape{gpt.batch, gpt.seq_len, gpt.n_head, c / gpt.n_head};
