@@ -17,6 +17,7 @@
 # SUMMARY.log the whole output. Exits 1 when a test or a step failed, 0 otherwise.
 #   ZT_GPU_BUNDLE       the archive (or an unpacked bundle directory)
 #   ZT_GPU_BENCH_STEPS  training steps of the benchmark (default 12)
+#   ZT_GPU_PEAK_FLOPS   the MFU's peak per GPU (--peak-flops; default: the one zerotrain picks for the GPU)
 set -uo pipefail
 [ $# -ge 1 ] || {
   sed -n '2,/^set -uo/p' "$0" | sed '$d'
@@ -167,10 +168,13 @@ if ! in_bundle zerotrain train --help 2>&1 | grep -Eq -- '--device [^ ]*cuda'; t
 elif [ "$(budget 400 120)" = 0 ]; then
   say "zerotrain train: not run, $(elapsed) s used of the 8 minutes"
 else
-  # MFU against the datasheet's dense bf16 rate of an H100/H200 SXM (989 TFLOP/s; ZT_GPU_PEAK_FLOPS),
-  # not the start-up probe, which may time a host matmul; the PyTorch anchor below is the ratio.
+  # MFU against the peak zerotrain picks for the GPU (the data sheet's dense bf16 figure for a tabled
+  # GPU, e.g. an H200's 989.5 TFLOP/s, else a cuBLASLt matmul probe; docs/metrics.md, "MFU"), or
+  # ZT_GPU_PEAK_FLOPS when set; the run's header line says which. The PyTorch anchor below is the ratio.
+  peak_flag=()
+  [ -n "${ZT_GPU_PEAK_FLOPS:-}" ] && peak_flag=(--peak-flops "$ZT_GPU_PEAK_FLOPS")
   train=$(cd "$bench_dir" && in_bundle timeout "$(budget 400 120)" zerotrain train --config gpt2-124m-bf16.json --device cuda \
-    --steps "$steps" --print-every 1 --peak-flops "${ZT_GPU_PEAK_FLOPS:-989e12}" 2>&1)
+    --steps "$steps" --print-every 1 "${peak_flag[@]}" 2>&1)
   train_status=$?
   echo "$train" >>"$log"
   # Steady state: the median tok/s of the steps after the first 2; MFU from the last step.
@@ -180,7 +184,9 @@ else
   if [ "$train_status" != 0 ]; then
     step_failed "zerotrain train --device cuda exited $train_status: $(tail -3 <<<"$train" | tr '\n' ' ')"
   fi
-  say "zerotrain: ${zt_tokens:-no} tok/s (median of steps 3-$steps), ${zt_mfu:-no MFU} (of ${ZT_GPU_PEAK_FLOPS:-989e12} FLOP/s); last step: $(grep -E '^step ' <<<"$train" | tail -1)"
+  zt_peak=$(grep -E '^  MFU: ' <<<"$train" | head -1 | sed -E 's/^  MFU: //')
+  say "zerotrain: ${zt_tokens:-no} tok/s (median of steps 3-$steps), ${zt_mfu:-no MFU}; last step: $(grep -E '^step ' <<<"$train" | tail -1)"
+  say "  MFU of: ${zt_peak:-(no MFU line in the header of the run)}"
 fi
 if [ "$(budget 440 60)" != 0 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # The anchor, same run: bench/gpt_model.py's GPT (the model nn::Gpt implements), AdamW, bf16 autocast.
@@ -222,8 +228,8 @@ for bench in "$bundle"/bin/zt_bench_cuda_* "$bundle"/bin/zt_bench_gpu_*; do
   output=$(cd "$bench_dir" && in_bundle timeout "$(budget 470 60)" "$bench" 2>&1)
   bench_status=$?
   echo "$output" >>"$log"
-  # Its result lines (bandwidth per kernel); all of them when it prints few.
-  grep -Ei 'GB/s|TB/s|TFLOP|bandwidth|ratio' <<<"$output" | head -40 | sed 's/^/  /' >>"$summary"
+  # Its result lines (the device, bandwidth and TFLOP/s per kernel: zt_bench_cuda_kernels prints ~80).
+  grep -Ei '^device:|no usable GPU|GB/s|TB/s|TFLOP|bandwidth|ratio' <<<"$output" | head -120 | sed 's/^/  /' >>"$summary"
   [ "$bench_status" = 0 ] || step_failed "$(basename "$bench") exited $bench_status"
 done
 rm -rf "$bench_dir"

@@ -127,8 +127,9 @@ struct TrainOptions {
   /// bound a usable one, else the host.
   std::optional<Device> device;
   /// One rank's peak FLOP/s, the denominator of the MFU (model FLOPs utilization) in the progress
-  /// line and the metrics: the hardware's figure for the compute dtype. Not given: each rank
-  /// measures its matmul rate once before the model is built (docs/metrics.md, "MFU").
+  /// line and the metrics: the hardware's figure for the compute dtype. Not given: a rank on a GPU
+  /// that zerotrain's table holds takes its data sheet's dense figure, any other rank measures its
+  /// matmul rate once before the model is built (docs/metrics.md, "MFU").
   std::optional<double> peak_flops;
   /// Called on every rank after each optimizer step (progress hooks, tests).
   std::function<void(const StepReport&)> on_step;

@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <variant>
-#include <vector>
 
+#include "kernels/gpu_peaks.hpp"
 #include "kernels/nn_kernels.hpp"
 #include "zerotrain/device.hpp"
 
@@ -22,20 +23,24 @@ double model_flops_per_token(const Config& config, std::int64_t parameters) {
   return flops;
 }
 
-MatmulProbe probe_matmul(DType dtype, double budget_seconds) {
+MatmulProbe probe_matmul(DType dtype, Device device, double budget_seconds) {
   using Clock = std::chrono::steady_clock;
-  constexpr std::int64_t kLargest = 1024;
-  const Stream stream;  // the host stream
-  std::vector<std::byte> input(static_cast<std::size_t>(kLargest * kLargest) * dtype_size(dtype));
-  std::vector<std::byte> weight(input.size());
-  std::vector<std::byte> output(input.size());
+  // A GPU needs larger operands than the host before a call outlasts its launch and sync.
+  const std::int64_t largest = device.is_cuda() ? 8192 : 1024;
+  const Stream stream = device.is_host() ? Stream() : Stream(device);
+  const std::size_t bytes = static_cast<std::size_t>(largest * largest) * dtype_size(dtype);
+  Buffer input(device, bytes), weight(device, bytes), output(device, bytes);
+  zero_bytes(input.data(), device, bytes, &stream);  // finite operands: no NaN slow paths
+  zero_bytes(weight.data(), device, bytes, &stream);
   auto seconds_since = [](Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
+  stream.synchronize();
   auto call = [&](std::int64_t n) {
     const auto start = Clock::now();
     kernels::matmul_forward(stream, dtype, input.data(), weight.data(), nullptr, output.data(),
                             kernels::MatmulShape{.rows = n, .in_features = n, .out_features = n});
+    stream.synchronize();
     return seconds_since(start);
   };
   call(128);  // warm-up, outside the budget: the thread team starts, the code and buffers page in
@@ -43,7 +48,7 @@ MatmulProbe probe_matmul(DType dtype, double budget_seconds) {
   MatmulProbe probe;
   probe.size = 128;
   double best = call(probe.size);
-  while (probe.size < kLargest && best < budget_seconds / 8) {
+  while (probe.size < largest && best < budget_seconds / 8) {
     probe.size *= 2;
     best = call(probe.size);
   }
@@ -58,6 +63,25 @@ MatmulProbe probe_matmul(DType dtype, double budget_seconds) {
   probe.flops_per_second = 2.0 * n * n * n / best;
   probe.seconds = seconds_since(began);  // without the warm-up
   return probe;
+}
+
+RankPeakFlops rank_peak_flops(Device device, DType dtype) {
+  if (device.is_cuda()) {
+    const kernels::CudaPeakFlops gpu = kernels::cuda_peak_flops(device.index, dtype);
+    if (gpu.flops_per_second) {
+      return {*gpu.flops_per_second, "data sheet",
+              gpu.device.name + ", dense " + std::string(kernels::gpu_math_name(gpu.math))};
+    }
+  }
+  // The emulated device runs the host's kernels: the host is what it would measure, without the page faults.
+  const Device probed = device.is_cuda() ? device : Device::host();
+  const MatmulProbe probe = probe_matmul(dtype, probed);
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "%lld^3 %s%s%s, best of %d calls in %.0f ms",
+                static_cast<long long>(probe.size), std::string(dtype_name(dtype)).c_str(),
+                probed.is_host() ? "" : " on ", probed.is_host() ? "" : probed.str().c_str(), probe.calls,
+                probe.seconds * 1e3);
+  return {probe.flops_per_second, "matmul probe", detail};
 }
 
 }  // namespace zt::engine_detail

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "zerotrain/config.hpp"
+#include "zerotrain/device.hpp"
 #include "zerotrain/dtype.hpp"
 
 namespace zt::engine_detail {
@@ -22,10 +24,23 @@ struct MatmulProbe {
   int calls = 0;                  // at size n
   double seconds = 0.0;           // the whole probe
 };
-/// The engine's host matmul kernel (the one Linear layers run, its threads included) on n x n
-/// operands in `dtype`: n doubles from 128 until one call takes an eighth of `budget_seconds` (or n
-/// reaches 1024), then calls at that size while the budget lasts (at least 3 within twice the
+/// The engine's matmul kernel on `device` (the one Linear layers run: on the host its threads
+/// included, on a GPU cuBLASLt) on n x n operands in `dtype`: n doubles from 128 until one call takes
+/// an eighth of `budget_seconds` (or n reaches 1024 on the host, 8192 on a GPU, where a call is timed
+/// to its stream's end), then calls at that size while the budget lasts (at least 3 within twice the
 /// budget); the best call counts. The first call, a warm-up (threads started), is not timed.
-MatmulProbe probe_matmul(DType dtype, double budget_seconds = 0.03);
+MatmulProbe probe_matmul(DType dtype, Device device = Device::host(), double budget_seconds = 0.03);
+
+/// One rank's peak FLOP/s for the MFU when none is given (--peak-flops): on a CUDA device whose GPU
+/// kernels/gpu_peaks.hpp tables, the data sheet's dense figure for how its GEMMs compute `dtype`
+/// (bf16/fp16 tensor cores; fp32 in TF32 or not, as ZT_CUDA_TF32 says); otherwise (the host, an
+/// untabled GPU) the matmul probe on `device` (on the host for the emulated device, which runs the
+/// host's kernels).
+struct RankPeakFlops {
+  double flops_per_second = 0.0;
+  std::string source;  // "data sheet" or "matmul probe" (the start record's peak_flops_source)
+  std::string detail;  // "NVIDIA H200, dense bf16/fp16 tensor" or "512^3 fp32, best of 9 calls in 31 ms"
+};
+RankPeakFlops rank_peak_flops(Device device, DType dtype);
 
 }  // namespace zt::engine_detail

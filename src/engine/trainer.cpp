@@ -313,16 +313,17 @@ std::string clock_text(double seconds) {
 }
 
 /// The MFU's denominator, the peak FLOP/s of the whole job: options.peak_flops per rank, or the sum
-/// of every rank's measured matmul rate (the ranks measure side by side, sharing their node's cores
-/// as they will in training). Collective. `description` says where the figure came from.
+/// of every rank's own (engine_detail::rank_peak_flops: a GPU's data-sheet figure, else the measured
+/// matmul rate; the ranks measure side by side, sharing their node's cores as they will in training).
+/// Collective. `description` says where the figure came from.
 struct PeakFlops {
   double total = 0.0;
-  std::string source;       // "--peak-flops", "matmul probe"
+  std::string source;       // "--peak-flops", "data sheet", "matmul probe" (rank 0's)
   std::string description;  // for the run's header
 };
-PeakFlops job_peak_flops(Runtime& runtime, const Config& config, const TrainOptions& options) {
+PeakFlops job_peak_flops(Runtime& runtime, const Config& config, const TrainOptions& options, Device device) {
   PeakFlops peak;
-  char text[256];
+  char text[320];
   if (options.peak_flops) {
     peak.total = *options.peak_flops * runtime.world_size();
     peak.source = "--peak-flops";
@@ -331,15 +332,14 @@ PeakFlops job_peak_flops(Runtime& runtime, const Config& config, const TrainOpti
   } else {
     const DType dtype = compute_dtype_of(config);
     runtime.world().barrier();
-    const engine_detail::MatmulProbe probe = engine_detail::probe_matmul(dtype);
-    peak.total = probe.flops_per_second;
+    const engine_detail::RankPeakFlops rank = engine_detail::rank_peak_flops(device, dtype);
+    peak.total = rank.flops_per_second;
     runtime.world().all_reduce(&peak.total, &peak.total, 1, DType::fp64, ReduceOp::sum);
-    peak.source = "matmul probe";
+    peak.source = rank.source;
     std::snprintf(text, sizeof text,
-                  "peak %.3g FLOP/s = the ranks' matmul probes (rank 0: %.3g, %lld^3 %s, best of %d calls in "
-                  "%.0f ms; --peak-flops sets it)",
-                  peak.total, probe.flops_per_second, static_cast<long long>(probe.size),
-                  std::string(dtype_name(dtype)).c_str(), probe.calls, probe.seconds * 1e3);
+                  "peak %.3g FLOP/s = the ranks' %s (rank 0: %.3g, %s; --peak-flops sets it)", peak.total,
+                  rank.source == "data sheet" ? "data-sheet peaks" : "matmul probes", rank.flops_per_second,
+                  rank.detail.c_str());
   }
   peak.description = text;
   return peak;
@@ -477,7 +477,7 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   }
   // The MFU's peak, before the model takes the memory and the cores. Its buffers go back to the
   // kernel before the runtime's resident memory is read (the threads it started count there).
-  const PeakFlops peak_flops = job_peak_flops(runtime, config, options);
+  const PeakFlops peak_flops = job_peak_flops(runtime, config, options, device);
   base::release_freed_heap();
   // What the process holds before the model (MPI, UCX, the libraries, OpenBLAS's buffers): the
   // runtime's fixed resident memory, reported in the start record.
