@@ -137,18 +137,18 @@ TEST(CudaTraining, OffloadsTheOptimizerToNvme) {
   for (int stage : {1, 2, 3}) {
     for (const char* precision : {"", kBf16}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + precision);
-      const zt::Config config = config_of(stage,
-                                          R"(, "sub_group_size": 1500, "offload_optimizer": {"device": "nvme",)"
-                                          R"( "pin_memory": true, "buffer_count": 3, "nvme_path": ")" +
-                                              directory.path() + ""
-    }",
-                                          precision);
-    const TrainingRun host = train_on(zt::Device::host(), config);
-    const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
-    const bool bf16 = *precision != '\0';
-    expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
+      const zt::Config config =
+          config_of(stage,
+                    R"(, "sub_group_size": 1500, "offload_optimizer": {"device": "nvme",)"
+                    R"( "pin_memory": true, "buffer_count": 3, "nvme_path": ")" +
+                        directory.path() + "\"}",
+                    precision);
+      const TrainingRun host = train_on(zt::Device::host(), config);
+      const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+      const bool bf16 = *precision != '\0';
+      expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
+    }
   }
-}
 }
 
 }  // namespace

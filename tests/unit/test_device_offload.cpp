@@ -46,6 +46,27 @@ std::vector<std::byte> random_values(std::size_t count, zt::DType dtype, std::ui
   return bytes;
 }
 
+/// The data of one comparison: random fp32 master (the host optimizer's and the offloaded copy), zero
+/// Adam moments for each, the host's new parameters, and the gradients and parameters on `device`.
+struct UpdateData {
+  UpdateData(zt::Device device, std::size_t count, zt::DType dtype, std::uint32_t seed)
+      : master(count),
+        m(count, 0.0f),
+        v(count, 0.0f),
+        offloaded_m(count, 0.0f),
+        offloaded_v(count, 0.0f),
+        host_parameters(count * zt::dtype_size(dtype)),
+        device_gradients(device, count * zt::dtype_size(dtype)),
+        device_parameters(device, count * zt::dtype_size(dtype)) {
+    const std::vector<std::byte> bytes = random_values(count, zt::DType::fp32, seed);
+    std::memcpy(master.data(), bytes.data(), bytes.size());
+    offloaded_master = master;
+  }
+  std::vector<float> master, offloaded_master, m, v, offloaded_m, offloaded_v;
+  std::vector<std::byte> host_parameters;
+  zt::Buffer device_gradients, device_parameters;
+};
+
 /// The offloaded update with gradients and parameters on `gpu` against the host optimizer on the
 /// same data: bf16 and fp32, 1 to 5 buffers, 3 steps, chunks that do not divide the range.
 void expect_same_as_the_host_optimizer(zt::Device gpu) {
@@ -59,18 +80,9 @@ void expect_same_as_the_host_optimizer(zt::Device gpu) {
       hyperparameters.weight_decay = 0.01f;
       auto host = zt::make_optimizer("adamw", {}, hyperparameters);
       auto offloaded = zt::make_optimizer("adamw", {}, hyperparameters);
-      std::vector<float> master = [&] {
-        std::vector<std::byte> bytes = random_values(kCount, zt::DType::fp32, 1);
-        std::vector<float> values(kCount);
-        std::memcpy(values.data(), bytes.data(), bytes.size());
-        return values;
-      }();
-      std::vector<float> offloaded_master = master;
-      std::vector<float> m(kCount, 0.0f), v(kCount, 0.0f), offloaded_m(kCount, 0.0f),
-          offloaded_v(kCount, 0.0f);
-      std::vector<std::byte> host_parameters(kCount * element);
-      zt::Buffer device_gradients(gpu, kCount * element);
-      zt::Buffer device_parameters(gpu, kCount * element);
+      UpdateData data(gpu, kCount, dtype, 1);
+      auto& [master, offloaded_master, m, v, offloaded_m, offloaded_v, host_parameters, device_gradients,
+             device_parameters] = data;
       DeviceOffloadedUpdateOptions options;
       options.device = gpu;
       options.gradient_dtype = dtype;
@@ -126,17 +138,9 @@ void expect_queued_pieces_as_the_host_optimizer(zt::Device device) {
       const std::size_t element = zt::dtype_size(dtype);
       auto host = zt::make_optimizer("adamw", {}, {});
       auto offloaded = zt::make_optimizer("adamw", {}, {});
-      std::vector<float> master(kCount);
-      {
-        const std::vector<std::byte> bytes = random_values(kCount, zt::DType::fp32, 7);
-        std::memcpy(master.data(), bytes.data(), bytes.size());
-      }
-      std::vector<float> offloaded_master = master;
-      std::vector<float> m(kCount, 0.0f), v(kCount, 0.0f), offloaded_m(kCount, 0.0f),
-          offloaded_v(kCount, 0.0f);
-      std::vector<std::byte> host_parameters(kCount * element);
-      zt::Buffer device_gradients(device, kCount * element);
-      zt::Buffer device_parameters(device, kCount * element);
+      UpdateData data(device, kCount, dtype, 7);
+      auto& [master, offloaded_master, m, v, offloaded_m, offloaded_v, host_parameters, device_gradients,
+             device_parameters] = data;
       if (device_master) {
         zt::copy_bytes(device_parameters.data(), device, master.data(), zt::Device::host(), kCount * element);
       }
