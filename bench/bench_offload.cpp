@@ -9,8 +9,11 @@
 // with their ratio to in-memory.
 //
 //   zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] [--sub-group N]
-//                    [--buffers N] [--threads N]
+//                    [--buffers N] [--threads N] [--device host|emulated]
 //
+// --device emulated puts the engine on the emulated test device: its offloaded updates (cpu and
+// nvme) bring the gradients down and the parameters up through DeviceOffloadedUpdate's staging
+// buffers, the device code path of an engine on a GPU (docs/offload.md).
 // --dir is the nvme_path (default: the temporary directory; it must support O_DIRECT). --sub-group
 // (default 1e7 elements) and --buffers (default 4, DeepSpeed's buffer_count) set the pipeline; the
 // nvme placement is also run with 1 buffer (reads, updates and writes in turn) to show the overlap.
@@ -43,11 +46,12 @@ struct Options {
   long long sub_group = 10'000'000;
   int buffers = 4;
   int threads = 0;
+  zt::Device device = zt::Device::host();
 };
 
 constexpr const char* kUsage =
     "usage: zt_bench_offload [--shape small|gpt2] [--rounds N] [--steps N] [--dir PATH] [--sub-group N] "
-    "[--buffers N] [--threads N]";
+    "[--buffers N] [--threads N] [--device host|emulated]";
 
 Options parse_options(int argc, char** argv) {
   Options options;
@@ -68,6 +72,10 @@ Options parse_options(int argc, char** argv) {
       options.buffers = std::max(1, std::atoi(value.c_str()));
     } else if (flag == "--threads") {
       options.threads = std::atoi(value.c_str());
+    } else if (flag == "--device") {
+      if (value != "host" && value != "emulated")
+        zt::bench::exit_with_usage("--device takes host or emulated", kUsage);
+      options.device = value == "host" ? zt::Device::host() : zt::Device::emulated();
     } else {
       return false;
     }
@@ -121,7 +129,7 @@ int main(int argc, char** argv) {
             zt::Config::from_string(config_json(options.shape, placements[p], options.sub_group),
                                     zt::ConfigParseOptions{.warning_sink = {}});
         auto model = zt::build_model(config);
-        zt::Engine engine(runtime, *model, config);
+        zt::Engine engine(runtime, *model, config, {.device = options.device});
         if (options.threads > 0) zt::kernels::set_host_threads(options.threads);
         samples[p].where = engine.optimizer_states_placement().describe();
         samples[p].parameters = engine.parameter_count();
@@ -142,9 +150,10 @@ int main(int argc, char** argv) {
       }
     }
     std::printf(
-        "GPT %s: %lld parameters, ZeRO stage 1, 1 rank, fp32 AdamW, %d OpenMP threads, sub_group_size %lld\n",
+        "GPT %s: %lld parameters, ZeRO stage 1, 1 rank on %s, fp32 AdamW, %d OpenMP threads, sub_group_size "
+        "%lld\n",
         options.shape.name.c_str(), static_cast<long long>(samples[0].parameters),
-        zt::kernels::host_threads(), options.sub_group);
+        options.device.str().c_str(), zt::kernels::host_threads(), options.sub_group);
     std::printf("%d rounds x %d timed steps per placement; medians in ms\n\n", options.rounds, options.steps);
     std::printf("| placement | optimizer step | vs memory | pipeline wall | updates | stalled on I/O |\n");
     std::printf("|---|---|---|---|---|---|\n");

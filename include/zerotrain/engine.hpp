@@ -109,6 +109,9 @@ struct OptimizerStatesPlacement {
   std::string swap_backend;        // nvme: io_uring, libaio or posix
   std::uint64_t swap_bytes = 0;    // reserved in the swap file
   std::uint64_t buffer_bytes = 0;  // host memory of the sub-group buffers
+  /// With the engine on a device (cpu or nvme): host memory (pinned with pin_memory) of the staging
+  /// buffers that bring gradients down and take new parameters up; 0 on the host.
+  std::uint64_t staging_bytes = 0;
   std::int64_t sub_groups = 0;
   std::int64_t sub_group_elements = 0;
   /// "host memory" or "nvme <file> (<backend>), <n> sub-groups of <m> elements, <b> buffers".

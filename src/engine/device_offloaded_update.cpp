@@ -55,6 +55,35 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, cons
                                                       std::span<float* const> state, std::size_t count,
                                                       float grad_scale, float lr,
                                                       const Stream* ordered_after) {
+  const auto started = Clock::now();
+  DeviceOffloadedUpdateStats stats = queue(optimizer, device_gradients, device_parameters, master, state,
+                                           count, grad_scale, lr, ordered_after);
+  stats.wait_out_seconds += wait_for_parameters();
+  stats.wall_seconds = seconds_since(started);
+  return stats;
+}
+
+double DeviceOffloadedUpdate::wait_for_parameters() {
+  const auto waited = Clock::now();
+  to_device_.synchronize();
+  for (Slot& slot : slots_) slot.out_pending = false;
+  return seconds_since(waited);
+}
+
+std::size_t DeviceOffloadedUpdate::buffer_bytes() const {
+  std::size_t bytes = 0;
+  for (const Slot& slot : slots_) bytes += slot.gradients.size() + slot.parameters.size();
+  return bytes;
+}
+
+DeviceOffloadedUpdateStats DeviceOffloadedUpdate::queue(Optimizer& optimizer, const void* device_gradients,
+                                                        void* device_parameters, float* master,
+                                                        std::span<float* const> state, std::size_t count,
+                                                        float grad_scale, float lr,
+                                                        const Stream* ordered_after) {
+  const bool half = options_.parameter_dtype != DType::fp32;
+  ZT_CHECK(master != nullptr || !half, "DeviceOffloadedUpdate: no host master with ",
+           dtype_name(options_.parameter_dtype), " parameters; only fp32 parameters can be their own master");
   DeviceOffloadedUpdateStats stats;
   const auto started = Clock::now();
   if (ordered_after != nullptr) {
@@ -71,19 +100,27 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, cons
   const auto* gradients = static_cast<const std::byte*>(device_gradients);
   auto* parameters = static_cast<std::byte*>(device_parameters);
   auto elements_of = [&](std::size_t k) { return std::min(chunk, count - k * chunk); };
+  // Chunk k goes through slot (first_slot + k) mod buffer_count: its gradients (and, without a host
+  // master, its parameters) come in, its new parameters go out.
+  const std::size_t first_slot = next_slot_;
+  auto slot_of = [&](std::size_t k) -> Slot& { return slots_[(first_slot + k) % slots_.size()]; };
+  next_slot_ = (first_slot + chunks) % slots_.size();
 
-  // Chunk k goes through slot k mod buffer_count: its gradients come in, its parameters go out.
+  const Device host = ExecutionContext::host().device();
   auto copy_in = [&](std::size_t k) {
-    Slot& slot = slots_[k % slots_.size()];
+    Slot& slot = slot_of(k);
     if (slot.out_pending) {  // the slot's previous chunk is still on its way to the device
       const auto waited = Clock::now();
       slot.copied_out.synchronize();
       stats.wait_out_seconds += seconds_since(waited);
       slot.out_pending = false;
     }
-    copy_bytes(slot.gradients.data(), ExecutionContext::host().device(),
-               gradients + k * chunk * gradient_size, options_.device, elements_of(k) * gradient_size,
-               &to_host_);
+    copy_bytes(slot.gradients.data(), host, gradients + k * chunk * gradient_size, options_.device,
+               elements_of(k) * gradient_size, &to_host_);
+    if (master == nullptr) {
+      copy_bytes(slot.parameters.data(), host, parameters + k * chunk * parameter_size, options_.device,
+                 elements_of(k) * parameter_size, &to_host_);
+    }
     slot.copied_in.record(to_host_);
   };
   const std::size_t ahead = slots_.size() - 1;  // chunks copied in beyond the one being updated
@@ -93,7 +130,7 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, cons
   std::vector<float*> chunk_state(state.size());
   for (std::size_t k = 0; k < chunks; ++k) {
     if (issued == k) copy_in(issued++);  // one buffer: nothing was copied ahead
-    Slot& slot = slots_[k % slots_.size()];
+    Slot& slot = slot_of(k);
     const auto waited = Clock::now();
     slot.copied_in.synchronize();
     stats.wait_in_seconds += seconds_since(waited);
@@ -101,24 +138,21 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::run(Optimizer& optimizer, cons
     const std::size_t first = k * chunk;
     const std::size_t n = elements_of(k);
     for (std::size_t s = 0; s < state.size(); ++s) chunk_state[s] = state[s] + first;
-    const bool half = options_.parameter_dtype != DType::fp32;
+    float* chunk_master = master != nullptr ? master + first : slot.parameters.as<float>();
     const auto updating = Clock::now();
     optimizer.update_range(
-        {master + first, n}, chunk_state, {slot.gradients.data(), options_.gradient_dtype}, grad_scale, lr,
+        {chunk_master, n}, chunk_state, {slot.gradients.data(), options_.gradient_dtype}, grad_scale, lr,
         half ? HalfParamBuffer{slot.parameters.data(), options_.parameter_dtype} : HalfParamBuffer{});
-    if (!half) ExecutionContext::host().copy(slot.parameters.data(), master + first, n * sizeof(float));
+    if (!half && master != nullptr)
+      ExecutionContext::host().copy(slot.parameters.data(), chunk_master, n * sizeof(float));
     stats.update_seconds += seconds_since(updating);
 
-    copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(),
-               ExecutionContext::host().device(), n * parameter_size, &to_device_);
+    copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(), host,
+               n * parameter_size, &to_device_);
     slot.copied_out.record(to_device_);
     slot.out_pending = true;
     while (issued < std::min(chunks, k + 1 + ahead)) copy_in(issued++);
   }
-  const auto waited = Clock::now();
-  to_device_.synchronize();
-  stats.wait_out_seconds += seconds_since(waited);
-  for (Slot& slot : slots_) slot.out_pending = false;
   stats.wall_seconds = seconds_since(started);
   return stats;
 }

@@ -55,10 +55,25 @@ class DeviceOffloadedUpdate {
   /// update_range): gradients at `device_gradients` and parameters at `device_parameters` (on the
   /// device, complete when this is called, or once `ordered_after`'s work queued so far is: the
   /// copies wait for it on the device), master and states (state_names() order) in host memory.
+  /// `master` null: the fp32 parameters on the device are the master (parameter_dtype fp32), and each
+  /// chunk of them comes down with its gradients, is updated in the pinned buffer and goes back up.
   /// Returns when the new parameters are on the device.
   DeviceOffloadedUpdateStats run(Optimizer& optimizer, const void* device_gradients, void* device_parameters,
                                  float* master, std::span<float* const> state, std::size_t count,
                                  float grad_scale, float lr, const Stream* ordered_after = nullptr);
+
+  /// As run(), but returns once the last chunk's parameters are queued for the device: the next
+  /// call's chunks take up the buffers where this one left off, so that consecutive calls (the
+  /// pieces of one step) keep the copies in flight; wait_for_parameters() ends the step.
+  DeviceOffloadedUpdateStats queue(Optimizer& optimizer, const void* device_gradients,
+                                   void* device_parameters, float* master, std::span<float* const> state,
+                                   std::size_t count, float grad_scale, float lr,
+                                   const Stream* ordered_after = nullptr);
+  /// Waits until every queued parameter chunk is on the device; returns the seconds waited.
+  double wait_for_parameters();
+
+  /// Host bytes of the pinned (pin_memory) staging buffers, all of them.
+  std::size_t buffer_bytes() const;
 
  private:
   struct Slot {
@@ -70,8 +85,9 @@ class DeviceOffloadedUpdate {
   };
 
   DeviceOffloadedUpdateOptions options_;
-  std::vector<Slot> slots_;  // before the streams: destroyed after them
-  Event gradients_ready_;    // the point of `ordered_after` at the start of a run
+  std::vector<Slot> slots_;    // before the streams: destroyed after them
+  std::size_t next_slot_ = 0;  // the slot of the next queued chunk (the one free the longest)
+  Event gradients_ready_;      // the point of `ordered_after` at the start of a run
   Stream to_host_;
   Stream to_device_;
 };

@@ -1229,10 +1229,11 @@ std::string OptimizerStatesPlacement::describe() const {
   if (swap_file.empty()) {
     return device == OffloadDevice::cpu ? "host memory (offload_optimizer: cpu)" : "host memory";
   }
-  return detail::concat("nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes, " bytes",
-                        master_in_swap ? ", fp32 master included" : "", "), ", sub_groups,
-                        " sub-group(s) of up to ", sub_group_elements, " elements through ", buffer_bytes,
-                        " bytes of host buffers");
+  return detail::concat(
+      "nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes, " bytes",
+      master_in_swap ? ", fp32 master included" : "", "), ", sub_groups, " sub-group(s) of up to ",
+      sub_group_elements, " elements through ", buffer_bytes, " bytes of host buffers",
+      staging_bytes > 0 ? detail::concat(" and ", staging_bytes, " bytes of device staging") : std::string());
 }
 
 // ---- the engine's internal views -------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "base/seconds_since.hpp"
 #include "kernels/nn_kernels.hpp"
 #include "src/engine/device_offloaded_update.hpp"
 #include "src/engine/swap_options_from_config.hpp"
@@ -43,6 +44,48 @@ void for_each_overlap(const std::vector<OwnedRange>& ranges, std::size_t& cursor
     const std::int64_t end = std::min(first + count, ranges[i].shard_begin + ranges[i].count);
     if (end > begin) visit(i, begin, end);
   }
+}
+
+/// `count` parameters at `source` (on the engine's device, in `dtype`) as fp32 in host memory at
+/// `destination`: converted where they are on the host, brought down first from a device (whose
+/// memory the host's kernels cannot read).
+void fp32_on_host(const ExecutionContext& execution, const std::byte* source, DType dtype, float* destination,
+                  std::int64_t count) {
+  if (count == 0) return;
+  const auto elements = static_cast<std::size_t>(count);
+  if (execution.device().is_host()) {
+    kernels::convert(execution.compute(), source, dtype, destination, DType::fp32, count);
+  } else if (dtype == DType::fp32) {
+    execution.to_host(destination, source, elements * sizeof(float));
+  } else {
+    Buffer staging(ExecutionContext::host().device(), elements * dtype_size(dtype), MemoryCategory::other);
+    execution.to_host(staging.data(), source, elements * dtype_size(dtype));
+    kernels::convert(ExecutionContext::host().compute(), staging.data(), dtype, destination, DType::fp32,
+                     count);
+  }
+}
+
+/// The device <-> host update pipeline of an engine on a device whose optimizer states are in host
+/// memory or in the swap file: chunks of at most `largest_run` elements (one run's count), through
+/// offload_optimizer.buffer_count pinned buffers.
+std::unique_ptr<DeviceOffloadedUpdate> make_device_offloaded_update(const OffloadOptimizerConfig& offload,
+                                                                    Device device, DType dtype,
+                                                                    std::int64_t largest_run) {
+  DeviceOffloadedUpdateOptions options;
+  options.device = device;
+  options.gradient_dtype = dtype;
+  options.parameter_dtype = dtype;
+  options.buffer_count = std::max<std::size_t>(1, static_cast<std::size_t>(offload.buffer_count));
+  options.pin_memory = offload.pin_memory;
+  options.chunk_elements =
+      std::clamp<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(largest_run, 1)), 1,
+                              DeviceOffloadedUpdateOptions{}.chunk_elements);
+  return std::make_unique<DeviceOffloadedUpdate>(options);
+}
+
+void add_timing(OffloadTiming& timing, const DeviceOffloadedUpdateStats& stats) {
+  timing.update_seconds += stats.update_seconds;
+  timing.stalled_seconds += stats.wait_in_seconds + stats.wait_out_seconds;
 }
 
 /// In memory: the optimizer's own state buffers beside the master.
@@ -136,20 +179,14 @@ class HostOffloadedStates final : public OptimizerStates {
     optimizer_ = make_optimizer(to_string(config.optimizer->type), std::move(buffers),
                                 optimizer_params_of(*config.optimizer), host);
     names_ = optimizer_->state_names();
-    DeviceOffloadedUpdateOptions options;
-    options.device = execution_.device();
-    options.gradient_dtype = dtype;
-    options.parameter_dtype = dtype;
-    options.buffer_count = std::max<std::size_t>(1, static_cast<std::size_t>(offload.buffer_count));
-    options.pin_memory = offload.pin_memory;
-    options.chunk_elements =
-        std::clamp<std::size_t>(elements, 1, DeviceOffloadedUpdateOptions{}.chunk_elements);
-    pipeline_ = std::make_unique<DeviceOffloadedUpdate>(options);
+    pipeline_ = make_device_offloaded_update(offload, execution_.device(), dtype, plan_.shard_size());
   }
 
   /// Ignores `part` (the in-memory update): each owned range goes through the offload pipeline, which
-  /// writes the new parameters on the device; then the strategy takes the range as committed.
+  /// writes the new parameters on the device, the ranges one after the other with the copies in
+  /// flight; once all are on the device the strategy takes the ranges as committed.
   OffloadTiming update(float grad_scale, float lr, const UpdatePart&) override {
+    const auto started = base::Clock::now();
     optimizer_->begin_step(grad_scale, lr);
     OffloadTiming timing;
     std::vector<float*> state(names_.size());
@@ -157,14 +194,13 @@ class HostOffloadedStates final : public OptimizerStates {
       const OwnedRange& range = plan_.owned()[i];
       for (std::size_t k = 0; k < names_.size(); ++k) state[k] = optimizer_->state(names_[k], i).data();
       std::byte* target = plan_.separate_master() ? strategy_.update_target(i) : strategy_.parameters(i);
-      const DeviceOffloadedUpdateStats stats =
-          pipeline_->run(*optimizer_, strategy_.gradient(i), target, host_master(i), state,
-                         static_cast<std::size_t>(range.count), grad_scale, lr, &execution_.compute());
-      timing.wall_seconds += stats.wall_seconds;
-      timing.update_seconds += stats.update_seconds;
-      timing.stalled_seconds += stats.wait_in_seconds + stats.wait_out_seconds;
-      strategy_.commit(i);
+      add_timing(timing, pipeline_->queue(*optimizer_, strategy_.gradient(i), target, host_master(i), state,
+                                          static_cast<std::size_t>(range.count), grad_scale, lr,
+                                          &execution_.compute()));
     }
+    timing.stalled_seconds += pipeline_->wait_for_parameters();
+    for (std::size_t i = 0; i < plan_.size(); ++i) strategy_.commit(i);
+    timing.wall_seconds = base::seconds_since(started);
     return timing;
   }
 
@@ -191,24 +227,16 @@ class HostOffloadedStates final : public OptimizerStates {
   OptimizerStatesPlacement placement() const override {
     OptimizerStatesPlacement placement;
     placement.device = plan_.settings().optimizer_offload;
+    placement.staging_bytes = pipeline_->buffer_bytes();
     return placement;
   }
 
  private:
   /// The master of every owned range from the device's parameters (compute dtype), converted.
   void master_from_parameters() {
-    const DType dtype = plan_.settings().compute_dtype;
     for (std::size_t i = 0; i < plan_.size(); ++i) {
-      const auto count = static_cast<std::size_t>(plan_.owned()[i].count);
-      if (count == 0) continue;
-      if (dtype == DType::fp32) {
-        execution_.to_host(host_master(i), strategy_.parameters(i), count * sizeof(float));
-        continue;
-      }
-      Buffer staging(ExecutionContext::host().device(), count * dtype_size(dtype), MemoryCategory::other);
-      execution_.to_host(staging.data(), strategy_.parameters(i), count * dtype_size(dtype));
-      kernels::convert(ExecutionContext::host().compute(), staging.data(), dtype, host_master(i), DType::fp32,
-                       plan_.owned()[i].count);
+      fp32_on_host(execution_, strategy_.parameters(i), plan_.settings().compute_dtype, host_master(i),
+                   plan_.owned()[i].count);
     }
   }
 
@@ -224,16 +252,17 @@ class HostOffloadedStates final : public OptimizerStates {
   std::unique_ptr<DeviceOffloadedUpdate> pipeline_;
 };
 
-/// ZeRO-Infinity: the master (in 16-bit training) and the states in the rank's swap file.
+/// ZeRO-Infinity: the master (in 16-bit training) and the states in the rank's swap file, updated
+/// by the host optimizer in the pipeline's sub-group buffers. With the engine on a device (CUDA, the
+/// emulated device) the gradients and parameters stay there: each sub-group's pieces go through the
+/// device <-> host update pipeline (DeviceOffloadedUpdate, as with offload_optimizer "cpu"), so that
+/// swap reads and writes, copies and the host's update overlap; in fp32 the device's parameters are
+/// the master and come down with the gradients.
 class NvmeStates final : public OptimizerStates {
  public:
   NvmeStates(const PartitionPlan& plan, ZeroStrategy& strategy, const Config& config,
              const ExecutionContext& execution)
       : OptimizerStates(plan, strategy, execution) {
-    ZT_CHECK_AS(
-        ConfigError, execution_.device().is_host(),
-        "zero_optimization.offload_optimizer nvme with the engine on ", execution_.device().str(),
-        ": the states move through host buffers, which comes with the CUDA training path; train on the host");
     const ZeroConfig& zero = config.zero_optimization;
     const OffloadOptimizerConfig& offload = zero.offload_optimizer;
     // The optimizer keeps no state of its own: it updates the sub-groups swapped into the
@@ -250,10 +279,15 @@ class NvmeStates final : public OptimizerStates {
     options.sub_group_elements = zero.sub_group_size;
     options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
     swapped_ = std::make_unique<SwappedOptimizerStates>(options);
+    const DType dtype = plan_.settings().compute_dtype;
+    if (!execution_.device().is_host()) {
+      // One run per piece of a sub-group: no run is longer than a sub-group.
+      device_update_ = make_device_offloaded_update(offload, execution_.device(), dtype,
+                                                    std::min(zero.sub_group_size, plan_.shard_size()));
+    }
 
     // Initial contents, as in memory: the master converted from the parameters (the padding of the
     // last piece stays zero), moments zero.
-    const DType dtype = plan_.settings().compute_dtype;
     const std::size_t element = dtype_size(dtype);
     std::size_t cursor = 0;
     swapped_->for_each_sub_group([&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
@@ -262,10 +296,10 @@ class NvmeStates final : public OptimizerStates {
       for_each_overlap(
           plan_.owned(), cursor, first, count, [&](std::size_t i, std::int64_t begin, std::int64_t end) {
             const OwnedRange& range = plan_.owned()[i];
-            kernels::convert(
-                execution_.compute(),
+            fp32_on_host(
+                execution_,
                 strategy_.parameters(i) + static_cast<std::size_t>(begin - range.shard_begin) * element,
-                dtype, arrays[0] + (begin - first), DType::fp32, end - begin);
+                dtype, arrays[0] + (begin - first), end - begin);
           });
     });
   }
@@ -274,6 +308,7 @@ class NvmeStates final : public OptimizerStates {
     optimizer_->begin_step(grad_scale, lr);
     std::vector<float*> state(plan_.settings().optimizer_state_arrays);
     std::size_t cursor = 0;  // the owned ranges are in shard order, and so are the sub-groups
+    OffloadTiming copies;    // the device pipeline's share
     const SwapPipeline::Stats stats = swapped_->for_each_sub_group(
         [&](std::int64_t first, std::int64_t count, std::span<float* const> arrays) {
           // The parameter pieces this sub-group covers, in part or whole; the update is elementwise,
@@ -283,6 +318,11 @@ class NvmeStates final : public OptimizerStates {
                 const std::int64_t in_group = begin - first;
                 for (std::size_t k = 0; k < state.size(); ++k)
                   state[k] = arrays[array_of_state(k)] + in_group;
+                if (device_update_) {
+                  update_on_device(i, begin, end, plan_.master_in_swap() ? arrays[0] + in_group : nullptr,
+                                   state, grad_scale, lr, copies);
+                  return;
+                }
                 float* master = plan_.master_in_swap()
                                     ? arrays[0] + in_group
                                     : master_in_memory(i) + (begin - plan_.owned()[i].shard_begin);
@@ -293,6 +333,15 @@ class NvmeStates final : public OptimizerStates {
     timing.wall_seconds = stats.wall_seconds;
     timing.update_seconds = stats.work_seconds;
     timing.stalled_seconds = stats.stalled_seconds;
+    if (device_update_) {
+      // The last parameters on the device, then every range is complete.
+      const auto waited = base::Clock::now();
+      timing.stalled_seconds += copies.stalled_seconds + device_update_->wait_for_parameters();
+      for (std::size_t i = 0; i < plan_.size(); ++i) strategy_.commit(i);
+      timing.wall_seconds += base::seconds_since(waited);
+      // The swap pipeline's work is the device pipeline's: its update share, its waits for copies.
+      timing.update_seconds = copies.update_seconds;
+    }
     return timing;
   }
 
@@ -335,14 +384,31 @@ class NvmeStates final : public OptimizerStates {
     placement.sub_groups = static_cast<std::int64_t>(swapped_->sub_group_count());
     placement.sub_group_elements =
         std::min<std::int64_t>(plan_.settings().sub_group_elements, plan_.shard_size());
+    if (device_update_) placement.staging_bytes = device_update_->buffer_bytes();
     return placement;
   }
 
  private:
+  /// Elements [begin, end) of owned range `index` through the device pipeline: their gradients down,
+  /// the update against `master` (null: the device's fp32 parameters, brought down) and `state` in
+  /// the sub-group's buffer, the new parameters queued for the device.
+  void update_on_device(std::size_t index, std::int64_t begin, std::int64_t end, float* master,
+                        std::span<float* const> state, float grad_scale, float lr, OffloadTiming& timing) {
+    const OwnedRange& range = plan_.owned()[index];
+    const std::size_t offset =
+        static_cast<std::size_t>(begin - range.shard_begin) * dtype_size(plan_.settings().compute_dtype);
+    std::byte* target =
+        plan_.separate_master() ? strategy_.update_target(index) : strategy_.parameters(index);
+    add_timing(timing, device_update_->queue(*optimizer_, strategy_.gradient(index) + offset, target + offset,
+                                             master, state, static_cast<std::size_t>(end - begin), grad_scale,
+                                             lr, &execution_.compute()));
+  }
+
   /// Index in the swap file's arrays of optimizer state `state` (after the master, when swapped).
   std::size_t array_of_state(std::size_t state) const { return (plan_.master_in_swap() ? 1 : 0) + state; }
 
   std::unique_ptr<SwappedOptimizerStates> swapped_;
+  std::unique_ptr<DeviceOffloadedUpdate> device_update_;  // with the engine on a device
 };
 
 }  // namespace

@@ -16,8 +16,9 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
   ZT_CHECK_AS(
       ConfigError, !plan_.parameters_on_nvme() || execution_.device().is_host(),
       "zero_optimization.offload_param nvme with the engine on ", execution_.device().str(),
-      ": parameter offload moves pieces through host buffers, which comes with the CUDA training path; "
-      "train on the host");
+      ": the gathers read the swapped pieces from host buffers, and moving them to and from the device is "
+      "not implemented; train on the host, or keep the parameters on the device (offload_param none) with "
+      "offload_optimizer cpu or nvme");
   shard_ = execution_.allocate(static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element,
                                MemoryCategory::parameters);
   execution_.zero(shard_.data(), shard_.size());  // padding stays zero: no update moves it

@@ -681,11 +681,10 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   }
   const OptimizerStatesPlacement placement = engine.optimizer_states_placement();
   if (placement.device != OffloadDevice::none) {  // rank 0's; the other ranks' files differ by rank
-    start["optimizer_states"] = {{"offload", to_string(placement.device)},
-                                 {"where", placement.describe()},
-                                 {"swap_bytes", placement.swap_bytes},
-                                 {"host_buffer_bytes", placement.buffer_bytes},
-                                 {"sub_groups", placement.sub_groups}};
+    start["optimizer_states"] = {
+        {"offload", to_string(placement.device)},   {"where", placement.describe()},
+        {"swap_bytes", placement.swap_bytes},       {"host_buffer_bytes", placement.buffer_bytes},
+        {"staging_bytes", placement.staging_bytes}, {"sub_groups", placement.sub_groups}};
   }
   const ParametersPlacement parameters = engine.parameters_placement();
   if (parameters.device != OffloadDevice::none) {

@@ -1,6 +1,8 @@
 // The engine on a GPU (EngineOptions::device = cuda:<local rank>): the built-in GPT trained a few
 // steps at ZeRO stages 0-3, in fp32 and bf16, equals the host run within tolerance; so does stage 2
-// with offload_optimizer "cpu" (the host optimizer over pinned buffers, DeviceOffloadedUpdate). The
+// with offload_optimizer "cpu" (the host optimizer over pinned buffers, DeviceOffloadedUpdate), and
+// stages 1-3 with offload_optimizer "nvme" (sub-groups from the swap file updated by the host
+// optimizer, gradients and parameters through the same pinned pipeline). The
 // device communicators are NCCL, ordered with the engine's compute stream (docs/gpu.md, "NCCL in
 // the engine").
 //
@@ -21,6 +23,7 @@
 
 #include "engine_runs.hpp"
 #include "gpu_per_rank.hpp"
+#include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/trainer.hpp"
@@ -121,6 +124,29 @@ TEST(CudaTraining, OffloadsTheOptimizerToTheHostAtStage2) {
       // Adam turns tiny gradient differences into full steps: its weights are compared loosely.
       const double master = optimizer == kSgd ? (bf16 ? 0.1 : 1e-3) : 0.5;
       expect_close(gpu, host, {bf16 ? 2e-2 : 1e-3, master});
+    }
+  }
+}
+
+/// The states in the swap file (small sub-groups: the owned ranges split across them), the host
+/// optimizer updating each sub-group with the gradients brought down from the GPU, against the host
+/// engine with the same NVMe offload.
+TEST(CudaTraining, OffloadsTheOptimizerToNvme) {
+  ZT_SKIP_WITHOUT_GPU_PER_RANK();
+  zt::testing::JobDirectory directory("zt-cuda-nvme", "ZT_TEST_SWAP_DIR");
+  for (int stage : {1, 2, 3}) {
+    for (const char* precision : {"", kBf16}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + precision);
+      const zt::Config config =
+          config_of(stage,
+                    R"(, "sub_group_size": 1500, "offload_optimizer": {"device": "nvme",)"
+                    R"( "pin_memory": true, "buffer_count": 3, "nvme_path": ")" +
+                        directory.path() + "\"}",
+                    precision);
+      const TrainingRun host = train_on(zt::Device::host(), config);
+      const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+      const bool bf16 = *precision != '\0';
+      expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
     }
   }
 }

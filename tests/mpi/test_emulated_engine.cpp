@@ -4,7 +4,7 @@
 // bitwise the host run, so no host-only path is left in the engine: a raw memcpy, a host pointer
 // dereference or a host-side kernel on the model's state would crash the run. Its model states
 // live on the device (the host holds none of them), exactly as the estimate says; checkpoints move
-// between the two.
+// between the two. NVMe optimizer offload on this device: test_emulated_offload.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -163,15 +163,15 @@ TEST(EmulatedEngine, CheckpointsMoveBetweenTheDeviceAndTheHost) {
 TEST(EmulatedEngine, WhatNeedsTheHostIsAClearError) {
   zt::testing::JobDirectory directory("zt-emulated-offload");
   const int world = zt::testing::runtime().world_size();
-  const zt::Config nvme = parse(gpt_config(
-      kGlobalBatch / world / 2, 2,
-      R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-          directory.path() + R"("}})"));
+  const zt::Config nvme = parse(
+      gpt_config(kGlobalBatch / world / 2, 2,
+                 R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
+                     directory.path() + R"("}})"));
   auto model = zt::build_model(nvme);
   const std::string message = zt::testing::error_of(
       [&] { zt::Engine engine(zt::testing::runtime(), *model, nvme, {.device = zt::Device::emulated()}); });
-  EXPECT_NE(message.find("offload_optimizer nvme with the engine on emulated:0"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("offload_param nvme with the engine on emulated:0"), std::string::npos) << message;
+  EXPECT_NE(message.find("offload_optimizer cpu or nvme"), std::string::npos) << message;
 }
 
 }  // namespace
