@@ -350,11 +350,12 @@ bool MpiCommunicator::takes_ring(std::size_t recv_count, DType type) const {
 ///
 /// The blocks are cut into columns of at most `chunk` elements (at most max_chunk_, MPI's int
 /// counts), and `lanes` columns run at once, each through the n-1 steps on two scratch slots of one
-/// chunk (one receives while the other, combined, is sent): 2 x lanes x chunk bytes of scratch, not
-/// the buffer. The messages travel on a duplicate of the communicator (no user message can match
-/// them) with a tag of their own per operation (operations in flight at once do not mix).
-/// In place, the result of column c is written to the start of the buffer once column c is done:
-/// by then this rank's own contribution there has been read, and no other column reads that range.
+/// chunk (one receives while the other, combined, is sent; one slot at 2 ranks): at most 2 x lanes x
+/// chunk bytes of scratch (8 MiB with the defaults), not the buffer. The messages travel on a duplicate of
+/// the communicator (no user message can match them) with a tag of their own per operation (operations in
+/// flight at once do not mix). In place, the result of column c is written to the start of the buffer once
+/// column c is done: by then this rank's own contribution there has been read, and no other column reads that
+/// range.
 class MpiCommunicator::RingReduceScatter final : public Work::State {
  public:
   /// Lane l's messages carry tag first_tag + l.
@@ -382,12 +383,15 @@ class MpiCommunicator::RingReduceScatter final : public Work::State {
     }
     const std::size_t lanes = std::min<std::size_t>(comm.ring_.lanes, columns_);
     lanes_.resize(lanes);
-    scratch_ = std::make_unique_for_overwrite<std::byte[]>(2 * lanes * chunk_ * element_);
+    // Two slots per lane; with two ranks the one step never sends from a slot, so one is enough.
+    const std::size_t slots = ranks_ > 2 ? 2 : 1;
+    const std::size_t slot_bytes = std::min(chunk_, recv_count_) * element_;
+    scratch_ = std::make_unique_for_overwrite<std::byte[]>(slots * lanes * slot_bytes);
     for (std::size_t l = 0; l < lanes; ++l) {
       Lane& lane = lanes_[l];
       lane.tag = first_tag + static_cast<int>(l);
-      lane.slots[0] = scratch_.get() + 2 * l * chunk_ * element_;
-      lane.slots[1] = lane.slots[0] + chunk_ * element_;
+      lane.slots[0] = scratch_.get() + slots * l * slot_bytes;
+      lane.slots[1] = lane.slots[0] + (slots - 1) * slot_bytes;
       lane.column = l;
       start_column(lane);
     }

@@ -457,7 +457,7 @@ TEST(CollectivesRing, OneLaneAndTheChunkLimitBelowTheMessageSize) {
   check_reduce_scatter(*comm, kChunkedTypes, kAllOps, {0, 5, 23});
 }
 
-// The default settings: inputs of at least 4 MiB take the ring (an fp32 and a bf16 input just above).
+// The default settings: inputs of at least 1 MiB take the ring (an fp32 and a bf16 input just above).
 TEST(CollectivesRing, DefaultThreshold) {
   auto world = make_world();
   const auto n = static_cast<std::size_t>(world->size());
