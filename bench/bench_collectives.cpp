@@ -23,10 +23,12 @@
 //
 //   mpirun -n 4 zt_bench_collectives [--quick] [--min-bytes 4K] [--max-bytes 64M] [--iters N]
 //                                    [--blocks B] [--ops all_reduce,all_gather_in_place] [--json PATH]
-//                                    [--raw-vs-raw]
+//                                    [--raw-vs-raw] [--ring-min-bytes 4M] [--ring-chunk 1M] [--ring-lanes 2]
 //
 // --raw-vs-raw runs raw MPI in both columns: its ratios show how far this machine's noise alone
-// moves the ratio, the yardstick for reading the real run.
+// moves the ratio, the yardstick for reading the real run. --ring-* set when zerotrain's
+// reduce_scatter takes its own ring and how it pipelines (mpi_layer/mpi_communicator_testing.hpp):
+// the measurements behind the defaults.
 #include <mpi.h>
 
 #include <algorithm>
@@ -41,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpi_layer/mpi_communicator_testing.hpp"
 #include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 #include "zerotrain/runtime.hpp"
@@ -57,6 +60,7 @@ struct Options {
                                   "broadcast"};
   std::string json_path;
   bool raw_vs_raw = false;  // calibration: both columns run raw MPI, so the ratios show the noise
+  zt::detail::RingReduceScatterSettings ring;  // --ring-*: reduce_scatter's ring (the defaults otherwise)
 };
 
 std::size_t parse_bytes(std::string_view text) {
@@ -126,6 +130,12 @@ Options parse_options(int argc, char** argv) {
       options.ops = split_commas(value());
     } else if (arg == "--raw-vs-raw") {
       options.raw_vs_raw = true;
+    } else if (arg == "--ring-min-bytes") {
+      options.ring.min_bytes = parse_bytes(value());
+    } else if (arg == "--ring-chunk") {
+      options.ring.chunk_bytes = parse_bytes(value());
+    } else if (arg == "--ring-lanes") {
+      options.ring.lanes = std::stoi(value());
     } else if (arg == "--json") {
       options.json_path = value();
     } else if (arg == "--help" || arg == "-h") {
@@ -134,7 +144,8 @@ Options parse_options(int argc, char** argv) {
           "B]\n"
           "                            [--ops "
           "all_reduce,reduce_scatter,all_gather,all_gather_in_place,broadcast]\n"
-          "                            [--json PATH] [--raw-vs-raw]\n");
+          "                            [--json PATH] [--raw-vs-raw] [--ring-min-bytes 4M] [--ring-chunk 1M]\n"
+          "                            [--ring-lanes 2]\n");
       std::exit(0);
     } else {
       ZT_THROW("unknown option '", arg, "'; see --help");
@@ -327,6 +338,7 @@ std::string human_bytes(std::size_t bytes) {
 int run(zt::Runtime& runtime, int argc, char** argv) {
   const Options options = parse_options(argc, argv);
   auto comm = zt::make_mpi_communicator(runtime.world_comm(), "bench");
+  zt::detail::set_mpi_ring_reduce_scatter(*comm, options.ring);
   const MPI_Comm raw_comm = zt::native_mpi_comm(*comm);
   const bool root = comm->rank() == 0;
   if (root) {

@@ -8,9 +8,13 @@
 #include "zerotrain/mpi_communicator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -80,6 +84,11 @@ class MpiCommunicator : public Communicator {
   void set_max_chunk_elements(std::size_t elements) {
     max_chunk_ = std::clamp<std::size_t>(elements, 1, static_cast<std::size_t>(INT_MAX));
   }
+  void set_ring(const detail::RingReduceScatterSettings& settings) {
+    ring_ = settings;
+    ring_.chunk_bytes = std::max<std::size_t>(ring_.chunk_bytes, 1);
+    ring_.lanes = std::max(ring_.lanes, 1);
+  }
 
  protected:
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override;
@@ -105,6 +114,7 @@ class MpiCommunicator : public Communicator {
 
  private:
   class Request;
+  class RingReduceScatter;
 
   /// f(offset, n) for consecutive pieces of at most max_chunk_ elements; nothing for count 0
   /// (every rank of a collective passes the same count, so every rank skips alike).
@@ -127,8 +137,11 @@ class MpiCommunicator : public Communicator {
   }
 
   std::unique_ptr<Request> start_request(CommOp op, std::size_t payload_bytes);
-  std::unique_ptr<Request> start_reduce_scatter_by_reduces(const void* send, void* recv,
-                                                           std::size_t recv_count, DType type, ReduceOp op);
+  /// Whether reduce_scatter runs as zerotrain's ring rather than MPI's (large or beyond int counts).
+  bool takes_ring(std::size_t recv_count, DType type) const;
+  std::unique_ptr<RingReduceScatter> start_ring_reduce_scatter(const void* send, void* recv,
+                                                               std::size_t recv_count, DType type,
+                                                               ReduceOp op);
   std::unique_ptr<Request> start_gather_by_broadcasts(CommOp op, const void* send, std::size_t send_count,
                                                       void* recv, std::span<const std::size_t> recv_counts,
                                                       DType type);
@@ -141,6 +154,9 @@ class MpiCommunicator : public Communicator {
   OwnedMpiComm comm_;
   int tag_upper_bound_;
   std::size_t max_chunk_ = static_cast<std::size_t>(INT_MAX);
+  detail::RingReduceScatterSettings ring_;
+  std::optional<OwnedMpiComm> ring_comm_;  // the ring's messages, made by the first ring operation
+  std::uint64_t ring_operations_ = 0;      // started, numbered alike on every rank (for their tags)
 };
 
 // ---- non-blocking operations ---------------------------------------------------------------
@@ -312,15 +328,248 @@ Work MpiCommunicator::do_iall_reduce(const void* send, void* recv, std::size_t c
 }
 
 // ---- reduce_scatter --------------------------------------------------------------------------
+// Small buffers go to MPI_(I)reduce_scatter_block. Large ones (and any whose total exceeds MPI's
+// int counts) run as zerotrain's own ring over MPI_Isend/MPI_Irecv (RingReduceScatter below): Open
+// MPI's libnbc and its tuned blocking algorithms allocate temporaries of one to two times the whole
+// buffer for the collective's life, memory that no accounting above the communicator can see; the
+// ring's scratch is a fixed few MiB whatever the buffer's size.
+
+bool MpiCommunicator::takes_ring(std::size_t recv_count, DType type) const {
+  const std::size_t total = recv_count * static_cast<std::size_t>(size());
+  return total > max_chunk_ || total * dtype_size(type) >= ring_.min_bytes;
+}
+
+/// The ring reduce-scatter (bandwidth-optimal: each rank sends and receives (n-1)/n of the buffer).
+/// Block b's partial result travels b+1 -> b+2 -> ... -> b: at step s (0 <= s < n-1) rank r sends
+/// the partial of block r-1-s to rank r+1 and receives the partial of block r-2-s from rank r-1,
+/// which it combines with its own part of that block (MPI_Reduce_local with the collective's MPI_Op,
+/// so every dtype and op of MPI_Reduce_scatter_block works alike) and sends on at the next step; after
+/// step n-2 the received partial is of block r, whose combination is the result. The order in which a
+/// block's contributions combine is fixed (x_b op (x_{b-1} op (... op x_{b+1}))), so results are
+/// deterministic; they can differ from MPI's own algorithms by summation order only.
+///
+/// The blocks are cut into columns of at most `chunk` elements (at most max_chunk_, MPI's int
+/// counts), and `lanes` columns run at once, each through the n-1 steps on two scratch slots of one
+/// chunk (one receives while the other, combined, is sent; one slot at 2 ranks): at most 2 x lanes x
+/// chunk bytes of scratch (8 MiB with the defaults), not the buffer. The messages travel on a duplicate of
+/// the communicator (no user message can match them) with a tag of their own per operation (operations in
+/// flight at once do not mix). In place, the result of column c is written to the start of the buffer once
+/// column c is done: by then this rank's own contribution there has been read, and no other column reads that
+/// range.
+class MpiCommunicator::RingReduceScatter final : public Work::State {
+ public:
+  /// Lane l's messages carry tag first_tag + l.
+  RingReduceScatter(MpiCommunicator& comm, MPI_Comm ring_comm, int first_tag, const void* send, void* recv,
+                    std::size_t recv_count, DType type, ReduceOp op)
+      : comm_(comm),
+        ring_comm_(ring_comm),
+        send_(static_cast<const std::byte*>(send)),
+        recv_(static_cast<std::byte*>(recv)),
+        recv_count_(recv_count),
+        type_(type),
+        op_(op),
+        datatype_(detail::mpi_datatype(type)),
+        reduction_(detail::mpi_reduce_op(type, op)),
+        element_(dtype_size(type)),
+        ranks_(comm.size()),
+        rank_(comm.rank()),
+        chunk_(std::max<std::size_t>(1, std::min(comm.ring_.chunk_bytes / element_, comm.max_chunk_))),
+        start_(Clock::now()) {
+    if (ranks_ == 1 || recv_count_ == 0) {
+      if (send_ != recv_ && recv_count_ > 0) std::memcpy(recv_, send_, recv_count_ * element_);
+      columns_ = 0;
+    } else {
+      columns_ = (recv_count_ + chunk_ - 1) / chunk_;
+    }
+    const std::size_t lanes = std::min<std::size_t>(comm.ring_.lanes, columns_);
+    lanes_.resize(lanes);
+    // Two slots per lane; with two ranks the one step never sends from a slot, so one is enough.
+    const std::size_t slots = ranks_ > 2 ? 2 : 1;
+    const std::size_t slot_bytes = std::min(chunk_, recv_count_) * element_;
+    scratch_ = std::make_unique_for_overwrite<std::byte[]>(slots * lanes * slot_bytes);
+    for (std::size_t l = 0; l < lanes; ++l) {
+      Lane& lane = lanes_[l];
+      lane.tag = first_tag + static_cast<int>(l);
+      lane.slots[0] = scratch_.get() + slots * l * slot_bytes;
+      lane.slots[1] = lane.slots[0] + (slots - 1) * slot_bytes;
+      lane.column = l;
+      start_column(lane);
+    }
+  }
+  RingReduceScatter(const RingReduceScatter&) = delete;
+  RingReduceScatter& operator=(const RingReduceScatter&) = delete;
+  /// Only reached unfinished when a step threw: wait for what was posted, so MPI never writes into
+  /// scratch that is freed or reads buffers the caller believes are free.
+  ~RingReduceScatter() override {
+    if (finished_ || mpi_finalized()) return;
+    for (Lane& lane : lanes_) {
+      for (MPI_Request& request : lane.requests) {
+        if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+      }
+    }
+  }
+
+  bool test() override {
+    if (!sweep()) return false;
+    complete();
+    return true;
+  }
+
+  /// Sweeps the lanes; when none moved, blocks in MPI_Wait on the oldest column's first pending
+  /// request (MPI's own waiting, which also progresses every other message).
+  void wait() override {
+    while (!sweep()) {
+      Lane* oldest = nullptr;
+      for (Lane& lane : lanes_) {
+        if (lane.active && (oldest == nullptr || lane.column < oldest->column)) oldest = &lane;
+      }
+      for (MPI_Request& request : oldest->requests) {
+        if (request != MPI_REQUEST_NULL) {
+          check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+          break;
+        }
+      }
+    }
+    complete();
+  }
+
+ private:
+  /// One column in flight: its step, the step's receive and send, and the lane's two scratch slots.
+  /// Lane l runs columns l, l + lanes, l + 2 lanes, ... in order, on a tag of its own: every rank
+  /// posts a lane's messages in the same order, which MPI's non-overtaking rule then matches.
+  struct Lane {
+    bool active = false;
+    int tag = 0;
+    std::size_t column = 0;  // the current one, or the first while not started
+    std::size_t offset = 0;  // of the column in every block, elements
+    int length = 0;
+    int step = 0;
+    std::array<MPI_Request, 2> requests = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    std::array<std::byte*, 2> slots = {nullptr, nullptr};
+  };
+
+  int block_at(int shift) const { return ((rank_ - shift) % ranks_ + ranks_) % ranks_; }
+  const std::byte* own(int block, const Lane& lane) const {
+    return send_ + (static_cast<std::size_t>(block) * recv_count_ + lane.offset) * element_;
+  }
+
+  void start_column(Lane& lane) {
+    lane.active = lane.column < columns_;
+    if (!lane.active) return;
+    lane.offset = lane.column * chunk_;
+    lane.length = static_cast<int>(std::min(chunk_, recv_count_ - lane.offset));
+    post(lane, 0);
+  }
+
+  /// Step s: receive the partial of block r-2-s into slot s%2; send block r-1-s's (own data at step 0,
+  /// else the slot received and combined at step s-1).
+  void post(Lane& lane, int step) {
+    lane.step = step;
+    const int left = (rank_ + ranks_ - 1) % ranks_;
+    const int right = (rank_ + 1) % ranks_;
+    const void* outgoing = step == 0 ? own(block_at(1), lane) : lane.slots[(step - 1) % 2];
+    check(MPI_Irecv(lane.slots[step % 2], lane.length, datatype_, left, lane.tag, ring_comm_,
+                    &lane.requests[0]),
+          "MPI_Irecv");
+    check(MPI_Isend(outgoing, lane.length, datatype_, right, lane.tag, ring_comm_, &lane.requests[1]),
+          "MPI_Isend");
+  }
+
+  /// Tests the lane's requests; when both are done combines and posts the next step (or finishes the
+  /// column and starts the next one). Returns whether the lane moved.
+  bool advance(Lane& lane) {
+    for (MPI_Request& request : lane.requests) {
+      if (request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done == 0) return false;
+    }
+    std::byte* received = lane.slots[lane.step % 2];
+    const int block = block_at(2 + lane.step);
+    check(MPI_Reduce_local(own(block, lane), received, lane.length, datatype_, reduction_),
+          "MPI_Reduce_local");
+    if (lane.step + 1 < ranks_ - 1) {
+      post(lane, lane.step + 1);
+      return true;
+    }
+    std::byte* result = recv_ + lane.offset * element_;
+    const auto length = static_cast<std::size_t>(lane.length);
+    std::memcpy(result, received, length * element_);
+    if (op_ == ReduceOp::avg) detail::divide_for_average(result, length, type_, ranks_);
+    ++columns_done_;
+    lane.column += lanes_.size();
+    start_column(lane);
+    return true;
+  }
+
+  /// Moves every lane as far as its messages allow; true when every column is done.
+  bool sweep() {
+    for (Lane& lane : lanes_) {
+      while (lane.active && advance(lane)) {
+      }
+    }
+    return columns_done_ == columns_;
+  }
+
+  void complete() {
+    finished_ = true;
+    comm_.record(CommOp::reduce_scatter, recv_count_ * static_cast<std::size_t>(ranks_) * element_,
+                 seconds_since(start_));
+  }
+
+  void check(int code, std::string_view call) const {
+    if (code == MPI_SUCCESS) return;
+    detail::raise_mpi_error(__FILE__, __LINE__, std::string(call) + " in the ring reduce_scatter",
+                            comm_.name(), code);
+  }
+
+  MpiCommunicator& comm_;
+  MPI_Comm ring_comm_;
+  const std::byte* send_;
+  std::byte* recv_;
+  std::size_t recv_count_;
+  DType type_;
+  ReduceOp op_;
+  MPI_Datatype datatype_;
+  MPI_Op reduction_;
+  std::size_t element_;
+  int ranks_;
+  int rank_;
+  std::size_t chunk_;  // elements per column
+  std::size_t columns_ = 0;
+  std::size_t columns_done_ = 0;
+  std::vector<Lane> lanes_;
+  std::unique_ptr<std::byte[]> scratch_;
+  Clock::time_point start_;
+  bool finished_ = false;
+};
+
+std::unique_ptr<MpiCommunicator::RingReduceScatter> MpiCommunicator::start_ring_reduce_scatter(
+    const void* send, void* recv, std::size_t recv_count, DType type, ReduceOp op) {
+  if (!ring_comm_) {
+    // Collective over the communicator, reached by every rank at the same call: the first ring
+    // reduce_scatter (every rank takes the ring for the same counts).
+    MPI_Comm duplicate = MPI_COMM_NULL;
+    ZT_CHECK_MPI(MPI_Comm_dup(comm(), &duplicate), name());
+    ring_comm_.emplace(duplicate);
+    ZT_CHECK_MPI(MPI_Comm_set_errhandler(duplicate, MPI_ERRORS_RETURN), name());
+  }
+  // Tags [first, first + lanes) for this operation; they repeat only after MPI_TAG_UB / lanes
+  // operations, far more than are ever in flight at once.
+  const auto operations_per_cycle = static_cast<std::uint64_t>(tag_upper_bound_ / ring_.lanes);
+  const int first_tag = static_cast<int>(ring_operations_++ % operations_per_cycle) * ring_.lanes;
+  return std::make_unique<RingReduceScatter>(*this, ring_comm_->get(), first_tag, send, recv, recv_count,
+                                             type, op);
+}
 
 void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                                         ReduceOp op) {
-  const std::size_t total = recv_count * static_cast<std::size_t>(size());
-  if (total > max_chunk_) {
-    start_reduce_scatter_by_reduces(send, recv, recv_count, type, op)->wait();
+  if (takes_ring(recv_count, type)) {
+    start_ring_reduce_scatter(send, recv, recv_count, type, op)->wait();
     return;
   }
   const auto start = Clock::now();
+  const std::size_t total = recv_count * static_cast<std::size_t>(size());
   ZT_CHECK_MPI(MPI_Reduce_scatter_block(send_or_in_place(send, recv), recv, static_cast<int>(recv_count),
                                         detail::mpi_datatype(type), detail::mpi_reduce_op(type, op), comm()),
                name());
@@ -330,8 +579,8 @@ void MpiCommunicator::do_reduce_scatter(const void* send, void* recv, std::size_
 
 Work MpiCommunicator::do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                                          ReduceOp op) {
+  if (takes_ring(recv_count, type)) return Work(start_ring_reduce_scatter(send, recv, recv_count, type, op));
   const std::size_t total = recv_count * static_cast<std::size_t>(size());
-  if (total > max_chunk_) return Work(start_reduce_scatter_by_reduces(send, recv, recv_count, type, op));
   auto request = start_request(CommOp::reduce_scatter, total * dtype_size(type));
   ZT_CHECK_MPI(MPI_Ireduce_scatter_block(send_or_in_place(send, recv), recv, static_cast<int>(recv_count),
                                          detail::mpi_datatype(type), detail::mpi_reduce_op(type, op), comm(),
@@ -343,35 +592,6 @@ Work MpiCommunicator::do_ireduce_scatter(const void* send, void* recv, std::size
     });
   }
   return Work(std::move(request));
-}
-
-/// reduce_scatter beyond MPI's int counts: block r is reduced to rank r with chunked MPI_Ireduce
-/// calls. The roots run concurrently, so an in-place call receives into scratch memory (its result
-/// would otherwise overwrite block 0 while rank 0's reduce still reads it) and copies at the end.
-std::unique_ptr<MpiCommunicator::Request> MpiCommunicator::start_reduce_scatter_by_reduces(
-    const void* send, void* recv, std::size_t recv_count, DType type, ReduceOp op) {
-  const MPI_Datatype datatype = detail::mpi_datatype(type);
-  const MPI_Op reduction = detail::mpi_reduce_op(type, op);
-  const std::size_t element = dtype_size(type);
-  auto request =
-      start_request(CommOp::reduce_scatter, recv_count * static_cast<std::size_t>(size()) * element);
-  const bool in_place = send == recv;
-  if (in_place) request->scratch().resize(recv_count * element);
-  void* target = in_place ? static_cast<void*>(request->scratch().data()) : recv;
-  for (int root = 0; root < size(); ++root) {
-    const std::byte* block = at(send, static_cast<std::size_t>(root) * recv_count * element);
-    for_each_chunk(recv_count, [&](std::size_t offset, int length) {
-      void* result = root == rank() ? static_cast<void*>(at(target, offset * element)) : nullptr;
-      ZT_CHECK_MPI(MPI_Ireduce(at(block, offset * element), result, length, datatype, reduction, root, comm(),
-                               request->add()),
-                   name());
-    });
-  }
-  request->on_completion([recv, recv_count, type, op, ranks = size()](Request& self) {
-    if (!self.scratch().empty()) std::memcpy(recv, self.scratch().data(), self.scratch().size());
-    if (op == ReduceOp::avg) detail::divide_for_average(recv, recv_count, type, ranks);
-  });
-  return request;
 }
 
 // ---- all_gather and all_gather_v -------------------------------------------------------------
@@ -728,6 +948,14 @@ void detail::set_mpi_max_chunk_elements(Communicator& communicator, std::size_t 
   ZT_CHECK_AS(CommError, mpi != nullptr, "set_mpi_max_chunk_elements: communicator '", communicator.name(),
               "' is not an MPI communicator");
   mpi->set_max_chunk_elements(elements);
+}
+
+void detail::set_mpi_ring_reduce_scatter(Communicator& communicator,
+                                         const RingReduceScatterSettings& settings) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&communicator);
+  ZT_CHECK_AS(CommError, mpi != nullptr, "set_mpi_ring_reduce_scatter: communicator '", communicator.name(),
+              "' is not an MPI communicator");
+  mpi->set_ring(settings);
 }
 
 }  // namespace zt

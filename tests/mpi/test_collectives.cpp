@@ -402,9 +402,9 @@ TEST(CollectivesChunked, AllReduceInChunks) {
   check_all_reduce(*comm, kChunkedTypes, kAllOps, {0, 65, 300});
 }
 
-TEST(CollectivesChunked, ReduceScatterByPerRootReduces) {
+TEST(CollectivesChunked, ReduceScatterPastTheLimitTakesTheRing) {
   auto comm = make_chunked_world();
-  check_reduce_scatter(*comm, kChunkedTypes, kAllOps, {0, 17, 130});  // 17: fast path at 1-2 ranks, not at 4
+  check_reduce_scatter(*comm, kChunkedTypes, kAllOps, {0, 17, 130});  // 17: MPI's at 1-2 ranks, not at 4
 }
 
 TEST(CollectivesChunked, AllGatherByBroadcasts) {
@@ -425,6 +425,146 @@ TEST(CollectivesChunked, BroadcastInChunks) {
 TEST(CollectivesChunked, SendRecvInSeveralMessages) {
   auto comm = make_chunked_world();
   check_send_recv_ring(*comm, kChunkedTypes, {0, 64, 65, 300});
+}
+
+// ---- reduce_scatter's ring (zerotrain's own, over point-to-point messages) ---------------------
+
+/// A world whose reduce_scatter always takes the ring, in messages of `chunk_bytes` with `lanes`
+/// columns in flight.
+std::unique_ptr<zt::Communicator> make_ring_world(std::size_t chunk_bytes, int lanes) {
+  auto comm = make_world("ring");
+  zt::detail::set_mpi_ring_reduce_scatter(*comm,
+                                          {.min_bytes = 0, .chunk_bytes = chunk_bytes, .lanes = lanes});
+  return comm;
+}
+
+// 24-byte messages: columns of 3, 6 and 12 elements (8-, 4- and 2-byte types), so no size below
+// divides evenly for every type, and 3 lanes with fewer or more columns than lanes.
+TEST(CollectivesRing, EveryDTypeOpAndSizeInSmallMessages) {
+  auto comm = make_ring_world(24, 3);
+  check_reduce_scatter(*comm, zt::kAllDTypes, kAllOps, {0, 1, 7, 13, 100});
+}
+
+TEST(CollectivesRing, LargeBuffersInMessagesOf64KiB) {
+  auto comm = make_ring_world(64 << 10, 2);
+  constexpr DType kTypes[] = {DType::fp32, DType::bf16, DType::int32};
+  check_reduce_scatter(*comm, kTypes, kAllOps, {100003});
+}
+
+TEST(CollectivesRing, OneLaneAndTheChunkLimitBelowTheMessageSize) {
+  auto comm = make_ring_world(1 << 20, 1);
+  zt::detail::set_mpi_max_chunk_elements(*comm, 5);  // messages of 5 elements, whatever chunk_bytes says
+  check_reduce_scatter(*comm, kChunkedTypes, kAllOps, {0, 5, 23});
+}
+
+// The default settings: inputs of at least 1 MiB take the ring (an fp32 and a bf16 input just above).
+TEST(CollectivesRing, DefaultThreshold) {
+  auto world = make_world();
+  const auto n = static_cast<std::size_t>(world->size());
+  constexpr ReduceOp kSumAndAvg[] = {ReduceOp::sum, ReduceOp::avg};
+  for (DType type : {DType::fp32, DType::bf16}) {
+    const DType types[] = {type};
+    const std::size_t above =
+        zt::detail::RingReduceScatterSettings{}.min_bytes / zt::dtype_size(type) / n + 7;
+    check_reduce_scatter(*world, types, kSumAndAvg, {above});
+  }
+}
+
+/// Rank r's element i for the order test: values whose sums round, so a different summation order
+/// gives different bits.
+double rounding_input(DType type, int rank, std::size_t index) {
+  const double mantissa =
+      1.0 + static_cast<double>((rank * 7919 + static_cast<int>(index % 4099) * 104729) % 65521) / 65521.0;
+  const double scale =
+      std::ldexp(1.0, static_cast<int>((index + static_cast<std::size_t>(rank) * 3) % 9) - 4);
+  return round_to(type, (index % 2 == 0 ? 1 : -1) * mantissa * scale * (1.0 + 1e-3 * rank));
+}
+
+/// x_b + (x_{b-1} + (... + x_{b+1})), every addition rounded to `type` (16-bit: in fp32, rounded once).
+double in_ring_order(DType type, int n, int block, std::size_t index) {
+  double partial = rounding_input(type, (block + 1) % n, index);
+  for (int k = 2; k <= n; ++k) {
+    const double own = rounding_input(type, (block + k) % n, index);
+    partial = round_to(type, static_cast<float>(static_cast<float>(own) + static_cast<float>(partial)));
+  }
+  return partial;
+}
+
+/// (x_lo + ... ) + ( ... + x_{hi-1}) as a balanced tree over ranks [lo, hi), like MPI's recursive halving.
+double in_tree_order(DType type, int lo, int hi, std::size_t index) {
+  if (hi - lo == 1) return rounding_input(type, lo, index);
+  const int middle = lo + (hi - lo) / 2;
+  return round_to(type, static_cast<float>(static_cast<float>(in_tree_order(type, lo, middle, index)) +
+                                           static_cast<float>(in_tree_order(type, middle, hi, index))));
+}
+
+// The ring combines block b's contributions in one fixed order, whatever the messages' timing: the
+// result is the same bits blocking and non-blocking, in small and large messages, and equals the
+// documented order computed here. At 4 ranks the data is such that a tree's order would differ.
+TEST(CollectivesRing, DeterministicInTheDocumentedOrder) {
+  const std::size_t recv_count = 20011;
+  for (DType type : {DType::fp32, DType::bf16}) {
+    std::size_t differs = 0;  // elements where a tree over the ranks would give other bits
+    int ranks = 1;
+    for (std::size_t chunk_bytes : {std::size_t{40}, std::size_t{1} << 20}) {
+      auto comm = make_ring_world(chunk_bytes, 2);
+      const int n = comm->size();
+      const int rank = comm->rank();
+      ranks = n;
+      const std::size_t block = static_cast<std::size_t>(rank) * recv_count;
+      for (bool nonblocking : {false, true}) {
+        SCOPED_TRACE(describe(*comm, "reduce_scatter rounding", type, recv_count, nonblocking, true,
+                              "chunk " + std::to_string(chunk_bytes)));
+        Values data(type, recv_count * static_cast<std::size_t>(n));
+        data.fill([&](std::size_t i) { return rounding_input(type, rank, i); });
+        if (nonblocking) {
+          zt::Work work = comm->ireduce_scatter(data.data(), data.data(), recv_count, type, ReduceOp::sum);
+          while (!work.test()) {
+          }
+        } else {
+          comm->reduce_scatter(data.data(), data.data(), recv_count, type, ReduceOp::sum);
+        }
+        EXPECT_TRUE(matches(data, 0, recv_count,
+                            [&](std::size_t i) { return in_ring_order(type, n, rank, block + i); }));
+        for (std::size_t i = 0; i < recv_count; ++i) {
+          if (in_tree_order(type, 0, n, block + i) != in_ring_order(type, n, rank, block + i)) ++differs;
+        }
+      }
+    }
+    if (ranks >= 3) {
+      EXPECT_GT(differs, 0u) << "the data does not tell the ring's order from a tree's";
+    }
+  }
+}
+
+// The ring's messages travel on a communicator of their own: point-to-point traffic of the caller on
+// the same communicator, with any tag, cannot match them (nor the other way round).
+TEST(CollectivesRing, UserMessagesDuringARingDoNotMix) {
+  auto comm = make_ring_world(64, 2);
+  const int n = comm->size();
+  const int rank = comm->rank();
+  const std::size_t recv_count = 1000;
+  for (DType type : {DType::fp32, DType::int64}) {
+    SCOPED_TRACE(describe(*comm, "ireduce_scatter beside send/recv", type, recv_count, true, false));
+    SharedValues send = make_input(type, recv_count * static_cast<std::size_t>(n), rank);
+    SharedValues recv = make_filled(type, recv_count, 99);
+    zt::Work reducing = comm->ireduce_scatter(send->data(), recv->data(), recv_count, type, ReduceOp::sum);
+    SharedValues out = make_input(type, recv_count, rank);
+    SharedValues in = make_filled(type, recv_count, 99);
+    const int previous = (rank + n - 1) % n;
+    for (int tag : {0, 1, 2}) {
+      zt::Work receiving = comm->irecv(in->data(), recv_count, type, previous, tag);
+      comm->send(out->data(), recv_count, type, (rank + 1) % n, tag);
+      receiving.wait();
+      EXPECT_TRUE(matches(*in, 0, recv_count, [&](std::size_t i) { return input_value(type, previous, i); }));
+    }
+    reducing.wait();
+    const std::size_t block = static_cast<std::size_t>(rank) * recv_count;
+    EXPECT_TRUE(matches(*recv, 0, recv_count, [&](std::size_t i) {
+      return reference_reduction(type, ReduceOp::sum, n,
+                                 [&](int r) { return input_value(type, r, block + i); });
+    }));
+  }
 }
 
 // bf16/fp16 with random data: each pairwise combine rounds once to the 16-bit format, so for any
