@@ -1,8 +1,10 @@
 // Host side of the device layer: aligned host allocation, buffers, streams and copies. The CUDA
 // side lives in kernels/cuda/device_cuda.cpp; without CUDA the cuda entry points below explain why
 // they cannot work.
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -11,11 +13,13 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "kernels/block_cache.hpp"
 #include "kernels/device_backend.hpp"
 #include "kernels/emulated_device.hpp"
+#include "kernels/host_memory.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -39,6 +43,22 @@ std::string Device::str() const {
   return "?";
 }
 
+bool host_huge_pages_enabled() {
+  const char* env = std::getenv("ZT_HOST_HUGE_PAGES");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
+void* allocate_host_block(std::size_t bytes, std::size_t alignment) {
+  const bool huge = bytes >= kHostHugePageMinimumBytes && host_huge_pages_enabled();
+  if (huge) alignment = std::max(alignment, kHostHugePageBytes);
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  void* pointer = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  // Advice only: where the kernel has no THP (EINVAL) or THP is "never", these stay 4 KiB pages.
+  if (pointer != nullptr && huge) (void)madvise(pointer, rounded, MADV_HUGEPAGE);
+  return pointer;
+}
+
 namespace {
 
 class HostAllocator final : public Allocator {
@@ -46,9 +66,7 @@ class HostAllocator final : public Allocator {
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     ZT_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two, got ",
              alignment);
-    // aligned_alloc wants a size that is a multiple of the alignment.
-    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-    void* pointer = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+    void* pointer = allocate_host_block(bytes, alignment);
     if (pointer == nullptr) {
       ZT_THROW("out of host memory: could not allocate ", bytes, " bytes aligned to ", alignment);
     }
@@ -84,10 +102,10 @@ class CachingHostAllocator final : public Allocator {
       if (const std::optional<detail::BlockCache::Block> block = cache_.take(size, no_fences))
         return block->pointer;
     }
-    void* pointer = std::aligned_alloc(kPage, size);
+    void* pointer = allocate_host_block(size, kPage);
     if (pointer == nullptr) {
       release_all();
-      pointer = std::aligned_alloc(kPage, size);
+      pointer = allocate_host_block(size, kPage);
     }
     if (pointer == nullptr)
       ZT_THROW("out of host memory: could not allocate ", bytes, " bytes for activations");

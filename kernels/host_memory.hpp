@@ -1,0 +1,30 @@
+// Host memory blocks of the device layer (kernels/device.cpp): how pageable host Buffers and the
+// activation cache get their memory.
+//
+// Blocks of kHostHugePageMinimumBytes and more (parameters, gradients, optimizer states, flat
+// partitions, large activations) are aligned to 2 MiB and advised as transparent huge pages
+// (madvise(MADV_HUGEPAGE)), so that on a kernel whose THP mode is `madvise` (the usual default) or
+// `always` they are backed by 2 MiB pages. Streaming kernels touch several arrays at once, and with
+// 4 KiB pages every 4 KiB of each costs a TLB miss, a page walk (two-dimensional under a hypervisor)
+// and a stop of the hardware prefetchers at the page boundary: the fused AdamW update ran 1.2-1.4x
+// faster on huge pages (docs/benchmarks.md, "Host AdamW"). The price: up to 2 MiB - 1 of the rounding
+// per block, and a whole 2 MiB page faulted in on first touch. ZT_HOST_HUGE_PAGES=0 turns it off
+// (read at every such allocation); with THP `never` the advice does nothing.
+#pragma once
+
+#include <cstddef>
+
+namespace zt {
+
+inline constexpr std::size_t kHostHugePageBytes = std::size_t{2} << 20;
+inline constexpr std::size_t kHostHugePageMinimumBytes = std::size_t{4} << 20;
+
+/// False when ZT_HOST_HUGE_PAGES=0.
+bool host_huge_pages_enabled();
+
+/// aligned_alloc(alignment, bytes rounded up to the alignment), with the huge-page alignment and
+/// advice above for blocks of kHostHugePageMinimumBytes and more; null when out of memory. Free it
+/// with std::free.
+void* allocate_host_block(std::size_t bytes, std::size_t alignment);
+
+}  // namespace zt
