@@ -102,18 +102,15 @@ struct LimitSpan {
   }
 };
 
-/// What pages the large host arrays of this process get: the kernel's THP mode, zerotrain's setting
-/// and the process's anonymous memory on huge pages so far.
+/// What pages the large host arrays of this process get: zerotrain's policy on this kernel
+/// (kernels/host_memory.hpp) and the process's anonymous memory on huge pages so far.
 inline std::string huge_page_state() {
-  std::string mode = "unknown";
-  if (std::ifstream file("/sys/kernel/mm/transparent_hugepage/enabled"); file) std::getline(file, mode);
   std::string huge = "?";
   std::ifstream smaps("/proc/self/smaps_rollup");
   for (std::string line; std::getline(smaps, line);) {
     if (line.rfind("AnonHugePages:", 0) == 0) huge = line.substr(line.find_first_not_of(' ', 14));
   }
-  return "THP " + mode + "; zerotrain host huge pages " + (host_huge_pages_enabled() ? "on" : "off") +
-         " (ZT_HOST_HUGE_PAGES); AnonHugePages " + huge;
+  return "zerotrain host huge pages: " + host_huge_pages_description() + "; process AnonHugePages " + huge;
 }
 
 /// Run span(begin, end) over blocks of 4096 elements of [0, count), statically spread over the threads,

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <new>
@@ -46,6 +47,20 @@ std::string Device::str() const {
 bool host_huge_pages_enabled() {
   const char* env = std::getenv("ZT_HOST_HUGE_PAGES");
   return env == nullptr || std::string_view(env) != "0";
+}
+
+std::string host_huge_pages_description() {
+  std::string mode;  // "always [madvise] never": the bracketed one is in force
+  if (std::ifstream file("/sys/kernel/mm/transparent_hugepage/enabled"); file) std::getline(file, mode);
+  const std::size_t open = mode.find('['), close = mode.find(']');
+  const std::string in_force =
+      open != std::string::npos && close > open ? mode.substr(open + 1, close - open - 1) : "";
+  if (!host_huge_pages_enabled()) return "off (ZT_HOST_HUGE_PAGES=0): 4 KiB pages unless THP is always";
+  const std::string advice = "blocks of " + std::to_string(kHostHugePageMinimumBytes >> 20) +
+                             " MiB and more 2 MiB-aligned, advised MADV_HUGEPAGE";
+  if (in_force.empty()) return advice + "; this kernel has no transparent huge pages: 4 KiB pages";
+  if (in_force == "never") return advice + "; THP is never here: 4 KiB pages";
+  return advice + " (THP " + in_force + "; ZT_HOST_HUGE_PAGES=0 to disable)";
 }
 
 void* allocate_host_block(std::size_t bytes, std::size_t alignment) {

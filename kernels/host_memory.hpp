@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 namespace zt {
 
@@ -21,6 +22,9 @@ inline constexpr std::size_t kHostHugePageMinimumBytes = std::size_t{4} << 20;
 
 /// False when ZT_HOST_HUGE_PAGES=0.
 bool host_huge_pages_enabled();
+
+/// The policy and what this kernel makes of it, for `zerotrain report` and the benchmarks.
+std::string host_huge_pages_description();
 
 /// aligned_alloc(alignment, bytes rounded up to the alignment), with the huge-page alignment and
 /// advice above for blocks of kHostHugePageMinimumBytes and more; null when out of memory. Free it

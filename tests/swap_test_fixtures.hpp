@@ -21,8 +21,6 @@
 #include <string>
 #include <system_error>
 
-#include "test_helpers.hpp"
-
 namespace zt::testing {
 
 /// A directory of the test's own under ZT_TEST_SWAP_DIR (default: the temporary directory, a disk
@@ -135,5 +133,31 @@ inline bool supports_direct_io(const std::filesystem::path& directory) {
   std::filesystem::remove(probe, ignored);  // a refused O_DIRECT open may have created it
   return fd >= 0;
 }
+
+/// Sets (or, with nullopt, unsets) an environment variable for the scope's duration.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      ::setenv(name, value->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnvironment() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 
 }  // namespace zt::testing

@@ -16,6 +16,7 @@
 #include "kernels/gpu_path.hpp"
 #include "kernels/host_memory.hpp"
 #include "src/engine/device_choice.hpp"
+#include "swap_test_fixtures.hpp"  // ScopedEnvironment
 #include "test_helpers.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
