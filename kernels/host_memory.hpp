@@ -2,14 +2,15 @@
 // activation cache get their memory.
 //
 // Blocks of kHostHugePageMinimumBytes and more (parameters, gradients, optimizer states, flat
-// partitions, large activations) are aligned to 2 MiB and advised as transparent huge pages
-// (madvise(MADV_HUGEPAGE)), so that on a kernel whose THP mode is `madvise` (the usual default) or
-// `always` they are backed by 2 MiB pages. Streaming kernels touch several arrays at once, and with
-// 4 KiB pages every 4 KiB of each costs a TLB miss, a page walk (two-dimensional under a hypervisor)
-// and a stop of the hardware prefetchers at the page boundary: the fused AdamW update ran 1.2-1.4x
-// faster on huge pages (docs/benchmarks.md, "Host AdamW"). The price: up to 2 MiB - 1 of the rounding
-// per block, and a whole 2 MiB page faulted in on first touch. ZT_HOST_HUGE_PAGES=0 turns it off
-// (read at every such allocation); with THP `never` the advice does nothing.
+// partitions, large activations) are aligned to 2 MiB, rounded up to a multiple of it and advised as
+// transparent huge pages (madvise(MADV_HUGEPAGE)), so that on a kernel whose THP mode is `madvise`
+// (the usual default) or `always` they are backed by 2 MiB pages. Streaming kernels walk several
+// arrays at once, and on 4 KiB pages every 4 KiB of each costs a TLB miss and a page walk
+// (two-dimensional under a hypervisor), and the hardware prefetchers of many x86 cores stop at 4 KiB
+// boundaries: the fused AdamW update ran 1.3-1.5x faster on huge pages (docs/benchmarks.md, "Host
+// AdamW"). The price: up to 2 MiB - 1 of rounding per block, and each 2 MiB page faulted in whole
+// on first touch. ZT_HOST_HUGE_PAGES=0 turns it off (read at every such allocation); under THP
+// `never` the advice does nothing.
 #pragma once
 
 #include <cstddef>
