@@ -7,6 +7,9 @@
 // -D__AVX512__ or -D__AVX256__), with a stand-in for <torch/extension.h> (bench/deepspeed_shim), and
 // links libzerotrain for zerotrain's kernel. Same problem as zt_bench_adamw: fp32 AdamW (decoupled
 // weight decay 0.01, bias correction, lr 1e-4, betas 0.9/0.999, eps 1e-8), 2 OpenMP threads.
+// DeepSpeed's arrays are made as PyTorch's CPU allocator makes its tensors (THP_MEM_ALLOC_ENABLE
+// decides whether they are advised as huge pages), zerotrain's are zt::Buffers from its own host
+// allocator: each kernel gets the memory it gets in use.
 //
 //   zt_bench_deepspeed_adam [--params N] [--reps R] [--threads T]
 #include <omp.h>

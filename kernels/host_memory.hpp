@@ -7,10 +7,10 @@
 // (the usual default) or `always` they are backed by 2 MiB pages. Streaming kernels walk several
 // arrays at once, and on 4 KiB pages every 4 KiB of each costs a TLB miss and a page walk
 // (two-dimensional under a hypervisor), and the hardware prefetchers of many x86 cores stop at 4 KiB
-// boundaries: the fused AdamW update ran 1.3-1.5x faster on huge pages (docs/benchmarks.md, "Host
-// AdamW"). The price: up to 2 MiB - 1 of rounding per block, and each 2 MiB page faulted in whole
-// on first touch. ZT_HOST_HUGE_PAGES=0 turns it off (read at every such allocation); under THP
-// `never` the advice does nothing.
+// boundaries: the fused AdamW update ran 1.1-1.4x faster on huge pages on the avx512 path, 1.8-2.5x
+// on the avx2 and baseline paths (docs/benchmarks.md, "Host AdamW"). The price: up to 2 MiB - 1 of
+// rounding per block, and each 2 MiB page faulted in whole on first touch. ZT_HOST_HUGE_PAGES=0
+// turns it off (read at every such allocation); under THP `never` the advice does nothing.
 #pragma once
 
 #include <cstddef>

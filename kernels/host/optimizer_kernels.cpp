@@ -202,8 +202,8 @@ struct AdamSpan {
     const auto* const grads = static_cast<const Storage<kGrad>*>(k.grads);
     std::uint16_t* const copy = k.copy;
     // No software prefetch: on huge pages (kernels/host_memory.hpp) the hardware prefetchers keep
-    // up alone, and prefetching 2 KiB ahead made the update 1.2-1.3x slower there (neutral on 4 KiB
-    // pages; docs/benchmarks.md, "Host AdamW").
+    // up alone, and prefetching 2 KiB ahead made the update 1.15-1.7x slower there (on 4 KiB pages
+    // within a few per cent either way; docs/benchmarks.md, "Host AdamW", evening).
 #pragma omp simd
     for (std::size_t i = begin; i < end; ++i) {
       float p = params[i];
