@@ -8,13 +8,17 @@
 //           bandwidth printed for it counts the 32 it moves. Its time travels between machines:
 //           report a kernel's time as a ratio to it.
 //   limit   AdamW's memory traffic without its arithmetic: read p, g, m, v, write p, m, v (28 bytes
-//           per parameter; no write-allocate, each line written was read first), with the kernel's
-//           software prefetch (kernels::host::prefetch_ahead): the fastest AdamW can be on this
-//           machine, so a kernel's "fraction of the limit" is limit time / kernel time. (Non-temporal
-//           stores do not lower it: they save the write-allocate read only for lines not read
-//           before, and for AdamW's read-modify-write streams they measured slower.)
-// Both run on the best ISA path of this CPU (kernels/host/host_isa_kernels.hpp) and the same
-// OpenMP static block schedule as the kernels.
+//           per parameter; no write-allocate, each line written was read first), as a plain vector
+//           loop like the kernel's: the fastest AdamW can be on this machine, so a kernel's "fraction
+//           of the limit" is limit time / kernel time. limit_prefetched() is the same loop with
+//           software prefetch 2 KiB ahead of every stream, printed as a row of its own: where it
+//           beats the plain limit, the limit is too low. (Non-temporal stores do not lower it: they
+//           save the write-allocate read only for lines not read before, and for AdamW's
+//           read-modify-write streams they measured slower.)
+// The anchors' arrays are zt::Buffers, so they get the pages zerotrain's kernels get (2 MiB
+// transparent huge pages unless ZT_HOST_HUGE_PAGES=0, kernels/host_memory.hpp). Both run on the best
+// ISA path of this CPU (kernels/host/host_isa_kernels.hpp) and the same OpenMP static block schedule
+// as the kernels.
 #pragma once
 
 #include <omp.h>
@@ -25,16 +29,16 @@
 #include <cstdint>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
 #include <functional>
-#include <memory>
-#include <new>
 #include <string>
 #include <vector>
 
 #include "bench/bench_helpers.hpp"
 #include "kernels/host/host_isa_kernels.hpp"
-#include "kernels/host/prefetch.hpp"
 #include "kernels/host_isa.hpp"
+#include "kernels/host_memory.hpp"
+#include "zerotrain/device.hpp"
 
 namespace zt::bench {
 
@@ -61,15 +65,31 @@ struct TriadSpan {
   }
 };
 
+/// Software prefetch of the kPrefetchChunk elements of `data` kPrefetchDistance after `index`, when they
+/// lie inside [0, count) (no pointer past the array is formed); non-temporal hint.
+inline constexpr std::size_t kPrefetchChunk = 64;
+inline constexpr std::size_t kPrefetchDistance = 512;
+template <typename T>
+[[gnu::always_inline]] inline void prefetch_ahead(const T* data, std::size_t index, std::size_t count) {
+  constexpr std::size_t kLine = 64;
+  const std::size_t first = index + kPrefetchDistance;
+  if (first + kPrefetchChunk > count) return;
+  const char* bytes = reinterpret_cast<const char*>(data + first);
+  for (std::size_t offset = 0; offset < kPrefetchChunk * sizeof(T); offset += kLine)
+    __builtin_prefetch(bytes + offset, 0, 0);
+}
+
+template <bool kPrefetch>
 struct LimitSpan {
   ZT_HOST_ISA_BODY static void run(float* p, const float* g, float* m, float* v, std::size_t begin,
                                    std::size_t end, std::size_t count) {
-    using kernels::host::kPrefetchChunk, kernels::host::prefetch_ahead;
-    for (std::size_t chunk = begin; chunk < end; chunk += kPrefetchChunk) {  // as AdamSpan does
-      prefetch_ahead(g, chunk, count);
-      prefetch_ahead(p, chunk, count);
-      prefetch_ahead(m, chunk, count);
-      prefetch_ahead(v, chunk, count);
+    for (std::size_t chunk = begin; chunk < end; chunk += kPrefetchChunk) {
+      if constexpr (kPrefetch) {
+        prefetch_ahead(g, chunk, count);
+        prefetch_ahead(p, chunk, count);
+        prefetch_ahead(m, chunk, count);
+        prefetch_ahead(v, chunk, count);
+      }
       const std::size_t chunk_end = std::min(end, chunk + kPrefetchChunk);
 #pragma omp simd
       for (std::size_t i = chunk; i < chunk_end; ++i) {
@@ -82,24 +102,16 @@ struct LimitSpan {
   }
 };
 
-/// An uninitialized array on a 64-byte boundary (a cache line and an AVX-512 vector), as zt::Buffer's
-/// and PyTorch's CPU allocations are: malloc's 16-byte alignment would make every 512-bit access of the
-/// kernels (DeepSpeed's included) straddle two cache lines.
-template <typename T>
-struct AlignedArray {
-  struct Free {
-    void operator()(T* data) const { std::free(data); }
-  };
-  static std::unique_ptr<T[], Free> make(std::size_t count) {
-    constexpr std::size_t kAlignment = 64;
-    const std::size_t bytes = (count * sizeof(T) + kAlignment - 1) / kAlignment * kAlignment;
-    T* data = static_cast<T*>(std::aligned_alloc(kAlignment, std::max(bytes, kAlignment)));
-    if (data == nullptr) throw std::bad_alloc();
-    return std::unique_ptr<T[], Free>(data);
+/// What pages the large host arrays of this process get: zerotrain's policy on this kernel
+/// (kernels/host_memory.hpp) and the process's anonymous memory on huge pages so far.
+inline std::string huge_page_state() {
+  std::string huge = "?";
+  std::ifstream smaps("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(smaps, line);) {
+    if (line.rfind("AnonHugePages:", 0) == 0) huge = line.substr(line.find_first_not_of(' ', 14));
   }
-};
-template <typename T>
-using AlignedPtr = std::unique_ptr<T[], typename AlignedArray<T>::Free>;
+  return "zerotrain host huge pages: " + host_huge_pages_description() + "; process AnonHugePages " + huge;
+}
 
 /// Run span(begin, end) over blocks of 4096 elements of [0, count), statically spread over the threads,
 /// as the host kernels do.
@@ -114,30 +126,32 @@ void for_blocks(std::size_t count, Span&& span) {
   }
 }
 
-/// The anchors' arrays, first touched in parallel with the kernels' schedule.
+/// The anchors' arrays (zt::Buffers), first touched in parallel with the kernels' schedule.
 class AdamwAnchors {
  public:
   explicit AdamwAnchors(std::size_t params)
       : params_(params),
         triad_n_(4 * params * sizeof(float) / (3 * sizeof(double))),
-        a_(AlignedArray<double>::make(triad_n_)),
-        b_(AlignedArray<double>::make(triad_n_)),
-        c_(AlignedArray<double>::make(triad_n_)),
-        p_(AlignedArray<float>::make(params)),
-        g_(AlignedArray<float>::make(params)),
-        m_(AlignedArray<float>::make(params)),
-        v_(AlignedArray<float>::make(params)) {
+        a_(host_array<double>(triad_n_)),
+        b_(host_array<double>(triad_n_)),
+        c_(host_array<double>(triad_n_)),
+        p_(host_array<float>(params)),
+        g_(host_array<float>(params)),
+        m_(host_array<float>(params)),
+        v_(host_array<float>(params)) {
+    double *a = a_.as<double>(), *b = b_.as<double>(), *c = c_.as<double>();
     for_blocks(triad_n_, [&](std::size_t begin, std::size_t end) {
-      std::fill(a_.get() + begin, a_.get() + end, 0.0);
-      std::fill(b_.get() + begin, b_.get() + end, 1.0);
-      std::fill(c_.get() + begin, c_.get() + end, 2.0);
+      std::fill(a + begin, a + end, 0.0);
+      std::fill(b + begin, b + end, 1.0);
+      std::fill(c + begin, c + end, 2.0);
     });
+    float *p = p_.as<float>(), *g = g_.as<float>(), *m = m_.as<float>(), *v = v_.as<float>();
     for_blocks(params_, [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
-        p_[i] = 1.0f;
-        g_[i] = 1e-3f * static_cast<float>(i % 17) - 8e-3f;
-        m_[i] = 0.0f;
-        v_[i] = 0.0f;
+        p[i] = 1.0f;
+        g[i] = 1e-3f * static_cast<float>(i % 17) - 8e-3f;
+        m[i] = 0.0f;
+        v[i] = 0.0f;
       }
     });
   }
@@ -150,27 +164,36 @@ class AdamwAnchors {
 
   void triad() {
     const auto span = kernels::host::host_isa_kernel<TriadSpan>(kernels::best_host_isa());
-    double* a = a_.get();
-    const double* b = b_.get();
-    const double* c = c_.get();
+    double* a = a_.as<double>();
+    const double* b = b_.as<double>();
+    const double* c = c_.as<double>();
     for_blocks(triad_n_, [&](std::size_t begin, std::size_t end) { span(a, b, c, 3.0, begin, end); });
   }
 
-  void limit() {
-    const auto span = kernels::host::host_isa_kernel<LimitSpan>(kernels::best_host_isa());
-    float* p = p_.get();
-    const float* g = g_.get();
-    float* m = m_.get();
-    float* v = v_.get();
+  void limit() { run_limit<false>(); }
+  void limit_prefetched() { run_limit<true>(); }
+
+ private:
+  template <typename T>
+  static Buffer host_array(std::size_t count) {
+    return Buffer(Device::host(), count * sizeof(T), MemoryCategory::other);
+  }
+
+  template <bool kPrefetch>
+  void run_limit() {
+    const auto span = kernels::host::host_isa_kernel<LimitSpan<kPrefetch>>(kernels::best_host_isa());
+    float* p = p_.as<float>();
+    const float* g = g_.as<float>();
+    float* m = m_.as<float>();
+    float* v = v_.as<float>();
     const std::size_t count = params_;
     for_blocks(params_, [&](std::size_t begin, std::size_t end) { span(p, g, m, v, begin, end, count); });
   }
 
- private:
   std::size_t params_;
   std::size_t triad_n_;
-  AlignedPtr<double> a_, b_, c_;
-  AlignedPtr<float> p_, g_, m_, v_;
+  Buffer a_, b_, c_;
+  Buffer p_, g_, m_, v_;
 };
 
 /// Timed kernels run in rounds: each round runs every kernel once, in order, so that all see the same

@@ -141,11 +141,11 @@ int main(int argc, char** argv) {
   std::printf(
       "AdamW (host, fused, fp32) per ISA path vs a STREAM triad and AdamW's bytes-moved limit, same process\n"
       "%zu params (%.0f MiB of p,g,m,v); triad %zu doubles x 3 (%.0f MiB); median of %d interleaved rounds\n"
-      "CPU supports: %s; default path: %s; paths run: %s\n",
+      "CPU supports: %s; default path: %s; paths run: %s\n%s\n",
       params, 4.0 * static_cast<double>(bytes32) / (1 << 20), anchors.triad_elements(),
       3.0 * static_cast<double>(anchors.triad_elements() * sizeof(double)) / (1 << 20), reps,
       zt::kernels::supported_host_isas().c_str(), zt::kernels::host_isa_name(zt::kernels::host_isa()),
-      path_list.c_str());
+      path_list.c_str(), zt::bench::huge_page_state().c_str());
   std::printf("%-7s %-34s %-9s %9s %8s %11s %9s %9s | %7s %9s\n", "threads", "kernel", "path", "ms", "GB/s",
               "time/triad", "of limit", "of triad", "cpu ms", "of limit");
   const HostIsa default_path = zt::kernels::host_isa();
@@ -155,6 +155,8 @@ int main(int argc, char** argv) {
     const std::string best = zt::kernels::host_isa_name(zt::kernels::best_host_isa());
     rounds.add("triad a=b+s*c (32 B/elem moved)", best, anchors.triad_bytes(), [&] { anchors.triad(); });
     rounds.add("limit: AdamW's traffic, no math", best, anchors.adamw_bytes(), [&] { anchors.limit(); });
+    rounds.add("limit + sw prefetch 2 KiB ahead", best, anchors.adamw_bytes(),
+               [&] { anchors.limit_prefetched(); });
     std::vector<std::size_t> fp32_rows;
     for (HostIsa path : paths) {
       const std::string name = zt::kernels::host_isa_name(path);

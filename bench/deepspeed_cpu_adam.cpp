@@ -7,14 +7,22 @@
 // -D__AVX512__ or -D__AVX256__), with a stand-in for <torch/extension.h> (bench/deepspeed_shim), and
 // links libzerotrain for zerotrain's kernel. Same problem as zt_bench_adamw: fp32 AdamW (decoupled
 // weight decay 0.01, bias correction, lr 1e-4, betas 0.9/0.999, eps 1e-8), 2 OpenMP threads.
+// DeepSpeed's arrays are made as PyTorch's CPU allocator makes its tensors (THP_MEM_ALLOC_ENABLE
+// decides whether they are advised as huge pages), zerotrain's are zt::Buffers from its own host
+// allocator: each kernel gets the memory it gets in use.
 //
 //   zt_bench_deepspeed_adam [--params N] [--reps R] [--threads T]
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -40,14 +48,52 @@ namespace {
 constexpr const char* kUsage = "usage: zt_bench_deepspeed_adam [--params N] [--reps R] [--threads T]";
 constexpr float kLr = 1e-4f, kBeta1 = 0.9f, kBeta2 = 0.999f, kEps = 1e-8f, kWeightDecay = 0.01f;
 
-/// Four fp32 arrays with the benchmarks' initial values, 64-byte aligned as PyTorch's tensors are,
-/// first touched with the kernels' schedule.
-struct AdamArrays {
-  explicit AdamArrays(std::size_t n)
-      : p(zt::bench::AlignedArray<float>::make(n)),
-        g(zt::bench::AlignedArray<float>::make(n)),
-        m(zt::bench::AlignedArray<float>::make(n)),
-        v(zt::bench::AlignedArray<float>::make(n)) {
+/// Where an AdamArrays' memory comes from.
+enum class Allocation {
+  zerotrain,  // zt::Buffers: zerotrain's host allocator (2 MiB huge pages, kernels/host_memory.hpp)
+  pytorch,    // as PyTorch's CPU allocator hands it to DeepSpeed's tensors (torch_cpu_block)
+};
+
+struct FreeBlock {
+  void operator()(float* data) const { std::free(data); }
+};
+using TorchBlock = std::unique_ptr<float[], FreeBlock>;
+
+/// True when THP_MEM_ALLOC_ENABLE asks PyTorch's CPU allocator for transparent huge pages (off by
+/// default), read as c10's alloc_cpu reads it.
+bool torch_thp_enabled() {
+  const char* env = std::getenv("THP_MEM_ALLOC_ENABLE");
+  return env != nullptr && std::atoi(env) != 0;
+}
+
+/// A block as PyTorch's CPU allocator (c10::alloc_cpu) makes one for DeepSpeed's CPU tensors:
+/// posix_memalign to 64 bytes; with THP_MEM_ALLOC_ENABLE=1 and 2 MiB or more, aligned to the page
+/// size instead and madvise(MADV_HUGEPAGE) over its bytes. So by default, with the kernel's THP mode
+/// `madvise`, DeepSpeed's optimizer states are on 4 KiB pages.
+TorchBlock torch_cpu_block(std::size_t count) {
+  const std::size_t bytes = count * sizeof(float);
+  const bool huge = torch_thp_enabled() && bytes >= (std::size_t{2} << 20);
+  void* data = nullptr;
+  if (posix_memalign(&data, huge ? static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) : 64, bytes) != 0)
+    throw std::bad_alloc();
+  if (huge) (void)madvise(data, bytes, MADV_HUGEPAGE);
+  return TorchBlock(static_cast<float*>(data));
+}
+
+/// Four fp32 arrays with the benchmarks' initial values, first touched with the kernels' schedule.
+class AdamArrays {
+ public:
+  AdamArrays(std::size_t n, Allocation allocation) {
+    float** arrays[] = {&p, &g, &m, &v};
+    for (float** array : arrays) {
+      if (allocation == Allocation::zerotrain) {
+        buffers_.emplace_back(zt::Device::host(), n * sizeof(float), zt::MemoryCategory::optimizer_states);
+        *array = buffers_.back().as<float>();
+      } else {
+        torch_blocks_.push_back(torch_cpu_block(n));
+        *array = torch_blocks_.back().get();
+      }
+    }
     zt::bench::for_blocks(n, [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         p[i] = 1.0f + 1e-3f * static_cast<float>(i % 7);
@@ -57,7 +103,11 @@ struct AdamArrays {
       }
     });
   }
-  zt::bench::AlignedPtr<float> p, g, m, v;
+  float *p = nullptr, *g = nullptr, *m = nullptr, *v = nullptr;
+
+ private:
+  std::vector<zt::Buffer> buffers_;
+  std::vector<TorchBlock> torch_blocks_;
 };
 
 /// DeepSpeed's step as ds_adam_step runs it for fp32 tensors whose size is a multiple of the block.
@@ -65,7 +115,7 @@ void deepspeed_step(Adam_Optimizer& optimizer, AdamArrays& arrays, std::size_t n
   optimizer.IncrementStep(step, kBeta1, kBeta2);
   optimizer.update_state(kLr, kEps, kWeightDecay, true);
   std::size_t rounded = 0;
-  optimizer.Step_AVX<8>(&rounded, arrays.p.get(), arrays.g.get(), arrays.m.get(), arrays.v.get(), n, true);
+  optimizer.Step_AVX<8>(&rounded, arrays.p, arrays.g, arrays.m, arrays.v, n, true);
   if (rounded != n) {
     std::fprintf(stderr, "DeepSpeed Step_AVX<8> covered %zu of %zu elements\n", rounded, n);
     std::exit(1);
@@ -74,10 +124,10 @@ void deepspeed_step(Adam_Optimizer& optimizer, AdamArrays& arrays, std::size_t n
 
 void zerotrain_step(AdamArrays& arrays, std::size_t n, std::int64_t step) {
   zt::kernels::AdamStepArgs args;
-  args.params = arrays.p.get();
-  args.exp_avg = arrays.m.get();
-  args.exp_avg_sq = arrays.v.get();
-  args.grads = arrays.g.get();
+  args.params = arrays.p;
+  args.exp_avg = arrays.m;
+  args.exp_avg_sq = arrays.v;
+  args.grads = arrays.g;
   args.count = n;
   args.lr = kLr;
   args.beta1 = kBeta1;
@@ -92,7 +142,7 @@ void zerotrain_step(AdamArrays& arrays, std::size_t n, std::int64_t step) {
 /// Both kernels from the same state, 3 steps: the largest relative difference of the parameters
 /// (DeepSpeed fuses multiply-adds, zerotrain does not: they agree to fp32 roundoff, not bitwise).
 double max_relative_difference(std::size_t n) {
-  AdamArrays ds(n), zt(n);
+  AdamArrays ds(n, Allocation::pytorch), zt(n, Allocation::zerotrain);
   Adam_Optimizer optimizer(kLr, kBeta1, kBeta2, kEps, kWeightDecay, true);
   for (int step = 1; step <= 3; ++step) {
     deepspeed_step(optimizer, ds, n, static_cast<std::size_t>(step));
@@ -137,7 +187,7 @@ int main(int argc, char** argv) {
   omp_set_num_threads(threads);
 
   const double difference = max_relative_difference(1 << 16);
-  AdamArrays ds(params), zt_arrays(params);
+  AdamArrays ds(params, Allocation::pytorch), zt_arrays(params, Allocation::zerotrain);
   zt::bench::AdamwAnchors anchors(params);
   Adam_Optimizer optimizer(kLr, kBeta1, kBeta2, kEps, kWeightDecay, true);
   std::size_t ds_step = 0;
@@ -146,12 +196,18 @@ int main(int argc, char** argv) {
   std::printf(
       "DeepSpeed cpu_adam (%s, Step_AVX<8>) vs zerotrain host AdamW per ISA path, same process\n"
       "%zu fp32 params, %d threads, median of %d interleaved rounds; CPU supports: %s\n"
-      "max relative difference of the parameters after 3 steps (65536 params): %.2e\n",
-      kDeepSpeedPath, params, threads, reps, zt::kernels::supported_host_isas().c_str(), difference);
+      "max relative difference of the parameters after 3 steps (65536 params): %.2e\n"
+      "DeepSpeed's arrays: as PyTorch's CPU allocator makes them, THP_MEM_ALLOC_ENABLE=%d (%s); "
+      "zerotrain's: zt::Buffers\n%s\n",
+      kDeepSpeedPath, params, threads, reps, zt::kernels::supported_host_isas().c_str(), difference,
+      torch_thp_enabled() ? 1 : 0, torch_thp_enabled() ? "advised as huge pages" : "no huge-page advice",
+      zt::bench::huge_page_state().c_str());
   zt::bench::Rounds rounds;
   const std::string best = zt::kernels::host_isa_name(zt::kernels::best_host_isa());
   rounds.add("triad a=b+s*c (32 B/elem moved)", best, anchors.triad_bytes(), [&] { anchors.triad(); });
   rounds.add("limit: AdamW's traffic, no math", best, anchors.adamw_bytes(), [&] { anchors.limit(); });
+  rounds.add("limit + sw prefetch 2 KiB ahead", best, anchors.adamw_bytes(),
+             [&] { anchors.limit_prefetched(); });
   const std::size_t ds_row = rounds.add("deepspeed cpu_adam fp32", kDeepSpeedPath, anchors.adamw_bytes(),
                                         [&] { deepspeed_step(optimizer, ds, params, ++ds_step); });
   std::vector<std::pair<HostIsa, std::size_t>> zt_rows;

@@ -9,6 +9,9 @@
 # fetched with `pip download` into $BUILD_DIR/deepspeed-src. PyTorch is not needed: the kernel is
 # DeepSpeed's header csrc/includes/cpu_adam.h, compiled with the flags of its CPUAdamBuilder
 # (-O3 -march=native -fopenmp -D__AVX512__ or -D__AVX256__; AVX512 only where the CPU has it).
+# Each path runs twice: DeepSpeed's arrays as PyTorch's CPU allocator makes them by default
+# (THP_MEM_ALLOC_ENABLE=0: no huge-page advice) and with PyTorch's opt-in THP_MEM_ALLOC_ENABLE=1;
+# DEEPSPEED_THP="0" (or "1") runs one of them only. zerotrain's arrays are zt::Buffers either way.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -37,6 +40,8 @@ for simd in "${paths[@]}"; do
     -I"$src/csrc/includes" -I"$here/deepspeed_shim" -I"$root" -I"$root/include" -I"$build/generated" \
     "${mpi_includes[@]}" \
     "$here/deepspeed_cpu_adam.cpp" -L"$build/lib" -Wl,-rpath,"$build/lib" -lzerotrain -o "$exe"
-  echo "== $(basename "$exe") (DeepSpeed $(basename "$src"), $simd)"
-  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} "$exe" "$@"
+  for thp in ${DEEPSPEED_THP:-0 1}; do
+    echo "== $(basename "$exe") (DeepSpeed $(basename "$src"), $simd, THP_MEM_ALLOC_ENABLE=$thp)"
+    THP_MEM_ALLOC_ENABLE=$thp OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} "$exe" "$@"
+  done
 done

@@ -1,21 +1,26 @@
 // Host side of the device layer: aligned host allocation, buffers, streams and copies. The CUDA
 // side lives in kernels/cuda/device_cuda.cpp; without CUDA the cuda entry points below explain why
 // they cannot work.
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "kernels/block_cache.hpp"
 #include "kernels/device_backend.hpp"
 #include "kernels/emulated_device.hpp"
+#include "kernels/host_memory.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -39,6 +44,36 @@ std::string Device::str() const {
   return "?";
 }
 
+bool host_huge_pages_enabled() {
+  const char* env = std::getenv("ZT_HOST_HUGE_PAGES");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
+std::string host_huge_pages_description() {
+  std::string mode;  // "always [madvise] never": the bracketed one is in force
+  if (std::ifstream file("/sys/kernel/mm/transparent_hugepage/enabled"); file) std::getline(file, mode);
+  const std::size_t open = mode.find('['), close = mode.find(']');
+  const std::string in_force =
+      open != std::string::npos && close > open ? mode.substr(open + 1, close - open - 1) : "";
+  if (!host_huge_pages_enabled()) return "off (ZT_HOST_HUGE_PAGES=0): 4 KiB pages unless THP is always";
+  const std::string advice = "blocks of " + std::to_string(kHostHugePageMinimumBytes >> 20) +
+                             " MiB and more 2 MiB-aligned, advised MADV_HUGEPAGE";
+  if (in_force.empty()) return advice + "; this kernel has no transparent huge pages: 4 KiB pages";
+  if (in_force == "never") return advice + "; THP is never here: 4 KiB pages";
+  return advice + " (THP " + in_force + "; ZT_HOST_HUGE_PAGES=0 to disable)";
+}
+
+void* allocate_host_block(std::size_t bytes, std::size_t alignment) {
+  const bool huge = bytes >= kHostHugePageMinimumBytes && host_huge_pages_enabled();
+  if (huge) alignment = std::max(alignment, kHostHugePageBytes);
+  // aligned_alloc wants a size that is a multiple of the alignment.
+  const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  void* pointer = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  // Advice only: where the kernel has no THP (EINVAL) or THP is "never", these stay 4 KiB pages.
+  if (pointer != nullptr && huge) (void)madvise(pointer, rounded, MADV_HUGEPAGE);
+  return pointer;
+}
+
 namespace {
 
 class HostAllocator final : public Allocator {
@@ -46,9 +81,7 @@ class HostAllocator final : public Allocator {
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     ZT_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two, got ",
              alignment);
-    // aligned_alloc wants a size that is a multiple of the alignment.
-    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-    void* pointer = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+    void* pointer = allocate_host_block(bytes, alignment);
     if (pointer == nullptr) {
       ZT_THROW("out of host memory: could not allocate ", bytes, " bytes aligned to ", alignment);
     }
@@ -84,10 +117,10 @@ class CachingHostAllocator final : public Allocator {
       if (const std::optional<detail::BlockCache::Block> block = cache_.take(size, no_fences))
         return block->pointer;
     }
-    void* pointer = std::aligned_alloc(kPage, size);
+    void* pointer = allocate_host_block(size, kPage);
     if (pointer == nullptr) {
       release_all();
-      pointer = std::aligned_alloc(kPage, size);
+      pointer = allocate_host_block(size, kPage);
     }
     if (pointer == nullptr)
       ZT_THROW("out of host memory: could not allocate ", bytes, " bytes for activations");

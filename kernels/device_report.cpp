@@ -1,7 +1,9 @@
-// The device part of `zerotrain report`: the host kernels' ISA path and bf16 GEMM path, then CUDA.
+// The device part of `zerotrain report`: the host kernels' ISA path and bf16 GEMM path, the host
+// huge-page policy, then CUDA.
 #include "kernels/gpu_path.hpp"
 #include "kernels/host_gemm.hpp"
 #include "kernels/host_isa.hpp"
+#include "kernels/host_memory.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -58,6 +60,7 @@ Report device_report() {
       {"host", "host kernels ISA path", kernels::host_isa_description()},
       {"host", "host CPU supports", kernels::supported_host_isas()},
       {"host", "host bf16 GEMM path", kernels::bf16_gemm_description()},
+      {"host", "host huge pages", host_huge_pages_description()},
   };
   const CudaStatus& status = cuda_status();
   if (!status.compiled) {

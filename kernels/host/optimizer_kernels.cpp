@@ -20,7 +20,6 @@
 
 #include "kernels/dispatch.hpp"
 #include "kernels/host/host_isa_kernels.hpp"
-#include "kernels/host/prefetch.hpp"
 #include "kernels/host_isa.hpp"
 #include "zerotrain/error.hpp"
 #if ZT_HAVE_CUDA
@@ -188,7 +187,6 @@ struct AdamConstants {
   float* exp_avg_sq;
   const void* grads;
   std::uint16_t* copy;
-  std::size_t count;  // of the whole arrays: the prefetches stay inside them
   float step_size, inv_sqrt_bc2, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, grad_scale,
       weight_decay, decay;
 };
@@ -203,29 +201,23 @@ struct AdamSpan {
     float* const exp_avg_sq = k.exp_avg_sq;
     const auto* const grads = static_cast<const Storage<kGrad>*>(k.grads);
     std::uint16_t* const copy = k.copy;
-    // Chunks with software prefetch ahead of each (kernels/host/prefetch.hpp): memory-bound.
-    for (std::size_t chunk = begin; chunk < end; chunk += kPrefetchChunk) {
-      prefetch_ahead(grads, chunk, k.count);
-      prefetch_ahead(params, chunk, k.count);
-      prefetch_ahead(exp_avg, chunk, k.count);
-      prefetch_ahead(exp_avg_sq, chunk, k.count);
-      if constexpr (kCopy != Copy::none) prefetch_ahead(copy, chunk, k.count);
-      const std::size_t chunk_end = std::min(end, chunk + kPrefetchChunk);
+    // No software prefetch: on huge pages (kernels/host_memory.hpp) the hardware prefetchers keep
+    // up alone, and prefetching 2 KiB ahead made the update 1.15-1.7x slower there (on 4 KiB pages
+    // within a few per cent either way; docs/benchmarks.md, "Host AdamW", evening).
 #pragma omp simd
-      for (std::size_t i = chunk; i < chunk_end; ++i) {
-        float p = params[i];
-        float g = load<kGrad>(grads, i) * k.grad_scale;
-        if constexpr (!kDecoupled) g = g + k.weight_decay * p;  // L2: decay joins the gradient
-        const float m = k.beta1 * exp_avg[i] + k.one_minus_beta1 * g;
-        const float v = k.beta2 * exp_avg_sq[i] + k.one_minus_beta2 * (g * g);
-        const float denom = std::sqrt(v) * k.inv_sqrt_bc2 + k.eps;
-        if constexpr (kDecoupled) p = p * k.decay;  // AdamW: decay the weight, not the gradient
-        p = p - k.step_size * (m / denom);
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
-        params[i] = p;
-        store_copy<kCopy>(copy, i, p);
-      }
+    for (std::size_t i = begin; i < end; ++i) {
+      float p = params[i];
+      float g = load<kGrad>(grads, i) * k.grad_scale;
+      if constexpr (!kDecoupled) g = g + k.weight_decay * p;  // L2: decay joins the gradient
+      const float m = k.beta1 * exp_avg[i] + k.one_minus_beta1 * g;
+      const float v = k.beta2 * exp_avg_sq[i] + k.one_minus_beta2 * (g * g);
+      const float denom = std::sqrt(v) * k.inv_sqrt_bc2 + k.eps;
+      if constexpr (kDecoupled) p = p * k.decay;  // AdamW: decay the weight, not the gradient
+      p = p - k.step_size * (m / denom);
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+      params[i] = p;
+      store_copy<kCopy>(copy, i, p);
     }
   }
 };
@@ -239,7 +231,6 @@ void adam_kernel(const AdamStepArgs& a) {
       a.exp_avg_sq,
       a.grads,
       static_cast<std::uint16_t*>(a.params_16bit),
-      a.count,
       step.step_size,
       step.inv_sqrt_bc2,
       a.beta1,

@@ -3,15 +3,20 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/block_cache.hpp"
 #include "kernels/emulated_device.hpp"
 #include "kernels/gpu_path.hpp"
+#include "kernels/host_memory.hpp"
 #include "src/engine/device_choice.hpp"
+#include "swap_test_fixtures.hpp"  // ScopedEnvironment
 #include "test_helpers.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
@@ -46,6 +51,51 @@ TEST(HostBuffer, IsAlignedAndMovable) {
   }
   zt::Buffer empty(zt::Device::host(), 0);
   EXPECT_TRUE(empty.empty());
+}
+
+/// The VmFlags of the mapping that holds `address` (/proc/self/smaps), "" when none does.
+std::string vm_flags_at(const void* address) {
+  const auto where = reinterpret_cast<std::uintptr_t>(address);
+  std::ifstream smaps("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    if (std::istringstream header(line); header >> std::hex >> begin >> dash >> end && dash == '-') {
+      inside = begin <= where && where < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8) + " ";
+    }
+  }
+  return "";
+}
+
+TEST(HostBuffer, LargeBlocksAreAlignedAndAdvisedAsHugePages) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  // 64 MiB: above glibc's largest mmap threshold, so (without a Runtime's malloc policy) a fresh
+  // mapping whose flags are this allocation's alone.
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  {
+    zt::testing::ScopedEnvironment on("ZT_HOST_HUGE_PAGES", std::nullopt);
+    ASSERT_TRUE(zt::host_huge_pages_enabled());
+    for (zt::MemoryCategory category :
+         {zt::MemoryCategory::optimizer_states, zt::MemoryCategory::activations}) {
+      zt::Buffer large(zt::Device::host(), kBytes, category);
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % zt::kHostHugePageBytes, 0u);
+      EXPECT_NE(vm_flags_at(large.data()).find(" hg "), std::string::npos)
+          << "no MADV_HUGEPAGE on the mapping: VmFlags" << vm_flags_at(large.data());
+      std::memset(large.data(), 1, large.size());  // usable to its last byte
+    }
+    zt::Buffer small(zt::Device::host(), zt::kHostHugePageMinimumBytes - 1, zt::MemoryCategory::parameters);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.data()) % zt::kHostAlignment, 0u);
+  }
+  zt::testing::ScopedEnvironment off("ZT_HOST_HUGE_PAGES", "0");
+  EXPECT_FALSE(zt::host_huge_pages_enabled());
+  zt::Buffer plain(zt::Device::host(), kBytes, zt::MemoryCategory::parameters);
+  const std::string flags = vm_flags_at(plain.data());
+  ASSERT_FALSE(flags.empty());
+  EXPECT_EQ(flags.find(" hg "), std::string::npos) << "ZT_HOST_HUGE_PAGES=0 still advised: VmFlags" << flags;
 }
 
 TEST(HostBuffer, RejectsBadAlignment) {
