@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "base/text.hpp"
+#include "kernels/device_backend.hpp"
 #include "kernels/nn_kernels.hpp"
 
 namespace zt {
@@ -164,12 +165,23 @@ Tensor Tensor::clone(MemoryCategory category, const Stream* stream) const {
   return to(dtype_, category, stream);
 }
 
-double Tensor::item_as_double(std::int64_t index) const {
+double Tensor::item_as_double(std::int64_t index, const Stream* stream) const {
   ZT_CHECK(defined_, "item_as_double of an undefined tensor");
   ZT_CHECK(index >= 0 && index < numel_, "item_as_double(", index, ") of ", description());
+  ZT_CHECK(stream == nullptr || stream->device() == device_, "item_as_double of ", description(),
+           " on a stream of ", stream == nullptr ? std::string() : stream->device().str(),
+           "; expected a stream of the tensor's device (the one that wrote it)");
   const std::size_t size = dtype_size(dtype_);
   alignas(8) unsigned char element[8];
-  copy_bytes(element, Device::host(), static_cast<const unsigned char*>(data_) + index * size, device_, size);
+  const void* source = static_cast<const unsigned char*>(data_) + index * size;
+  if (stream != nullptr) {
+    copy_bytes(element, Device::host(), source, device_, size, stream);
+    stream->synchronize();
+  } else {
+    // Which stream wrote the element is unknown: on a GPU wait for all of them, then copy.
+    if (device_.is_cuda()) detail::cuda_device_synchronize(device_.index);
+    copy_bytes(element, Device::host(), source, device_, size);
+  }
   const Stream& host = default_stream(Device::host());
   if (dtype_is_floating(dtype_)) {
     double value = 0;

@@ -769,6 +769,37 @@ TEST(EmulatedDevice, GptForwardBackwardAndAdamStepGiveTheHostBits) {
   }
 }
 
+TEST(EmulatedDevice, ZeroGradClearsOnTheContextsComputeStream) {
+  const ExecutionContext context(zt::Device::emulated());
+  const nn::RunContext on_device{.execution = &context};
+  nn::Gpt gpt(kSmallGpt, DType::fp32, 55, zt::Device::emulated());
+  const Tensor tokens = context.on_device(random_tokens({2, 8}, 13, 56));
+  const auto all_zero = [&] {
+    for (nn::Parameter* parameter : gpt.parameters()) {
+      if (!parameter->grad.defined()) continue;
+      Tensor host = Tensor::empty(parameter->grad.shape(), DType::fp32);
+      context.to_host(host.raw_data(), parameter->grad.raw_data(), host.nbytes());
+      for (std::int64_t i = 0; i < host.numel(); ++i) {
+        if (host.data<float>()[i] != 0.0f) return false;
+      }
+    }
+    return true;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const Tensor logits = gpt.run_forward(tokens, on_device);
+    gpt.run_backward(zt::cross_entropy_loss(logits, tokens, context).gradient(1.0), on_device);
+    ASSERT_FALSE(all_zero());
+    if (pass == 0) {
+      gpt.zero_grad(context);
+    } else {
+      gpt.zero_grad();  // the emulated device's work runs at once: no stream needed
+    }
+    EXPECT_TRUE(all_zero()) << "pass " << pass;
+  }
+  const std::string message = error_of([&] { gpt.zero_grad(ExecutionContext::host()); });
+  EXPECT_NE(message.find("ExecutionContext on host: zero of fp32"), std::string::npos) << message;
+}
+
 TEST(EmulatedDevice, ModulesRefuseMemoryOfAnotherDevice) {
   const ExecutionContext context(zt::Device::emulated());
   nn::Gpt device(kSmallGpt, DType::fp32, 53, zt::Device::emulated());
