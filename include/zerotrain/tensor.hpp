@@ -8,8 +8,10 @@
 //
 // Fills, copies and conversions work on any device through the device API (kernels and
 // copy_bytes), ordered on `stream` when one is given, else on default_stream() of the tensor's
-// device. raw_data() and data<T>() are pointers into the tensor's device memory: dereference them on
-// the host only for host tensors (emulated memory faults outside the device API, device.hpp).
+// device, and then, on a CUDA device, waited for (the legacy default stream does not order against
+// an execution context's non-blocking streams). raw_data() and data<T>() are pointers into the
+// tensor's device memory: dereference them on the host only for host tensors (emulated memory
+// faults outside the device API, device.hpp).
 #pragma once
 
 #include <cstddef>

@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "cuda_kernel_checks.hpp"
+#include "tensor_checks.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/execution.hpp"
 #include "zerotrain/loss.hpp"
@@ -21,18 +21,13 @@ namespace {
 
 using zt::testing::error_of;
 using zt::testing::random_tokens;
+using zt::testing::same_bits;
 
 using zt::DType;
 using zt::ExecutionContext;
 using zt::MemoryCategory;
 using zt::Tensor;
 namespace nn = zt::nn;
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.numel() != b.numel()) return false;
-  const Tensor host_a = a.to(zt::Device::host()), host_b = b.to(zt::Device::host());
-  return std::memcmp(host_a.raw_data(), host_b.raw_data(), host_a.nbytes()) == 0;
-}
 
 TEST(CudaStreams, TransferStreamCopyFollowsTheKernelsThatWroteItsSource) {
   ZT_REQUIRE_GPU();

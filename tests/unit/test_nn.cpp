@@ -2,6 +2,7 @@
 // across thread counts, 16-bit forward passes against fp32, and error messages.
 #include <gtest/gtest.h>
 
+#include "tensor_checks.hpp"
 #include "test_helpers.hpp"
 
 #include <algorithm>
@@ -33,6 +34,7 @@ namespace {
 
 using zt::testing::error_of;
 using zt::testing::random_tokens;
+using zt::testing::same_bits;
 
 using zt::DType;
 using zt::ExecutionContext;
@@ -403,16 +405,6 @@ TEST(Errors, NameTheModuleAndTheExpectedShape) {
 }
 
 // ---- micro-batch slots ----------------------------------------------------------------------
-
-/// Bitwise equality of two tensors (on any devices), with the element count as context.
-::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.numel() != b.numel())
-    return ::testing::AssertionFailure() << a.description() << " vs " << b.description();
-  const Tensor host_a = a.to(zt::Device::host()), host_b = b.to(zt::Device::host());
-  if (std::memcmp(host_a.raw_data(), host_b.raw_data(), host_a.nbytes()) != 0)
-    return ::testing::AssertionFailure() << a.description() << ": the bits differ";
-  return ::testing::AssertionSuccess();
-}
 
 std::vector<Tensor> gradients_of(nn::Module& module) {
   std::vector<Tensor> grads;
