@@ -365,7 +365,8 @@ Stream::~Stream() {
 }
 
 void Stream::synchronize() const {
-  if (native_ != nullptr) detail::cuda_stream_synchronize(native_);
+  // A CUDA device's default stream has no handle of its own: nullptr is the legacy default stream.
+  if (native_ != nullptr || device_.is_cuda()) detail::cuda_stream_synchronize(native_);
 }
 
 void Stream::wait(const Event& event) const {

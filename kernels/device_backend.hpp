@@ -15,6 +15,8 @@ Allocator& cuda_pinned_host_allocator();
 void* cuda_stream_create(int device_index);
 void cuda_stream_destroy(void* stream) noexcept;
 void cuda_stream_synchronize(void* stream);
+/// cudaDeviceSynchronize on `device_index`: every stream's work, the non-blocking ones too.
+void cuda_device_synchronize(int device_index);
 /// cudaStreamWaitEvent(stream, event).
 void cuda_stream_wait_event(void* stream, void* event);
 /// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing) on `stream`, then a sync if stream is null.

@@ -26,6 +26,9 @@ void cuda_stream_destroy(void*) noexcept {}
 void cuda_stream_synchronize(void*) {
   no_cuda("synchronizing a CUDA stream");
 }
+void cuda_device_synchronize(int) {
+  no_cuda("synchronizing a CUDA device");
+}
 void cuda_stream_wait_event(void*, void*) {
   no_cuda("ordering a CUDA stream after an event");
 }

@@ -12,8 +12,10 @@ ExecutionContext::ExecutionContext(Device device)
     : device_(device),
       compute_(device),
       communication_(device),
+      transfer_(device),
       compute_reached_(device),
-      communication_reached_(device) {}
+      communication_reached_(device),
+      transfer_reached_(device) {}
 
 ExecutionContext::~ExecutionContext() {
   try {
@@ -39,6 +41,11 @@ Tensor ExecutionContext::zeros(const Shape& shape, DType dtype, MemoryCategory c
 
 Buffer ExecutionContext::allocate(std::size_t bytes, MemoryCategory category, std::size_t alignment) const {
   return Buffer(device_, bytes, category, alignment, HostMemoryKind::pageable, &compute_);
+}
+
+Buffer ExecutionContext::allocate_pinned_host(std::size_t bytes, MemoryCategory category) const {
+  // Made with the compute stream: on a GPU the free records the pinned cache's fence there.
+  return Buffer(Device::host(), bytes, category, kHostAlignment, HostMemoryKind::pinned, &compute_);
 }
 
 void ExecutionContext::zero(void* data, std::size_t bytes) const {
@@ -84,6 +91,13 @@ void ExecutionContext::to_host(void* host_destination, const void* source, std::
   compute_.synchronize();
 }
 
+void ExecutionContext::to_host_async(void* host_destination, const void* source, std::size_t bytes) const {
+  if (bytes == 0) return;
+  compute_reached_.record(compute_);  // the kernels that produce `source`
+  transfer_.wait(compute_reached_);
+  copy_bytes(host_destination, Device::host(), source, device_, bytes, &transfer_);
+}
+
 void ExecutionContext::from_host(void* destination, const void* host_source, std::size_t bytes) const {
   copy_bytes(destination, device_, host_source, Device::host(), bytes, &compute_);
 }
@@ -101,6 +115,7 @@ Tensor ExecutionContext::on_device(const Tensor& tensor, MemoryCategory category
 void ExecutionContext::synchronize() const {
   compute_.synchronize();
   communication_.synchronize();
+  transfer_.synchronize();
 }
 
 void ExecutionContext::communication_waits_for_compute() const {
@@ -111,6 +126,11 @@ void ExecutionContext::communication_waits_for_compute() const {
 void ExecutionContext::compute_waits_for_communication() const {
   communication_reached_.record(communication_);
   compute_.wait(communication_reached_);
+}
+
+void ExecutionContext::compute_waits_for_transfers() const {
+  transfer_reached_.record(transfer_);
+  compute_.wait(transfer_reached_);
 }
 
 }  // namespace zt

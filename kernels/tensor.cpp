@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "base/text.hpp"
+#include "kernels/device_backend.hpp"
 #include "kernels/nn_kernels.hpp"
 
 namespace zt {
@@ -117,6 +118,13 @@ namespace {
 const Stream& stream_or_default(const Stream* stream, Device device) {
   return stream != nullptr ? *stream : default_stream(device);
 }
+
+/// Without a stream, a kernel on a CUDA device ran on the legacy default stream, which does not order
+/// against the execution contexts' non-blocking streams: wait for it, so that the call is synchronous
+/// as copies and zeroing without a stream are (copy_bytes, zero_bytes).
+void finish_on_default_stream(const Stream* stream, Device device) {
+  if (stream == nullptr && device.is_cuda()) default_stream(device).synchronize();
+}
 }  // namespace
 
 void Tensor::zero_(const Stream* stream) {
@@ -128,6 +136,7 @@ void Tensor::zero_(const Stream* stream) {
 void Tensor::fill_(double value, const Stream* stream) {
   ZT_CHECK(defined_, "fill_ of an undefined tensor");
   kernels::fill(stream_or_default(stream, device_), dtype_, data_, numel_, value);
+  finish_on_default_stream(stream, device_);
 }
 
 void Tensor::copy_from(const Tensor& source, const Stream* stream) {
@@ -144,6 +153,7 @@ void Tensor::copy_from(const Tensor& source, const Stream* stream) {
   ZT_CHECK(device_ == source.device_, "copy_from ", source.description(), " into ", description(),
            ": dtype conversion needs both tensors on the same device");
   kernels::convert(stream_or_default(stream, device_), source.data_, source.dtype_, data_, dtype_, numel_);
+  finish_on_default_stream(stream, device_);
 }
 
 Tensor Tensor::to(DType dtype, MemoryCategory category, const Stream* stream) const {
@@ -164,12 +174,23 @@ Tensor Tensor::clone(MemoryCategory category, const Stream* stream) const {
   return to(dtype_, category, stream);
 }
 
-double Tensor::item_as_double(std::int64_t index) const {
+double Tensor::item_as_double(std::int64_t index, const Stream* stream) const {
   ZT_CHECK(defined_, "item_as_double of an undefined tensor");
   ZT_CHECK(index >= 0 && index < numel_, "item_as_double(", index, ") of ", description());
+  ZT_CHECK(stream == nullptr || stream->device() == device_, "item_as_double of ", description(),
+           " on a stream of ", stream == nullptr ? std::string() : stream->device().str(),
+           "; expected a stream of the tensor's device (the one that wrote it)");
   const std::size_t size = dtype_size(dtype_);
   alignas(8) unsigned char element[8];
-  copy_bytes(element, Device::host(), static_cast<const unsigned char*>(data_) + index * size, device_, size);
+  const void* source = static_cast<const unsigned char*>(data_) + index * size;
+  if (stream != nullptr) {
+    copy_bytes(element, Device::host(), source, device_, size, stream);
+    stream->synchronize();
+  } else {
+    // Which stream wrote the element is unknown: on a GPU wait for all of them, then copy.
+    if (device_.is_cuda()) detail::cuda_device_synchronize(device_.index);
+    copy_bytes(element, Device::host(), source, device_, size);
+  }
   const Stream& host = default_stream(Device::host());
   if (dtype_is_floating(dtype_)) {
     double value = 0;

@@ -208,8 +208,9 @@ class Stream {
 
 /// The stream for callers without an execution context (tests, benchmarks, conveniences such as
 /// Tensor::zero_()): the host stream, the emulated device's stream, or a CUDA device's legacy
-/// default stream (stream 0; copies on it are synchronous, and it does not order against the
-/// non-blocking streams of Stream(device): engine code runs on an ExecutionContext's streams).
+/// default stream (stream 0; copies on it are synchronous, its synchronize() waits for it, and it
+/// does not order against the non-blocking streams of Stream(device): engine code runs on an
+/// ExecutionContext's streams).
 /// Process-wide; never destroyed.
 const Stream& default_stream(Device device);
 

@@ -1,6 +1,6 @@
 // zt::ExecutionContext: where device work runs and in which order.
 //
-// A context is a device with a compute stream and a communication stream. Every allocation, fill,
+// A context is a device with a compute, a communication and a transfer stream. Every allocation, fill,
 // copy and kernel of the engine and of the nn modules goes through one (kernels take
 // context.compute()), so the same code runs on the host, on the emulated test device and on a GPU:
 //   - the operations below are ordered on the compute stream;
@@ -15,7 +15,10 @@
 //     emulated device the stream changes nothing;
 //   - collectives run on the communication stream; communication_waits_for_compute() and
 //     compute_waits_for_communication() order the two with events (no-ops on the host and the
-//     emulated device, whose streams run work at once).
+//     emulated device, whose streams run work at once);
+//   - to_host_async() copies on the transfer stream, after the compute work queued so far (an
+//     event), so that the copy overlaps the kernels queued after it; compute_waits_for_transfers()
+//     orders later compute after it (an event, no host wait).
 // A context is not copyable or movable (modules and communicators keep pointers to it), and its
 // ordering calls are made by one thread.
 #pragma once
@@ -44,12 +47,19 @@ class ExecutionContext {
   Device device() const { return device_; }
   const Stream& compute() const { return compute_; }
   const Stream& communication() const { return communication_; }
+  const Stream& transfer() const { return transfer_; }
 
   // ---- memory on the context's device, ordered on the compute stream (see the top) ----
   Tensor empty(const Shape& shape, DType dtype, MemoryCategory category = MemoryCategory::other) const;
   Tensor zeros(const Shape& shape, DType dtype, MemoryCategory category = MemoryCategory::other) const;
   Buffer allocate(std::size_t bytes, MemoryCategory category = MemoryCategory::other,
                   std::size_t alignment = kHostAlignment) const;
+  /// Page-locked host memory for asynchronous copies to and from this device (plain host memory
+  /// where no GPU is usable), freed in the compute stream's order: on a GPU the pinned cache hands
+  /// it out again only once the compute stream has passed the work queued before the free (an
+  /// event), so every copy that reads or writes it must be ordered before the free on the compute
+  /// stream (queued on it, or followed by compute_waits_for_transfers()).
+  Buffer allocate_pinned_host(std::size_t bytes, MemoryCategory category = MemoryCategory::other) const;
 
   // ---- operations, ordered on the compute stream ----
   /// `bytes` bytes of device memory at `data` set to zero.
@@ -62,6 +72,13 @@ class ExecutionContext {
   void move(void* destination, const void* source, std::size_t bytes) const;
   /// Device to host; returns once the bytes are in `host_destination`.
   void to_host(void* host_destination, const void* source, std::size_t bytes) const;
+  /// Device to host without a host wait: on the transfer stream, after the compute work queued so
+  /// far (an event), so it overlaps the compute work queued after it. Until
+  /// compute_waits_for_transfers() has been called, `source` must not be written or freed and
+  /// `host_destination` not freed; the host may read the bytes only after waiting for the compute
+  /// stream past that call. `host_destination` should be pinned (allocate_pinned_host): CUDA copies
+  /// into pageable memory synchronously. Immediate on the host and the emulated device.
+  void to_host_async(void* host_destination, const void* source, std::size_t bytes) const;
   /// Host to device. The host bytes are read before the call returns unless they are pinned (a
   /// pinned source must stay unchanged until the compute stream has passed the copy).
   void from_host(void* destination, const void* host_source, std::size_t bytes) const;
@@ -76,13 +93,17 @@ class ExecutionContext {
   void communication_waits_for_compute() const;
   /// Compute queued from now on starts after the communication queued so far.
   void compute_waits_for_communication() const;
+  /// Compute queued from now on starts after the transfers queued so far (to_host_async).
+  void compute_waits_for_transfers() const;
 
  private:
   Device device_;
   Stream compute_;
   Stream communication_;
+  Stream transfer_;
   mutable Event compute_reached_;
   mutable Event communication_reached_;
+  mutable Event transfer_reached_;
 };
 
 }  // namespace zt

@@ -165,7 +165,13 @@ class Module {
   void train(bool training = true);
   void eval() { train(false); }
   bool training() const { return training_; }
-  /// Zero every parameter gradient (recursively).
+  /// Zero every parameter gradient (recursively), ordered on `execution`'s compute stream (the
+  /// gradients must be on its device): on a GPU asynchronous and ordered with the kernels that use
+  /// the gradients.
+  void zero_grad(const ExecutionContext& execution);
+  /// The same for gradients on the host or the emulated device, whose work runs at once. A gradient
+  /// on a CUDA device is an error naming it: without a stream the clear would run on the legacy
+  /// default stream, which does not order against an execution context's non-blocking streams.
   void zero_grad();
 
   HookHandle add_forward_pre_hook(ForwardPreHook hook);
@@ -460,8 +466,11 @@ class Dropout : public Module {
 /// registered without a level of its own (register_module_at(key, "", ...), Sequential::append_at).
 ///
 /// `keep_input_on_host` (DeepSpeed's cpu_checkpointing): when the run context's device is not the
-/// host, the kept input is copied to host memory (counted as activations there) and back to the
-/// device for the backward; on the host nothing changes.
+/// host, the kept input is copied to pinned host memory (counted as activations there) and back to
+/// the device for the backward; on the host nothing changes. On a GPU neither copy waits on the
+/// host: the forward's runs on the context's transfer stream after the kernels that produced the
+/// input (an event) and overlaps the layers' kernels, the compute stream waits for it at the end
+/// of the forward; the backward's upload is queued on the compute stream before the recompute.
 class ActivationCheckpoint : public Module {
  public:
   explicit ActivationCheckpoint(bool keep_input_on_host = false);
@@ -484,7 +493,8 @@ class ActivationCheckpoint : public Module {
   bool keep_input_on_host_;
   std::size_t size_ = 0;
   struct Saved {
-    Tensor input;                                // on the host with keep_input_on_host off the host
+    Tensor input;       // on the host (a view of host_input) with keep_input_on_host off the host
+    Buffer host_input;  // pinned host memory for the input's asynchronous copies; empty otherwise
     std::vector<std::uint64_t> dropout_streams;  // Dropout::next_stream of the layers' dropouts, pre-order
   };
   SavedActivations<Saved> saved_{*this};

@@ -8,8 +8,10 @@
 //
 // Fills, copies and conversions work on any device through the device API (kernels and
 // copy_bytes), ordered on `stream` when one is given, else on default_stream() of the tensor's
-// device. raw_data() and data<T>() are pointers into the tensor's device memory: dereference them on
-// the host only for host tensors (emulated memory faults outside the device API, device.hpp).
+// device, and then, on a CUDA device, waited for (the legacy default stream does not order against
+// an execution context's non-blocking streams). raw_data() and data<T>() are pointers into the
+// tensor's device memory: dereference them on the host only for host tensors (emulated memory
+// faults outside the device API, device.hpp).
 #pragma once
 
 #include <cstddef>
@@ -106,9 +108,12 @@ class Tensor {
   /// A deep copy with the same dtype and device.
   Tensor clone(MemoryCategory category = MemoryCategory::other, const Stream* stream = nullptr) const;
 
-  /// Element `index` of the flattened tensor as a double (floating/integer tensors; tests). On a
-  /// device, the element is copied to the host first (synchronously).
-  double item_as_double(std::int64_t index = 0) const;
+  /// Element `index` of the flattened tensor as a double (floating/integer tensors; tests). A read
+  /// for the host, so it waits for the work that produced the element: with `stream` (one of the
+  /// tensor's device, the stream that wrote it), the copy is queued there and the host waits for
+  /// that stream; without one, on a CUDA device the host first waits for the whole device (every
+  /// stream: the legacy default stream alone does not order against non-blocking streams).
+  double item_as_double(std::int64_t index = 0, const Stream* stream = nullptr) const;
   /// "fp32[2, 3] on host"
   std::string description() const;
 

@@ -375,6 +375,11 @@ void cuda_stream_synchronize(void* stream) {
   ZT_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
 }
 
+void cuda_device_synchronize(int device_index) {
+  const DeviceScope scope(device_index);
+  ZT_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 void cuda_stream_wait_event(void* stream, void* event) {
   ZT_CHECK_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
 }

@@ -958,7 +958,7 @@ bool Engine::Impl::step() {
   }
   strategy_->clear_gradients();
   if (external_ != nullptr) {
-    for (nn::Parameter* parameter : parameters_) parameter->grad.zero_();
+    for (nn::Parameter* parameter : parameters_) execution_.zero(parameter->grad);
     const auto [loss_sum, loss_count] = external_->take_losses();
     accumulated_loss_ += loss_sum;
     accumulated_micro_batches_ += loss_count;

@@ -53,19 +53,41 @@ Tensor ActivationCheckpoint::forward(const Tensor& input, const RunContext& cont
   if (!saves_for_backward(context)) return run_layers(input, context);
   Saved saved;
   const ExecutionContext& execution = context.exec();
-  if (keep_input_on_host_ && !execution.device().is_host() && input.defined()) {
-    saved.input = Tensor::empty(input.shape(), input.dtype(), Device::host(), MemoryCategory::activations);
-    execution.to_host(saved.input.raw_data(), input.raw_data(), input.nbytes());
+  const bool to_host = keep_input_on_host_ && !execution.device().is_host() && input.defined();
+  if (to_host) {
+    // Pinned, so that the copy is asynchronous (CUDA copies into pageable memory synchronously);
+    // freed in the compute stream's order, so it is reused only after the copies that use it.
+    saved.host_input = execution.allocate_pinned_host(input.nbytes(), MemoryCategory::activations);
+    saved.input = Tensor::view_of(saved.host_input.data(), input.shape(), input.dtype(), Device::host());
   } else {
     saved.input = input;
   }
+  void* const host_copy = saved.host_input.data();  // a Buffer keeps its address when moved
   for (const Dropout* dropout : dropouts_of(*this)) saved.dropout_streams.push_back(dropout->next_stream());
-  // Saved first: a second forward into an occupied slot fails before any layer runs, and a layer
-  // that fails releases this slot again (run_forward).
+  // Saved first: a second forward into an occupied slot fails before any layer runs (and before
+  // the copy starts), and a layer that fails releases this slot again (run_forward).
   saved_.save(context, std::move(saved));
   RunContext without_saving = context;
   without_saving.save_for_backward = false;
-  return run_layers(input, without_saving);
+  if (!to_host) return run_layers(input, without_saving);
+
+  // The copy runs on the transfer stream while the layers' kernels run on the compute stream. Before
+  // anything can free `input` or the pinned copy (both freed in the compute stream's order: the
+  // caller's tensor after this returns, the slot in the backward or when a layer fails), the compute
+  // stream waits for the copy: an event, no host wait.
+  execution.to_host_async(host_copy, input.raw_data(), input.nbytes());
+  Tensor output;
+  try {
+    output = run_layers(input, without_saving);
+  } catch (...) {
+    try {
+      execution.compute_waits_for_transfers();
+    } catch (const std::exception&) {  // a failed device: the layer's error is the one to report
+    }
+    throw;
+  }
+  execution.compute_waits_for_transfers();
+  return output;
 }
 
 Tensor ActivationCheckpoint::backward(const Tensor& grad_output, const RunContext& context) {
@@ -78,8 +100,12 @@ Tensor ActivationCheckpoint::backward(const Tensor& grad_output, const RunContex
            "': ", dropouts.size(), " dropouts among its layers at the backward of micro-batch ",
            context.micro_batch, ", ", saved.dropout_streams.size(),
            " at its forward; add layers only between passes");
+  // The upload is queued on the compute stream ahead of the recompute, which it therefore precedes
+  // without a host wait (the source is pinned); the pinned copy's free right after it records its
+  // fence on the compute stream after the upload, so the pinned cache cannot reuse it too early.
   const Tensor input = context.exec().on_device(saved.input, MemoryCategory::activations);
-  saved.input = Tensor();  // the host copy is not needed any more
+  saved.input = Tensor();
+  saved.host_input = Buffer();
   {
     const ReplayedDropoutStreams replay(std::move(dropouts), saved.dropout_streams);
     RunContext saving = context;

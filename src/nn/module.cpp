@@ -121,9 +121,20 @@ void Module::train(bool training) {
   for (Module* module : modules()) module->training_ = training;
 }
 
+void Module::zero_grad(const ExecutionContext& execution) {
+  for (Parameter* parameter : parameters()) {
+    if (parameter->grad.defined()) execution.zero(parameter->grad);
+  }
+}
+
 void Module::zero_grad() {
   for (Parameter* parameter : parameters()) {
-    if (parameter->grad.defined()) parameter->grad.zero_();
+    if (!parameter->grad.defined()) continue;
+    ZT_CHECK(!parameter->grad.device().is_cuda(), type_name_, " '", name_, "': zero_grad() of parameter '",
+             parameter->name, "', whose gradient is ", parameter->grad.description(),
+             "; pass the ExecutionContext whose compute stream uses it (zero_grad(context)), so that the "
+             "clear is ordered with its kernels");
+    parameter->grad.zero_();
   }
 }
 

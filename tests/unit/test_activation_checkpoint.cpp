@@ -5,6 +5,7 @@
 // differences is in test_nn_gradcheck.cpp.
 #include <gtest/gtest.h>
 
+#include "tensor_checks.hpp"
 #include "test_helpers.hpp"
 
 #include <cstdint>
@@ -23,6 +24,7 @@ namespace {
 
 using zt::testing::error_of;
 using zt::testing::random_tokens;
+using zt::testing::same_bits;
 
 using zt::DType;
 using zt::ExecutionContext;
@@ -36,15 +38,6 @@ nn::GptConfig checkpointed(nn::GptConfig config, std::int64_t interval, bool on_
   config.activation_checkpoint_interval = interval;
   config.cpu_checkpointing = on_host;
   return config;
-}
-
-::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || a.dtype() != b.dtype() || a.numel() != b.numel())
-    return ::testing::AssertionFailure() << a.description() << " vs " << b.description();
-  const Tensor host_a = a.to(zt::Device::host()), host_b = b.to(zt::Device::host());
-  if (std::memcmp(host_a.raw_data(), host_b.raw_data(), host_a.nbytes()) != 0)
-    return ::testing::AssertionFailure() << a.description() << ": the bits differ";
-  return ::testing::AssertionSuccess();
 }
 
 /// Every parameter gradient of `actual` bitwise that of `expected` (same names in the same order).

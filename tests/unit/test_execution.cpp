@@ -117,6 +117,53 @@ TEST_P(ExecutionContextOn, OrdersComputeAndCommunication) {
   context.synchronize();
 }
 
+TEST_P(ExecutionContextOn, CopiesToPinnedHostMemoryOnTheTransferStream) {
+  // The ActivationCheckpoint's way (keep_input_on_host): a pinned host buffer counted under its
+  // category, a device-to-host copy on the transfer stream after the compute work that wrote the
+  // source, the compute stream ordered after it; then the bytes back on the device. On the host and
+  // the emulated device the streams run work at once: the same calls, the same bytes.
+  const ExecutionContext context(GetParam());
+  EXPECT_EQ(context.transfer().device(), GetParam());
+  std::vector<std::int32_t> values(3000);
+  std::iota(values.begin(), values.end(), -7);
+  const std::size_t bytes = values.size() * sizeof(std::int32_t);
+  zt::Buffer source = context.allocate(bytes);
+  context.from_host(source.data(), values.data(), bytes);
+  const auto before = zt::memory_snapshot(zt::DeviceType::host);
+  {
+    zt::Buffer pinned = context.allocate_pinned_host(bytes, MemoryCategory::activations);
+    EXPECT_EQ(pinned.device(), Device::host());
+    EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host)[MemoryCategory::activations].current,
+              before[MemoryCategory::activations].current + bytes);
+    context.to_host_async(pinned.data(), source.data(), bytes);
+    context.compute_waits_for_transfers();
+    context.zero(source.data(), bytes);  // after the copy on the compute stream: the copy has the old bytes
+    zt::Buffer back = context.allocate(bytes);
+    context.from_host(back.data(), pinned.data(), bytes);
+    std::vector<std::int32_t> read(values.size());
+    context.to_host(read.data(), back.data(), bytes);
+    EXPECT_EQ(read, values);
+    context.to_host(read.data(), source.data(), bytes);
+    EXPECT_EQ(read, std::vector<std::int32_t>(values.size(), 0));
+    context.to_host_async(pinned.data(), source.data(), 0);  // nothing to copy: nothing queued
+  }
+  EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host)[MemoryCategory::activations].current,
+            before[MemoryCategory::activations].current);
+  context.synchronize();
+}
+
+TEST_P(ExecutionContextOn, ReadsAnElementAfterTheStreamThatWroteIt) {
+  const ExecutionContext context(GetParam());
+  Tensor tensor = context.empty({5}, DType::bf16);
+  tensor.fill_(2.5, &context.compute());
+  EXPECT_EQ(tensor.item_as_double(4, &context.compute()), 2.5);
+  EXPECT_EQ(tensor.item_as_double(4), 2.5);
+  const zt::Stream& elsewhere =
+      zt::default_stream(GetParam().is_host() ? Device::emulated() : Device::host());
+  const std::string message = error_of([&] { (void)tensor.item_as_double(0, &elsewhere); });
+  EXPECT_NE(message.find("expected a stream of the tensor's device"), std::string::npos) << message;
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, ExecutionContextOn, ::testing::Values(Device::host(), Device::emulated()),
                          [](const ::testing::TestParamInfo<Device>& param_info) {
                            return param_info.param.is_host() ? std::string("host") : std::string("emulated");

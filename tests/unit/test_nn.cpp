@@ -2,6 +2,7 @@
 // across thread counts, 16-bit forward passes against fp32, and error messages.
 #include <gtest/gtest.h>
 
+#include "tensor_checks.hpp"
 #include "test_helpers.hpp"
 
 #include <algorithm>
@@ -33,6 +34,7 @@ namespace {
 
 using zt::testing::error_of;
 using zt::testing::random_tokens;
+using zt::testing::same_bits;
 
 using zt::DType;
 using zt::ExecutionContext;
@@ -404,16 +406,6 @@ TEST(Errors, NameTheModuleAndTheExpectedShape) {
 
 // ---- micro-batch slots ----------------------------------------------------------------------
 
-/// Bitwise equality of two tensors (on any devices), with the element count as context.
-::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.numel() != b.numel())
-    return ::testing::AssertionFailure() << a.description() << " vs " << b.description();
-  const Tensor host_a = a.to(zt::Device::host()), host_b = b.to(zt::Device::host());
-  if (std::memcmp(host_a.raw_data(), host_b.raw_data(), host_a.nbytes()) != 0)
-    return ::testing::AssertionFailure() << a.description() << ": the bits differ";
-  return ::testing::AssertionSuccess();
-}
-
 std::vector<Tensor> gradients_of(nn::Module& module) {
   std::vector<Tensor> grads;
   for (nn::Parameter* parameter : module.parameters()) grads.push_back(parameter->grad.clone());
@@ -767,6 +759,37 @@ TEST(EmulatedDevice, GptForwardBackwardAndAdamStepGiveTheHostBits) {
           << "exp_avg_sq of " << host_parameters[i]->name;
     }
   }
+}
+
+TEST(EmulatedDevice, ZeroGradClearsOnTheContextsComputeStream) {
+  const ExecutionContext context(zt::Device::emulated());
+  const nn::RunContext on_device{.execution = &context};
+  nn::Gpt gpt(kSmallGpt, DType::fp32, 55, zt::Device::emulated());
+  const Tensor tokens = context.on_device(random_tokens({2, 8}, 13, 56));
+  const auto all_zero = [&] {
+    for (nn::Parameter* parameter : gpt.parameters()) {
+      if (!parameter->grad.defined()) continue;
+      Tensor host = Tensor::empty(parameter->grad.shape(), DType::fp32);
+      context.to_host(host.raw_data(), parameter->grad.raw_data(), host.nbytes());
+      for (std::int64_t i = 0; i < host.numel(); ++i) {
+        if (host.data<float>()[i] != 0.0f) return false;
+      }
+    }
+    return true;
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const Tensor logits = gpt.run_forward(tokens, on_device);
+    gpt.run_backward(zt::cross_entropy_loss(logits, tokens, context).gradient(1.0), on_device);
+    ASSERT_FALSE(all_zero());
+    if (pass == 0) {
+      gpt.zero_grad(context);
+    } else {
+      gpt.zero_grad();  // the emulated device's work runs at once: no stream needed
+    }
+    EXPECT_TRUE(all_zero()) << "pass " << pass;
+  }
+  const std::string message = error_of([&] { gpt.zero_grad(ExecutionContext::host()); });
+  EXPECT_NE(message.find("ExecutionContext on host: zero of fp32"), std::string::npos) << message;
 }
 
 TEST(EmulatedDevice, ModulesRefuseMemoryOfAnotherDevice) {
