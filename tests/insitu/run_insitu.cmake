@@ -28,7 +28,8 @@ if(DEFINED LIBRARY)
       MPI_Comm_free_keyval MPI_Comm_get_attr MPI_Comm_group MPI_Comm_rank MPI_Comm_size MPI_Comm_test_inter
       MPI_Error_string MPI_Finalized MPI_Get_count MPI_Get_library_version MPI_Get_processor_name MPI_Get_version
       MPI_Group_free MPI_Group_size MPI_Group_translate_ranks MPI_Init MPI_Init_thread MPI_Initialized
-      MPI_Op_create MPI_Op_free MPI_Query_thread MPI_Request_free MPI_Test MPI_Type_commit MPI_Type_contiguous
+      MPI_Op_create MPI_Op_free MPI_Query_thread MPI_Reduce_local MPI_Request_free MPI_Test MPI_Type_commit
+      MPI_Type_contiguous
             MPI_Type_free MPI_Type_set_name MPI_Wait
       # The tool interface (`zerotrain report` reads Open MPI's control variables): no communicator.
       MPI_T_cvar_get_info MPI_T_cvar_get_num MPI_T_cvar_handle_alloc MPI_T_cvar_handle_free MPI_T_cvar_read
