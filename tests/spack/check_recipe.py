@@ -31,6 +31,9 @@ FIND_PACKAGE = {
     "Threads": None,
     "BLAS": "blas",
     "dnnl": "onednn",
+    # Looked for only when the oneDNN found was built with the OpenCL GPU runtime (Debian's); Spack's
+    # onednn builds with gpu_runtime=none by default, so the recipe needs no OpenCL.
+    "OpenCL": None,
     "HDF5": "hdf5",
     "PkgConfig": "pkgconfig",
     "CUDAToolkit": "cuda",
