@@ -63,32 +63,63 @@ std::string host_huge_pages_description() {
   return advice + " (THP " + in_force + "; ZT_HOST_HUGE_PAGES=0 to disable)";
 }
 
-void* allocate_host_block(std::size_t bytes, std::size_t alignment) {
-  const bool huge = bytes >= kHostHugePageMinimumBytes && host_huge_pages_enabled();
+namespace {
+/// The whole 2 MiB pages inside [pointer, pointer + bytes): the only range advised, so that the advice
+/// never reaches the heap's neighbouring chunks and a block's tail (under 2 MiB) is not faulted in
+/// as a whole huge page it does not fill.
+std::size_t huge_page_span(std::size_t bytes) {
+  return bytes / kHostHugePageBytes * kHostHugePageBytes;
+}
+}  // namespace
+
+void* allocate_host_block(std::size_t bytes, std::size_t alignment, bool huge_pages) {
+  const bool huge = huge_pages && bytes >= kHostHugePageMinimumBytes && host_huge_pages_enabled();
   if (huge) alignment = std::max(alignment, kHostHugePageBytes);
-  // aligned_alloc wants a size that is a multiple of the alignment.
-  const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  void* pointer = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  // aligned_alloc wants a size that is a multiple of the alignment; a huge block is rounded to 4 KiB
+  // only (the pages past its end stay the heap's).
+  const std::size_t granule = huge ? std::size_t{4096} : alignment;
+  const std::size_t rounded = (bytes + granule - 1) / granule * granule;
+  void* pointer = nullptr;
+  if (huge) {
+    if (posix_memalign(&pointer, alignment, rounded) != 0) pointer = nullptr;
+  } else {
+    pointer = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  }
   // Advice only: where the kernel has no THP (EINVAL) or THP is "never", these stay 4 KiB pages.
-  if (pointer != nullptr && huge) (void)madvise(pointer, rounded, MADV_HUGEPAGE);
+  if (pointer != nullptr && huge) (void)madvise(pointer, huge_page_span(bytes), MADV_HUGEPAGE);
   return pointer;
+}
+
+void free_host_block(void* pointer, std::size_t bytes) noexcept {
+  // The heap keeps the freed range (the malloc tuning) and will hand it out in small pieces: advised
+  // huge it would stay so, and khugepaged (max_ptes_none 511 by default) would fill each 2 MiB range
+  // around a few touched 4 KiB pages, resident memory that no allocation holds (+50 MiB per rank at
+  // vocabulary 50257, docs/benchmarks.md). Harmless on a range that was never advised.
+  if (pointer != nullptr && bytes >= kHostHugePageMinimumBytes)
+    (void)madvise(pointer, huge_page_span(bytes), MADV_NOHUGEPAGE);
+  std::free(pointer);
 }
 
 namespace {
 
 class HostAllocator final : public Allocator {
  public:
+  explicit HostAllocator(bool huge_pages = true) : huge_pages_(huge_pages) {}
+
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     ZT_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two, got ",
              alignment);
-    void* pointer = allocate_host_block(bytes, alignment);
+    void* pointer = allocate_host_block(bytes, alignment, huge_pages_);
     if (pointer == nullptr) {
       ZT_THROW("out of host memory: could not allocate ", bytes, " bytes aligned to ", alignment);
     }
     return pointer;
   }
-  void deallocate(void* pointer, std::size_t) noexcept override { std::free(pointer); }
+  void deallocate(void* pointer, std::size_t bytes) noexcept override { free_host_block(pointer, bytes); }
   Device device() const override { return Device::host(); }
+
+ private:
+  bool huge_pages_;
 };
 
 /// Host activations: a layer's outputs are allocated and freed once per step with the same sizes.
@@ -138,7 +169,7 @@ class CachingHostAllocator final : public Allocator {
       } catch (...) {  // no memory for the cache's node: free the block instead
       }
     }
-    std::free(pointer);
+    free_host_block(pointer, rounded(bytes));
   }
 
   Device device() const override { return Device::host(); }
@@ -163,7 +194,8 @@ class CachingHostAllocator final : public Allocator {
 
   void release_all() noexcept {
     const std::lock_guard lock(mutex_);
-    for (const detail::BlockCache::Block& block : cache_.take_all()) std::free(block.pointer);
+    for (const detail::BlockCache::Block& block : cache_.take_all())
+      free_host_block(block.pointer, block.size);
   }
 
   HostAllocator fallback_;
@@ -234,6 +266,8 @@ std::string_view memory_category_name(MemoryCategory category) {
       return "activations";
     case MemoryCategory::comm_buffers:
       return "comm_buffers";
+    case MemoryCategory::workspace:
+      return "workspace";
     case MemoryCategory::other:
       return "other";
   }
@@ -282,12 +316,17 @@ Allocator& allocator_for(Device device, HostMemoryKind kind) {
 }
 
 namespace {
-/// Pageable host activations of a size worth caching go through the caching allocator.
+/// Pageable host activations of a size worth caching go through the caching allocator; host workspace
+/// takes no huge pages (kernels/host_memory.hpp).
 Allocator& buffer_allocator(Device device, std::size_t bytes, MemoryCategory category, std::size_t alignment,
                             HostMemoryKind kind) {
   if (device.is_host() && kind == HostMemoryKind::pageable && category == MemoryCategory::activations &&
       CachingHostAllocator::caches(bytes, alignment)) {
     return activation_cache();
+  }
+  if (device.is_host() && kind == HostMemoryKind::pageable && category == MemoryCategory::workspace) {
+    static HostAllocator workspace(/*huge_pages=*/false);
+    return workspace;
   }
   return allocator_for(device, kind);
 }

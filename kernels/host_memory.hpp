@@ -2,15 +2,21 @@
 // activation cache get their memory.
 //
 // Blocks of kHostHugePageMinimumBytes and more (parameters, gradients, optimizer states, flat
-// partitions, large activations) are aligned to 2 MiB, rounded up to a multiple of it and advised as
+// partitions, large activations) are aligned to 2 MiB and their whole 2 MiB pages advised as
 // transparent huge pages (madvise(MADV_HUGEPAGE)), so that on a kernel whose THP mode is `madvise`
 // (the usual default) or `always` they are backed by 2 MiB pages. Streaming kernels walk several
 // arrays at once, and on 4 KiB pages every 4 KiB of each costs a TLB miss and a page walk
 // (two-dimensional under a hypervisor), and the hardware prefetchers of many x86 cores stop at 4 KiB
 // boundaries: the fused AdamW update ran 1.1-1.4x faster on huge pages on the avx512 path, 1.8-2.5x
-// on the avx2 and baseline paths (docs/benchmarks.md, "Host AdamW"). The price: up to 2 MiB - 1 of
-// rounding per block, and each 2 MiB page faulted in whole on first touch. ZT_HOST_HUGE_PAGES=0
+// on the avx2 and baseline paths (docs/benchmarks.md, "Host AdamW"). The tail past the last whole
+// 2 MiB page stays on 4 KiB pages (no rounding: a page faulted in whole that the block does not fill
+// would be resident for nothing), and freeing withdraws the advice (MADV_NOHUGEPAGE), since the heap
+// keeps the range and reuses it in small pieces (free_host_block). ZT_HOST_HUGE_PAGES=0
 // turns it off (read at every such allocation); under THP `never` the advice does nothing.
+// Workspace (MemoryCategory::workspace: one kernel call's temporaries) never takes huge pages: its
+// blocks live for one call and are often touched in part (oneDNN's scratchpads), so a 2 MiB page
+// faulted in whole and 2 MiB-aligned holes in the heap cost resident memory for nothing (+70-110 MiB
+// per rank at vocabulary 50257 when they did, docs/benchmarks.md).
 #pragma once
 
 #include <cstddef>
@@ -28,8 +34,11 @@ bool host_huge_pages_enabled();
 std::string host_huge_pages_description();
 
 /// aligned_alloc(alignment, bytes rounded up to the alignment), with the huge-page alignment and
-/// advice above for blocks of kHostHugePageMinimumBytes and more; null when out of memory. Free it
-/// with std::free.
-void* allocate_host_block(std::size_t bytes, std::size_t alignment);
+/// advice above for blocks of kHostHugePageMinimumBytes and more unless huge_pages is false; null when
+/// out of memory. Free it with free_host_block.
+void* allocate_host_block(std::size_t bytes, std::size_t alignment, bool huge_pages = true);
+
+/// Withdraw the huge-page advice of a block of `bytes` (the size it was allocated with) and free it.
+void free_host_block(void* pointer, std::size_t bytes) noexcept;
 
 }  // namespace zt

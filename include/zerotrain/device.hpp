@@ -70,9 +70,12 @@ enum class MemoryCategory : std::uint8_t {
   optimizer_states,
   activations,
   comm_buffers,
+  /// A kernel's temporaries for one call: the bf16 GEMMs' oneDNN scratchpads and the 16-bit GEMMs'
+  /// fp32 copies (the LM head's are tens of MiB at a GPT-2 vocabulary).
+  workspace,
   other,
 };
-inline constexpr std::size_t kMemoryCategoryCount = 6;
+inline constexpr std::size_t kMemoryCategoryCount = 7;
 std::string_view memory_category_name(MemoryCategory category);
 
 struct MemoryUsage {

@@ -23,6 +23,7 @@
 
 #include "kernels/host/host_common.hpp"
 #include "kernels/host_gemm.hpp"
+#include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::kernels {
@@ -222,6 +223,12 @@ std::int64_t span(std::int64_t rows, std::int64_t columns, std::int64_t ld) {
   return rows == 0 ? 0 : (rows - 1) * ld + columns;
 }
 
+/// A GEMM's temporary for one call, counted under MemoryCategory::workspace so that the accounted peak
+/// includes it (the LM head's are tens of MiB at vocabulary 50257).
+Buffer workspace_floats(std::size_t count) {
+  return Buffer(Device::host(), count * sizeof(float), MemoryCategory::workspace);
+}
+
 /// Widen a strided 16-bit operand to fp32 with the same leading dimension.
 template <typename T>
 void widen(const T* source, std::int64_t rows, std::int64_t columns, std::int64_t ld, float* destination) {
@@ -244,8 +251,8 @@ template <typename T>
 void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
                 double alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, double beta, T* c,
                 std::int64_t ldc) {
-  const auto c_storage = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(m * n));
-  float* c32 = c_storage.get();  // dense [m, n]
+  Buffer c_storage = workspace_floats(static_cast<std::size_t>(m * n));
+  float* c32 = c_storage.as<float>();  // dense [m, n]
   if (beta != 0) {
     for (std::int64_t r = 0; r < m; ++r) {
       for (std::int64_t col = 0; col < n; ++col) c32[r * n + col] = static_cast<float>(c[r * ldc + col]);
@@ -253,12 +260,10 @@ void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t
   }
   const std::int64_t a_rows = transpose_a ? k : m, a_columns = transpose_a ? m : k;
   const std::int64_t b_rows = transpose_b ? n : k, b_columns = transpose_b ? k : n;
-  const auto a_storage =
-      std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(span(a_rows, a_columns, lda)));
-  const auto b_storage =
-      std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(span(b_rows, b_columns, ldb)));
-  float* a32 = a_storage.get();
-  float* b32 = b_storage.get();
+  Buffer a_storage = workspace_floats(static_cast<std::size_t>(span(a_rows, a_columns, lda)));
+  Buffer b_storage = workspace_floats(static_cast<std::size_t>(span(b_rows, b_columns, ldb)));
+  float* a32 = a_storage.as<float>();
+  float* b32 = b_storage.as<float>();
   widen(a, a_rows, a_columns, lda, a32);
   widen(b, b_rows, b_columns, ldb, b32);
   gemm(transpose_a, transpose_b, m, n, k, alpha, a32, lda, b32, ldb, beta, c32, n);
@@ -281,7 +286,7 @@ struct Bf16GemmShape {
 /// picks and JIT-compiles a kernel), running it a GEMM's time; a training step repeats a few dozen
 /// shapes, so they are kept (up to kMaxPrimitives, then the cache starts over).
 /// Their scratchpads (fp32 accumulators: m x n x 4 bytes for the LM head's [B*T, vocab]) are ours
-/// (scratchpad_mode::user) and live for one call: in oneDNN's library mode, built with
+/// (scratchpad_mode::user), counted as workspace, and live for one call: in oneDNN's library mode, built with
 /// DNNL_ENABLE_CONCURRENT_EXEC as Debian's is, every cached primitive owned its own for the process's
 /// life (~29 MB per rank at vocabulary 50257 that nothing accounted, docs/benchmarks.md).
 class OneDnnBf16Gemms {
@@ -301,8 +306,8 @@ class OneDnnBf16Gemms {
     memory a_memory(a_descriptor(shape), engine_, const_cast<bf16*>(a));
     memory b_memory(b_descriptor(shape), engine_, const_cast<bf16*>(b));
     memory c_memory(c_descriptor(shape), engine_, c);
-    const auto scratchpad_storage = std::make_unique_for_overwrite<std::byte[]>(cached.scratchpad.get_size());
-    memory scratchpad_memory(cached.scratchpad, engine_, scratchpad_storage.get());
+    Buffer scratchpad_storage(Device::host(), cached.scratchpad.get_size(), MemoryCategory::workspace);
+    memory scratchpad_memory(cached.scratchpad, engine_, scratchpad_storage.data());
     try {
       cached.primitive.execute(stream, {{DNNL_ARG_SRC, a_memory},
                                         {DNNL_ARG_WEIGHTS, b_memory},

@@ -77,7 +77,7 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
   devices.total.peak += emulated.total.peak;
   constexpr MemoryCategory kReported[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                           MemoryCategory::optimizer_states, MemoryCategory::activations,
-                                          MemoryCategory::comm_buffers};
+                                          MemoryCategory::comm_buffers, MemoryCategory::workspace};
   constexpr MemoryCategory kModelStates[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                              MemoryCategory::optimizer_states};
   constexpr std::size_t kPeak = std::size(kReported);

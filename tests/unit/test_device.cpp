@@ -1,10 +1,13 @@
 // The device layer on the host, and its behaviour when CUDA is absent or unusable.
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <sstream>
@@ -96,6 +99,68 @@ TEST(HostBuffer, LargeBlocksAreAlignedAndAdvisedAsHugePages) {
   const std::string flags = vm_flags_at(plain.data());
   ASSERT_FALSE(flags.empty());
   EXPECT_EQ(flags.find(" hg "), std::string::npos) << "ZT_HOST_HUGE_PAGES=0 still advised: VmFlags" << flags;
+}
+
+/// The Runtime's malloc policy (mpi_layer/runtime.cpp) for one test: every block from the heap, which
+/// keeps what is freed, as in training.
+class HeapKeepsFreedBlocks {
+ public:
+  HeapKeepsFreedBlocks() {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  }
+  ~HeapKeepsFreedBlocks() {
+    mallopt(M_MMAP_MAX, 65536);  // glibc's defaults
+    mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  }
+  HeapKeepsFreedBlocks(const HeapKeepsFreedBlocks&) = delete;
+  HeapKeepsFreedBlocks& operator=(const HeapKeepsFreedBlocks&) = delete;
+};
+
+// In the heap, the advice must cover the block's whole 2 MiB pages only (not its tail, not the
+// neighbouring chunks) and leave with it: the heap hands the range out again in small pieces, and
+// advised it would be filled 2 MiB at a time (docs/benchmarks.md, "Resident memory: huge pages").
+TEST(HostBuffer, HugePageAdviceStaysInsideTheBlockAndLeavesWithIt) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  zt::testing::ScopedEnvironment on("ZT_HOST_HUGE_PAGES", std::nullopt);
+  const HeapKeepsFreedBlocks heap;
+  constexpr std::size_t kWholePages = 3 * zt::kHostHugePageBytes, kTail = std::size_t{1} << 20;
+  std::byte* start = nullptr;
+  {
+    zt::Buffer block(zt::Device::host(), kWholePages + kTail, zt::MemoryCategory::gradients);
+    start = block.as<std::byte>();
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(start) % zt::kHostHugePageBytes, 0u);
+    EXPECT_NE(vm_flags_at(start).find(" hg "), std::string::npos) << "VmFlags" << vm_flags_at(start);
+    EXPECT_NE(vm_flags_at(start + kWholePages - 1).find(" hg "), std::string::npos);
+    EXPECT_EQ(vm_flags_at(start + kWholePages).find(" hg "), std::string::npos)
+        << "the tail past the last whole 2 MiB page was advised: VmFlags" << vm_flags_at(start + kWholePages);
+    std::memset(start, 1, block.size());
+  }
+  const std::string freed = vm_flags_at(start);
+  ASSERT_FALSE(freed.empty()) << "the heap gave the range back despite the malloc policy";
+  EXPECT_EQ(freed.find(" hg "), std::string::npos) << "still advised after the free: VmFlags" << freed;
+}
+
+// A kernel's temporaries are counted (MemoryCategory::workspace) but take no huge pages: they live for
+// one call and are often touched in part.
+TEST(HostBuffer, WorkspaceIsCountedAndTakesNoHugePages) {
+  zt::testing::ScopedEnvironment on("ZT_HOST_HUGE_PAGES", std::nullopt);
+  const HeapKeepsFreedBlocks heap;
+  constexpr std::size_t kBytes = 3 * zt::kHostHugePageBytes;
+  const auto before = zt::memory_snapshot(zt::DeviceType::host);
+  {
+    zt::Buffer scratch(zt::Device::host(), kBytes, zt::MemoryCategory::workspace);
+    EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host)[zt::MemoryCategory::workspace].current,
+              before[zt::MemoryCategory::workspace].current + kBytes);
+    EXPECT_EQ(vm_flags_at(scratch.data()).find(" hg "), std::string::npos)
+        << "workspace advised as huge pages: VmFlags" << vm_flags_at(scratch.data());
+  }
+  const auto after = zt::memory_snapshot(zt::DeviceType::host);
+  EXPECT_EQ(after[zt::MemoryCategory::workspace].current, before[zt::MemoryCategory::workspace].current);
+  EXPECT_GE(after[zt::MemoryCategory::workspace].peak,
+            before[zt::MemoryCategory::workspace].current + kBytes);
+  EXPECT_EQ(zt::memory_category_name(zt::MemoryCategory::workspace), "workspace");
 }
 
 TEST(HostBuffer, RejectsBadAlignment) {
