@@ -90,12 +90,13 @@ void* allocate_host_block(std::size_t bytes, std::size_t alignment, bool huge_pa
   return pointer;
 }
 
-void free_host_block(void* pointer, std::size_t bytes) noexcept {
+void free_host_block(void* pointer, std::size_t bytes, bool huge_pages) noexcept {
   // The heap keeps the freed range (the malloc tuning) and will hand it out in small pieces: advised
   // huge it would stay so, and khugepaged (max_ptes_none 511 by default) would fill each 2 MiB range
-  // around a few touched 4 KiB pages, resident memory that no allocation holds (+50 MiB per rank at
-  // vocabulary 50257, docs/benchmarks.md). Harmless on a range that was never advised.
-  if (pointer != nullptr && bytes >= kHostHugePageMinimumBytes)
+  // around a few touched 4 KiB pages, resident memory that no allocation holds (~50 MiB per rank at
+  // vocabulary 50257, docs/benchmarks.md). Not read again from ZT_HOST_HUGE_PAGES: a block advised
+  // before the variable changed still loses its advice.
+  if (pointer != nullptr && huge_pages && bytes >= kHostHugePageMinimumBytes)
     (void)madvise(pointer, huge_page_span(bytes), MADV_NOHUGEPAGE);
   std::free(pointer);
 }
@@ -115,7 +116,9 @@ class HostAllocator final : public Allocator {
     }
     return pointer;
   }
-  void deallocate(void* pointer, std::size_t bytes) noexcept override { free_host_block(pointer, bytes); }
+  void deallocate(void* pointer, std::size_t bytes) noexcept override {
+    free_host_block(pointer, bytes, huge_pages_);
+  }
   Device device() const override { return Device::host(); }
 
  private:
@@ -169,7 +172,7 @@ class CachingHostAllocator final : public Allocator {
       } catch (...) {  // no memory for the cache's node: free the block instead
       }
     }
-    free_host_block(pointer, rounded(bytes));
+    free_host_block(pointer, rounded(bytes), /*huge_pages=*/true);
   }
 
   Device device() const override { return Device::host(); }
@@ -195,7 +198,7 @@ class CachingHostAllocator final : public Allocator {
   void release_all() noexcept {
     const std::lock_guard lock(mutex_);
     for (const detail::BlockCache::Block& block : cache_.take_all())
-      free_host_block(block.pointer, block.size);
+      free_host_block(block.pointer, block.size, /*huge_pages=*/true);
   }
 
   HostAllocator fallback_;

@@ -15,8 +15,7 @@
 // turns it off (read at every such allocation); under THP `never` the advice does nothing.
 // Workspace (MemoryCategory::workspace: one kernel call's temporaries) never takes huge pages: its
 // blocks live for one call and are often touched in part (oneDNN's scratchpads), so a 2 MiB page
-// faulted in whole and 2 MiB-aligned holes in the heap cost resident memory for nothing (+70-110 MiB
-// per rank at vocabulary 50257 when they did, docs/benchmarks.md).
+// faulted in whole would be resident for nothing.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +37,9 @@ std::string host_huge_pages_description();
 /// out of memory. Free it with free_host_block.
 void* allocate_host_block(std::size_t bytes, std::size_t alignment, bool huge_pages = true);
 
-/// Withdraw the huge-page advice of a block of `bytes` (the size it was allocated with) and free it.
-void free_host_block(void* pointer, std::size_t bytes) noexcept;
+/// Withdraw the huge-page advice of a block of `bytes` (the size it was allocated with, and the same
+/// huge_pages) and free it. Under THP `always` the range then stays on 4 KiB pages until a block is
+/// advised there again.
+void free_host_block(void* pointer, std::size_t bytes, bool huge_pages = true) noexcept;
 
 }  // namespace zt
