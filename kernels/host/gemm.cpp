@@ -218,58 +218,80 @@ void blocked_gemm(bool transpose_a, bool transpose_b, std::int64_t m, std::int64
   }
 }
 
-/// Elements spanned by a row-major operand with `rows` rows of `columns` used entries and stride `ld`.
-std::int64_t span(std::int64_t rows, std::int64_t columns, std::int64_t ld) {
-  return rows == 0 ? 0 : (rows - 1) * ld + columns;
-}
-
 /// A GEMM's temporary for one call, counted under MemoryCategory::workspace so that the accounted peak
 /// includes it (the LM head's are tens of MiB at vocabulary 50257).
 Buffer workspace_floats(std::size_t count) {
   return Buffer(Device::host(), count * sizeof(float), MemoryCategory::workspace);
 }
 
-/// Widen a strided 16-bit operand to fp32 with the same leading dimension.
+/// Widen the [rows, columns] block at `source` (row stride ld) into a dense fp32 [rows, columns].
 template <typename T>
-void widen(const T* source, std::int64_t rows, std::int64_t columns, std::int64_t ld, float* destination) {
+void widen_block(const T* source, std::int64_t rows, std::int64_t columns, std::int64_t ld,
+                 float* destination) {
 #pragma omp parallel for schedule(static) if (rows * columns > 65536)
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t c = 0; c < columns; ++c)
-      destination[r * ld + c] = static_cast<float>(source[r * ld + c]);
+      destination[r * columns + c] = static_cast<float>(source[r * ld + c]);
   }
 }
 
-/// The 16-bit GEMM: fp32 copies of A and B (and C when beta != 0), sgemm, then one rounding per element.
-/// (Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16, so cblas_sbgemm is not available; on
-/// AVX2 without AVX512-BF16 it would widen internally anyway.)
-/// The copies live for the call only: kept per thread they held the largest GEMM's operands for the
-/// process's life (the LM head at vocabulary 50257: ~80 MiB per rank that nothing accounted,
-/// docs/benchmarks.md). Freed, the heap keeps them (Runtime's keep_freed_memory) for the next
-/// allocation, so no page faults come back. The price is with ZT_MALLOC_TUNING=0: copies above glibc's
-/// mmap threshold (32 MiB at most) are then fresh pages in every call (that step measured 1.35x slower).
+/// The widening GEMM's tile edge: each of its three fp32 tiles is at most 1024 x 1024 (4 MiB).
+inline constexpr std::int64_t kWideningTile = 1024;
+
+/// The 16-bit GEMM: sgemm on fp32 copies of tiles of A and B (and of C when beta != 0), accumulated in
+/// an fp32 tile of C over the reduction, then one rounding per element of C. (Debian's OpenBLAS 0.3.21
+/// is built without BUILD_BFLOAT16, so cblas_sbgemm is not available; on AVX2 without AVX512-BF16 it
+/// would widen internally anyway.)
+/// Tiled, the copies are at most 12 MiB per call (MemoryCategory::workspace) at any shape: whole, the
+/// LM head's at vocabulary 50257 were ~77 MiB per call, counted or not, and their varying sizes left
+/// holes in the heap that it kept (docs/benchmarks.md, "Resident memory: huge pages and workspace").
+/// A tile of A is widened once per column tile of C, a tile of B once per row tile: at GPT-2 124M's
+/// LM head (m 1024, n 50257, k 768) that is 50 x 0.8 M extra conversions against 79 GFLOP of GEMM.
 template <typename T>
 void gemm_16bit(bool transpose_a, bool transpose_b, std::int64_t m, std::int64_t n, std::int64_t k,
                 double alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, double beta, T* c,
                 std::int64_t ldc) {
-  Buffer c_storage = workspace_floats(static_cast<std::size_t>(m * n));
-  float* c32 = c_storage.as<float>();  // dense [m, n]
-  if (beta != 0) {
-    for (std::int64_t r = 0; r < m; ++r) {
-      for (std::int64_t col = 0; col < n; ++col) c32[r * n + col] = static_cast<float>(c[r * ldc + col]);
+  const std::int64_t tile_m = std::min(m, kWideningTile), tile_n = std::min(n, kWideningTile);
+  const std::int64_t tile_k = std::min(k, kWideningTile);
+  Buffer storage =
+      workspace_floats(static_cast<std::size_t>(tile_m * tile_n + tile_m * tile_k + tile_k * tile_n));
+  float* c32 = storage.as<float>();  // dense [rows, columns] of the current tile of C
+  float* a32 = c32 + tile_m * tile_n;
+  float* b32 = a32 + tile_m * tile_k;
+  for (std::int64_t row = 0; row < m; row += kWideningTile) {
+    const std::int64_t rows = std::min(kWideningTile, m - row);
+    for (std::int64_t column = 0; column < n; column += kWideningTile) {
+      const std::int64_t columns = std::min(kWideningTile, n - column);
+      T* c_tile = c + row * ldc + column;
+      if (beta != 0) {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t col = 0; col < columns; ++col)
+            c32[r * columns + col] = static_cast<float>(c_tile[r * ldc + col]);
+        }
+      }
+      // k == 0 runs once with an empty reduction: C = beta C.
+      for (std::int64_t inner = 0; inner == 0 || inner < k; inner += kWideningTile) {
+        const std::int64_t depth = std::min(kWideningTile, k - inner);
+        if (transpose_a) {  // A is [k, m]: op(A)'s tile is A's [depth, rows] block
+          widen_block(a + inner * lda + row, depth, rows, lda, a32);
+        } else {
+          widen_block(a + row * lda + inner, rows, depth, lda, a32);
+        }
+        if (transpose_b) {  // B is [n, k]
+          widen_block(b + column * ldb + inner, columns, depth, ldb, b32);
+        } else {
+          widen_block(b + inner * ldb + column, depth, columns, ldb, b32);
+        }
+        const std::int64_t a_ld = std::max<std::int64_t>(transpose_a ? rows : depth, 1);
+        const std::int64_t b_ld = std::max<std::int64_t>(transpose_b ? depth : columns, 1);
+        gemm(transpose_a, transpose_b, rows, columns, depth, alpha, a32, a_ld, b32, b_ld,
+             inner == 0 ? beta : 1.0, c32, columns);
+      }
+#pragma omp parallel for schedule(static) if (rows * columns > 65536)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t col = 0; col < columns; ++col) c_tile[r * ldc + col] = T(c32[r * columns + col]);
+      }
     }
-  }
-  const std::int64_t a_rows = transpose_a ? k : m, a_columns = transpose_a ? m : k;
-  const std::int64_t b_rows = transpose_b ? n : k, b_columns = transpose_b ? k : n;
-  Buffer a_storage = workspace_floats(static_cast<std::size_t>(span(a_rows, a_columns, lda)));
-  Buffer b_storage = workspace_floats(static_cast<std::size_t>(span(b_rows, b_columns, ldb)));
-  float* a32 = a_storage.as<float>();
-  float* b32 = b_storage.as<float>();
-  widen(a, a_rows, a_columns, lda, a32);
-  widen(b, b_rows, b_columns, ldb, b32);
-  gemm(transpose_a, transpose_b, m, n, k, alpha, a32, lda, b32, ldb, beta, c32, n);
-#pragma omp parallel for schedule(static) if (m * n > 65536)
-  for (std::int64_t r = 0; r < m; ++r) {
-    for (std::int64_t col = 0; col < n; ++col) c[r * ldc + col] = T(c32[r * n + col]);
   }
 }
 

@@ -139,8 +139,9 @@ void expect_close_to_exact(const GemmCase& c, const GemmOperands& o, const std::
 
 std::vector<GemmCase> odd_cases() {
   std::vector<GemmCase> cases;
-  const std::int64_t shapes[][3] = {{1, 1, 1},      {3, 5, 7},     {17, 33, 65},
-                                    {129, 67, 255}, {70, 513, 97}, {257, 31, 768}};
+  // The last two cross the widening path's 1024-element tiles in every dimension (kernels/host/gemm.cpp).
+  const std::int64_t shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {17, 33, 65},    {129, 67, 255},
+                                    {70, 513, 97}, {257, 31, 768}, {1030, 9, 2051}, {3, 2100, 1100}};
   for (const auto& shape : shapes) {
     for (int transposes = 0; transposes < 4; ++transposes) {
       const bool ta = (transposes & 1) != 0, tb = (transposes & 2) != 0;
