@@ -268,26 +268,29 @@ void dropout_backward(const Stream& stream, DType dtype, const void* grad_output
   );
 }
 
-void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* probabilities,
+void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* row_logsumexp,
                        const AttentionShape& shape) {
   dispatch(
       stream, "attention_forward",
-      [&] { return host::attention_forward(dtype, qkv, output, probabilities, shape); },
+      [&] { return host::attention_forward(dtype, qkv, output, row_logsumexp, shape); },
 #if ZT_HAVE_CUDA
-      [&](void* native) { cuda::attention_forward(dtype, qkv, output, probabilities, shape, native); });
+      [&](void* native) { cuda::attention_forward(dtype, qkv, output, row_logsumexp, shape, native); });
 #else
       no_cuda_kernel);
 #endif
 }
 
 void attention_backward(const Stream& stream, DType dtype, const void* grad_output, const void* qkv,
-                        const void* probabilities, void* grad_qkv, const AttentionShape& shape) {
+                        const void* output, const void* row_logsumexp, void* grad_qkv,
+                        const AttentionShape& shape) {
   dispatch(
       stream, "attention_backward",
-      [&] { return host::attention_backward(dtype, grad_output, qkv, probabilities, grad_qkv, shape); },
+      [&] {
+        return host::attention_backward(dtype, grad_output, qkv, output, row_logsumexp, grad_qkv, shape);
+      },
 #if ZT_HAVE_CUDA
       [&](void* native) {
-        cuda::attention_backward(dtype, grad_output, qkv, probabilities, grad_qkv, shape, native);
+        cuda::attention_backward(dtype, grad_output, qkv, output, row_logsumexp, grad_qkv, shape, native);
       });
 #else
       no_cuda_kernel);

@@ -8,7 +8,7 @@
 //   - Tensors are raw pointers to contiguous row-major data of the given floating `dtype`
 //     (fp32, fp64, bf16, fp16). 16-bit types are computed in fp32 (loads widen, stores round);
 //     fp64 is computed in fp64. Token and target indices are int32.
-//   - "Statistics" (layernorm mean/rstd, attention probabilities, cross-entropy log-sum-exp) are
+//   - "Statistics" (layernorm mean/rstd, attention and cross-entropy log-sum-exps) are
 //     kept in the accumulation type: fp64 for fp64 tensors, fp32 otherwise (see stat_dtype()).
 //   - Gradients of parameters ACCUMULATE (+=), gradients of activations are OVERWRITTEN.
 //   - Every kernel is deterministic: the result does not depend on the number of OpenMP threads
@@ -141,13 +141,20 @@ struct AttentionShape {
   std::int64_t head_dim = 0;  // channels = n_head * head_dim
 };
 /// qkv: [B, T, 3C] (q, k, v side by side, head h at columns h*head_dim of each); output: [B, T, C];
-/// probabilities: [B, n_head, T, T] (stat_dtype), the causal softmax of q.k^T / sqrt(head_dim), saved
-/// for backward (zeros above the diagonal).
-void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* probabilities,
+/// row_logsumexp: [B, n_head, T] (stat_dtype), the log of each query row's causal softmax normalizer,
+/// lse[t] = log sum over s <= t of exp(q_t . k_s / sqrt(head_dim)). Saved for backward with qkv and
+/// output, it is all the backward needs to recompute the probabilities a tile at a time: O(T)
+/// statistics per head instead of the O(T^2) probabilities (flash attention's contract, and cuDNN's
+/// fused attention's, whose "Stats" output is this tensor).
+void attention_forward(const Stream& stream, DType dtype, const void* qkv, void* output, void* row_logsumexp,
                        const AttentionShape& shape);
-/// grad_qkv [B, T, 3C] overwritten.
+/// grad_qkv [B, T, 3C] overwritten. output and row_logsumexp are attention_forward's. The softmax
+/// backward needs rowsum(P * dP) = rowsum(dO * O): cuDNN reads it from `output`, the host and our CUDA
+/// kernels form it from the recomputed probabilities (exactly the forward's arithmetic, no 16-bit
+/// rounding of O in it).
 void attention_backward(const Stream& stream, DType dtype, const void* grad_output, const void* qkv,
-                        const void* probabilities, void* grad_qkv, const AttentionShape& shape);
+                        const void* output, const void* row_logsumexp, void* grad_qkv,
+                        const AttentionShape& shape);
 
 // ---- losses -----------------------------------------------------------------------------------
 

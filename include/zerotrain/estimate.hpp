@@ -29,7 +29,7 @@ struct ActivationEstimate {
   /// Micro-batches whose activations are kept at once: 1 unpipelined, GPipe m, 1F1B min(p - s, m).
   std::int64_t in_flight = 0;
   /// The peak above kept x in_flight: the largest moment of a forward or backward (the logits and
-  /// their gradient, attention probabilities, a recomputed checkpoint), the micro-batches' data, the
+  /// their gradient, a layer's attention qkv, a recomputed checkpoint), the micro-batches' data, the
   /// last stage's losses, pipeline receive buffers and sends in flight.
   std::uint64_t transient = 0;
   /// The step's peak: kept_per_micro_batch x in_flight + transient. Pipelined, with every send
@@ -156,9 +156,9 @@ HostMemory host_memory(int ranks_on_node);
 /// Refuses (ConfigError) a config whose built-in model cannot fit in `host`, before anything is
 /// allocated: `ranks_on_node` ranks of `world_size` each need at least their model states (the
 /// estimate of estimate_model_state_memory for the model's parameter count, over its pipeline
-/// stages and data-parallel ranks) and, for a GPT, one micro-batch's attention probabilities of one
-/// layer and its logits. The message names the config keys that drive the size and the memory limit
-/// that decides. O(1) in the model's sizes, so `zerotrain train` runs it first. Nothing without a
+/// stages and data-parallel ranks) and, for a GPT, one micro-batch's attention qkv of one layer or
+/// its logits, whichever is larger. The message names the config keys that drive the size and the memory
+/// limit that decides. O(1) in the model's sizes, so `zerotrain train` runs it first. Nothing without a
 /// "model" section.
 void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host);
 

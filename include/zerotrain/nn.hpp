@@ -517,7 +517,7 @@ class CausalSelfAttention : public Module {
   Linear* proj_;
   Dropout* dropout_;
   struct Saved {
-    Tensor qkv, probabilities;
+    Tensor qkv, attended, row_logsumexp;  // attended: the attention's output, [B, T, C]
   };
   SavedActivations<Saved> saved_{*this};
 };

@@ -1,12 +1,19 @@
-// Causal multi-head self-attention on CUDA, the host's contract (kernels/host/attention.cpp): the full
-// probabilities [B, H, T, T] are saved for backward. Tiled in plain CUDA: a block owns one (batch,
-// head) pair and a tile of kQueryTile query rows (or, for dK/dV, key rows) and walks the other side in
-// tiles of kKeyTile rows staged in shared memory. Each output element is accumulated by one thread in
-// increasing row order and every reduction is a fixed tree: the results are deterministic.
+// Causal multi-head self-attention on CUDA, the host's contract (kernels/nn_kernels.hpp,
+// kernels/host/attention.cpp): the rows' log-sum-exps [B, H, T] (stat dtype) are saved for backward, not
+// the probabilities. Tiled in plain CUDA: a block owns one (batch, head) pair and a tile of kQueryTile
+// query rows (or, for dK/dV, key rows) and walks the other side in tiles of kKeyTile rows staged in
+// shared memory. Each output element is accumulated by one thread in increasing row order and every
+// reduction is a fixed tree: the results are deterministic.
 //
-//   forward:  S = scale Q K^T (s <= t), P = softmax rows (written to `probabilities`), O = P V.
-//   backward: dP = dO V^T, dS = P (dP - rowsum(P dP)) (a temporary [B, H, T, T] buffer),
+//   forward:  S = scale Q K^T (s <= t), P = softmax rows (a temporary [B, H, T, T] buffer),
+//             lse[t] = max + log(sum of the exps) (written to `row_logsumexp`), O = P V.
+//   backward: P = exp(S - lse) recomputed (a temporary [B, H, T, T] buffer; S with the forward's
+//             arithmetic), dP = dO V^T, dS = P (dP - rowsum(P dP)) (another temporary [B, H, T, T] buffer),
 //             dQ = scale dS K (query tiles), dK = scale dS^T Q and dV = P^T dO (key tiles).
+// The temporaries are stream-ordered (StreamScratch) and live for one call: a call needs O(B H T^2)
+// memory while it runs, what is saved from forward to backward is O(B H T). This is not flash
+// attention: the score tiles go through global memory (cuDNN's fused attention,
+// kernels/cuda/cudnn_attention.hpp, takes the 16-bit calls it supports).
 #include "kernels/cuda/attention.hpp"
 
 #include <cuda_runtime.h>
@@ -96,7 +103,8 @@ __device__ __forceinline__ void accumulate_weighted_rows(C* accumulators, const 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     attention_forward_kernel(const T* __restrict__ qkv, T* __restrict__ output,
-                             compute_t<T>* __restrict__ probabilities, HeadLayout layout, std::int64_t n_head,
+                             compute_t<T>* __restrict__ probabilities,
+                             compute_t<T>* __restrict__ row_logsumexp, HeadLayout layout, std::int64_t n_head,
                              compute_t<T> scale) {
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -130,7 +138,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  // Causal softmax of each owned row by one warp: max, exps and their sum, scaled; 0 above the diagonal.
+  // Causal softmax of each owned row by one warp: max, exps and their sum, scaled; lane 0 saves the
+  // row's log-sum-exp. Only s <= t of p is read below: the temporary is not cleared above the diagonal.
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   if (warp < owned_rows) {
     const std::int64_t t = first_row + warp;
@@ -144,9 +153,10 @@ __global__ void __launch_bounds__(kThreads)
       row[s] = e;
       sum += e;
     }
-    const C inverse_sum = C(1) / warp_sum(sum);
+    sum = warp_sum(sum);  // every lane holds the same sum
+    if (lane == 0) row_logsumexp[batch_head * seq_len + t] = row_max + log(sum);
+    const C inverse_sum = C(1) / sum;
     for (std::int64_t s = lane; s <= t; s += kWarpSize) row[s] *= inverse_sum;
-    for (std::int64_t s = t + 1 + lane; s < seq_len; s += kWarpSize) row[s] = 0;
   }
   __syncthreads();  // the probabilities written above are read by other threads below
 
@@ -166,6 +176,51 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t i = threadIdx.x; i < owned_rows * head_dim; i += blockDim.x) {
     const std::int64_t r = i / head_dim, d = i % head_dim;
     store_float(&out[(first_row + r) * layout.channels + d], accumulators[i]);
+  }
+}
+
+/// Per query tile, the probabilities the forward normalized, recomputed from Q, K and the saved
+/// log-sum-exps: S = scale Q K^T (s <= t) with the forward's arithmetic, then per owned row one warp
+/// writes P[t][s] = exp(S[t][s] - lse[t]) for s <= t and 0 above the diagonal.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    attention_probabilities_kernel(const T* __restrict__ qkv, const compute_t<T>* __restrict__ row_logsumexp,
+                                   compute_t<T>* __restrict__ probabilities, HeadLayout layout,
+                                   std::int64_t n_head, compute_t<T> scale) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  const std::int64_t seq_len = layout.seq_len, head_dim = layout.head_dim;
+  const int staged_stride = static_cast<int>(head_dim) + 1;  // padded: conflict-free column reads
+  C* queries = reinterpret_cast<C*>(shared_bytes);           // [kQueryTile][head_dim]
+  C* staged = queries + kQueryTile * head_dim;               // [kKeyTile][head_dim + 1]: rows of K
+
+  const std::int64_t batch_head = blockIdx.x;
+  const T* q = qkv + layout.qkv_offset(batch_head, n_head);
+  const T* k = q + layout.channels;
+  C* p = probabilities + batch_head * seq_len * seq_len;
+  const C* lse = row_logsumexp + batch_head * seq_len;
+  const std::int64_t first_row = static_cast<std::int64_t>(blockIdx.y) * kQueryTile;
+  const int owned_rows = rows_from(first_row, seq_len);
+  const std::int64_t last_row = first_row + owned_rows - 1;
+
+  stage_rows(queries, static_cast<int>(head_dim), kQueryTile, q, layout.qkv_row_stride, first_row, seq_len,
+             head_dim);
+  __syncthreads();
+  for (std::int64_t first_key = 0; first_key <= last_row; first_key += kKeyTile) {
+    stage_rows(staged, staged_stride, kKeyTile, k, layout.qkv_row_stride, first_key, seq_len, head_dim);
+    __syncthreads();
+    causal_tile_products(queries, staged, staged_stride, first_row, owned_rows, first_key, head_dim, scale, p,
+                         seq_len);
+    __syncthreads();  // the scores written above are read by other threads below
+  }
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (warp < owned_rows) {
+    const std::int64_t t = first_row + warp;
+    C* row = p + t * seq_len;
+    const C row_lse = lse[t];
+    for (std::int64_t s = lane; s <= t; s += kWarpSize) row[s] = exp(row[s] - row_lse);
+    for (std::int64_t s = t + 1 + lane; s < seq_len; s += kWarpSize) row[s] = 0;
   }
 }
 
@@ -341,27 +396,46 @@ std::size_t query_tile_shared_bytes(std::int64_t head_dim) {
          sizeof(C);
 }
 
+/// Shared memory of the probability recomputation: a [kQueryTile][D] tile and a padded
+/// [kKeyTile][D + 1] tile.
+template <typename C>
+std::size_t score_tile_shared_bytes(std::int64_t head_dim) {
+  return static_cast<std::size_t>(kQueryTile * head_dim + kKeyTile * (head_dim + 1)) * sizeof(C);
+}
+
+/// Bytes of one [B, H, T, T] temporary of C.
+template <typename C>
+std::size_t score_matrix_bytes(const AttentionShape& shape) {
+  return static_cast<std::size_t>(shape.batch * shape.n_head * shape.seq_len * shape.seq_len) * sizeof(C);
+}
+
 }  // namespace
 
-void attention_forward(DType dtype, const void* qkv, void* output, void* probabilities,
+void attention_forward(DType dtype, const void* qkv, void* output, void* row_logsumexp,
                        const AttentionShape& shape, void* stream) {
   check_shape(shape, "attention_forward");
   if (shape.batch == 0) return;
+  const cudaStream_t cuda_stream = as_cuda_stream(stream);
   with_dtype(kFloatingDTypes, dtype, "attention_forward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     const std::size_t shared_bytes = query_tile_shared_bytes<C>(shape.head_dim);
     reserve_shared_memory(attention_forward_kernel<T>, shared_bytes, shape, "attention_forward");
     const C scale = C(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
-    attention_forward_kernel<T><<<tile_grid(shape), kThreads, shared_bytes, as_cuda_stream(stream)>>>(
-        static_cast<const T*>(qkv), static_cast<T*>(output), static_cast<C*>(probabilities),
-        head_layout(shape), shape.n_head, scale);
+    const StreamScratch probabilities(score_matrix_bytes<C>(shape), cuda_stream,
+                                      "attention_forward probabilities");
+    attention_forward_kernel<T><<<tile_grid(shape), kThreads, shared_bytes, cuda_stream>>>(
+        static_cast<const T*>(qkv), static_cast<T*>(output), probabilities.as<C>(),
+        static_cast<C*>(row_logsumexp), head_layout(shape), shape.n_head, scale);
     ZT_CHECK_LAUNCH("attention_forward");
   });
 }
 
-void attention_backward(DType dtype, const void* grad_output, const void* qkv, const void* probabilities,
-                        void* grad_qkv, const AttentionShape& shape, void* stream) {
+// `output` is for cuDNN's backward, which forms rowsum(P dP) as rowsum(dO O); this kernel forms it from
+// the recomputed probabilities (the host's arithmetic, no 16-bit rounding of O in it) and ignores it.
+void attention_backward(DType dtype, const void* grad_output, const void* qkv, const void* /*output*/,
+                        const void* row_logsumexp, void* grad_qkv, const AttentionShape& shape,
+                        void* stream) {
   check_shape(shape, "attention_backward");
   if (shape.batch == 0) return;
   const cudaStream_t cuda_stream = as_cuda_stream(stream);
@@ -369,13 +443,20 @@ void attention_backward(DType dtype, const void* grad_output, const void* qkv, c
     using T = decltype(tag);
     using C = compute_t<T>;
     const C scale = C(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
-    const StreamScratch score_grad(
-        static_cast<std::size_t>(shape.batch * shape.n_head * shape.seq_len * shape.seq_len) * sizeof(C),
-        cuda_stream, "attention_backward score gradients");
+    const StreamScratch probabilities(score_matrix_bytes<C>(shape), cuda_stream,
+                                      "attention_backward probabilities");
+    const StreamScratch score_grad(score_matrix_bytes<C>(shape), cuda_stream,
+                                   "attention_backward score gradients");
+    const std::size_t score_bytes = score_tile_shared_bytes<C>(shape.head_dim);
+    reserve_shared_memory(attention_probabilities_kernel<T>, score_bytes, shape, "attention_backward");
+    attention_probabilities_kernel<T><<<tile_grid(shape), kThreads, score_bytes, cuda_stream>>>(
+        static_cast<const T*>(qkv), static_cast<const C*>(row_logsumexp), probabilities.as<C>(),
+        head_layout(shape), shape.n_head, scale);
+    ZT_CHECK_LAUNCH("attention_backward (probabilities)");
     const std::size_t query_bytes = query_tile_shared_bytes<C>(shape.head_dim);
     reserve_shared_memory(attention_query_grad_kernel<T>, query_bytes, shape, "attention_backward");
     attention_query_grad_kernel<T><<<tile_grid(shape), kThreads, query_bytes, cuda_stream>>>(
-        static_cast<const T*>(grad_output), static_cast<const T*>(qkv), static_cast<const C*>(probabilities),
+        static_cast<const T*>(grad_output), static_cast<const T*>(qkv), probabilities.as<C>(),
         score_grad.as<C>(), static_cast<T*>(grad_qkv), head_layout(shape), shape.n_head, scale);
     ZT_CHECK_LAUNCH("attention_backward (query gradient)");
     const std::size_t key_bytes = static_cast<std::size_t>((2 * kKeyTile + 2 * kQueryTile) * shape.head_dim +
@@ -383,7 +464,7 @@ void attention_backward(DType dtype, const void* grad_output, const void* qkv, c
                                   sizeof(C);
     reserve_shared_memory(attention_key_value_grad_kernel<T>, key_bytes, shape, "attention_backward");
     attention_key_value_grad_kernel<T><<<tile_grid(shape), kThreads, key_bytes, cuda_stream>>>(
-        static_cast<const T*>(grad_output), static_cast<const T*>(qkv), static_cast<const C*>(probabilities),
+        static_cast<const T*>(grad_output), static_cast<const T*>(qkv), probabilities.as<C>(),
         score_grad.as<C>(), static_cast<T*>(grad_qkv), head_layout(shape), shape.n_head, scale);
     ZT_CHECK_LAUNCH("attention_backward (key and value gradients)");
   });

@@ -39,10 +39,10 @@ void dropout_forward(DType dtype, const void* input, void* output, std::int64_t 
                      std::uint64_t seed, std::uint64_t stream);
 void dropout_backward(DType dtype, const void* grad_output, void* grad_input, std::int64_t count, double p,
                       std::uint64_t seed, std::uint64_t stream);
-void attention_forward(DType dtype, const void* qkv, void* output, void* probabilities,
+void attention_forward(DType dtype, const void* qkv, void* output, void* row_logsumexp,
                        const AttentionShape& shape);
-void attention_backward(DType dtype, const void* grad_output, const void* qkv, const void* probabilities,
-                        void* grad_qkv, const AttentionShape& shape);
+void attention_backward(DType dtype, const void* grad_output, const void* qkv, const void* output,
+                        const void* row_logsumexp, void* grad_qkv, const AttentionShape& shape);
 struct CrossEntropyResult {
   double loss = 0;                // mean over counted rows
   std::int64_t counted_rows = 0;  // rows whose target is not ignore_index

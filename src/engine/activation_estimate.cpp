@@ -94,7 +94,7 @@ class SimModule {
 using SimPtr = std::unique_ptr<SimModule>;
 
 /// Shapes of one micro-batch: `rows` positions (batch x seq_len, or the MLP's batch) of `element`
-/// bytes per value, statistics (LayerNorm mean/rstd, attention probabilities) of `stat` bytes.
+/// bytes per value, statistics (LayerNorm mean/rstd, attention log-sum-exps) of `stat` bytes.
 struct Widths {
   std::uint64_t rows = 0;
   std::uint64_t element = 0;
@@ -201,16 +201,17 @@ class SimPositional final : public SimModule {  // nn::PositionalEmbedding: save
 
 class SimAttention final : public SimModule {  // nn::CausalSelfAttention
  public:
-  SimAttention(Widths widths, std::int64_t d_model, std::int64_t n_head, std::int64_t seq_len, double dropout)
+  SimAttention(Widths widths, std::int64_t d_model, std::int64_t n_head, double dropout)
       : widths_(widths),
         d_model_(d_model),
-        probabilities_(widths.rows * static_cast<std::uint64_t>(n_head * seq_len) * widths.stat),
+        row_logsumexp_(widths.rows * static_cast<std::uint64_t>(n_head) * widths.stat),
         qkv_(widths, d_model, 3 * d_model),
         proj_(widths, d_model, d_model),
         dropout_(widths, d_model, dropout) {}
   Bytes forward(const Bytes& input, const Pass& pass) override {
-    Saved saved{qkv_.forward(input, pass), pass.allocate(probabilities_)};
-    Bytes attended = pass.allocate(widths_.values(d_model_));
+    Saved saved{qkv_.forward(input, pass), pass.allocate(widths_.values(d_model_)),
+                pass.allocate(row_logsumexp_)};
+    const Bytes attended = saved.attended;  // also proj's saved input
     saved_.save(pass, saved);
     return dropout_.forward(proj_.forward(attended, pass), pass);
   }
@@ -223,11 +224,11 @@ class SimAttention final : public SimModule {  // nn::CausalSelfAttention
 
  private:
   struct Saved {
-    Bytes qkv, probabilities;
+    Bytes qkv, attended, row_logsumexp;
   };
   Widths widths_;
   std::int64_t d_model_;
-  std::uint64_t probabilities_;  // [batch, n_head, T, T] in the statistics' dtype
+  std::uint64_t row_logsumexp_;  // [batch, n_head, T] in the statistics' dtype
   SimSavesInput qkv_, proj_;
   SimDropout dropout_;
   Slots<Saved> saved_;
@@ -262,7 +263,7 @@ class SimTransformerBlock final : public SimModule {  // nn::TransformerBlock
       : widths_(widths),
         d_model_(gpt.d_model),
         ln1_(widths, gpt.d_model),
-        attn_(widths, gpt.d_model, gpt.n_head, gpt.seq_len, gpt.dropout),
+        attn_(widths, gpt.d_model, gpt.n_head, gpt.dropout),
         ln2_(widths, gpt.d_model),
         mlp_(widths, gpt.d_model, gpt.dropout) {}
   Bytes forward(const Bytes& input, const Pass& pass) override {

@@ -342,8 +342,9 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
       // A config the engine refuses for other reasons: it says why, with its own message.
     }
   }
-  // Activations of a GPT, at least: one layer's attention probabilities or the logits of one
-  // micro-batch, whichever is larger (both exist at once in every step).
+  // Activations of a GPT, at least: one layer's qkv (which even activation checkpointing rebuilds for
+  // the layer's backward) or the logits of one micro-batch, whichever is larger. Attention saves no
+  // [T, T] probabilities (its rows' log-sum-exps only), so nothing here grows as seq_len^2.
   double activations = 0.0;
   std::string activation_keys;
   if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
@@ -355,12 +356,12 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
       // the engine reports the batch sizes; one sample per micro-batch is still a lower bound
     }
     const double seq = static_cast<double>(gpt->seq_len);
-    const double attention = micro * seq * static_cast<double>(gpt->n_head) * seq * element;
+    const double qkv = micro * seq * 3.0 * static_cast<double>(gpt->d_model) * element;
     const double logits = micro * seq * static_cast<double>(gpt->vocab_size) * element;
-    activations = std::max(attention, logits);
-    activation_keys = attention >= logits
-                          ? "train_micro_batch_size_per_gpu x model.n_head x model.seq_len^2 (one layer's "
-                            "attention probabilities)"
+    activations = std::max(qkv, logits);
+    activation_keys = qkv >= logits
+                          ? "train_micro_batch_size_per_gpu x model.seq_len x 3 model.d_model (one layer's "
+                            "attention qkv)"
                           : "train_micro_batch_size_per_gpu x model.seq_len x model.vocab_size (the logits)";
   }
   const double per_rank = states + activations;

@@ -310,12 +310,13 @@ Tensor CausalSelfAttention::forward(const Tensor& input, const RunContext& conte
   ZT_CHECK(input.ndim() == 3, "CausalSelfAttention '", name(), "': input ", input.description(),
            ", expected [batch, T, ", d_model_, "]");
   const kernels::AttentionShape shape{input.size(0), input.size(1), n_head_, d_model_ / n_head_};
-  Saved saved{qkv_->run_forward(input, context),
-              context.exec().empty({shape.batch, n_head_, shape.seq_len, shape.seq_len},
-                                   kernels::stat_dtype(input.dtype()), MemoryCategory::activations)};
-  Tensor attended = activation_tensor(input.shape(), input, context);
-  kernels::attention_forward(stream_of(context), input.dtype(), saved.qkv.raw_data(), attended.raw_data(),
-                             saved.probabilities.raw_data(), shape);
+  // The rows' log-sum-exps, not the [B, H, T, T] probabilities: the backward recomputes those.
+  Saved saved{qkv_->run_forward(input, context), activation_tensor(input.shape(), input, context),
+              context.exec().empty({shape.batch, n_head_, shape.seq_len}, kernels::stat_dtype(input.dtype()),
+                                   MemoryCategory::activations)};
+  kernels::attention_forward(stream_of(context), input.dtype(), saved.qkv.raw_data(),
+                             saved.attended.raw_data(), saved.row_logsumexp.raw_data(), shape);
+  const Tensor attended = saved.attended;  // also proj's saved input: one tensor, held twice
   if (saves_for_backward(context)) saved_.save(context, std::move(saved));
   return dropout_->run_forward(proj_->run_forward(attended, context), context);
 }
@@ -326,8 +327,8 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, const RunContext
   const kernels::AttentionShape shape{saved.qkv.size(0), saved.qkv.size(1), n_head_, d_model_ / n_head_};
   Tensor grad_qkv = activation_tensor(saved.qkv.shape(), saved.qkv, context);
   kernels::attention_backward(stream_of(context), grad_output.dtype(), grad_attended.raw_data(),
-                              saved.qkv.raw_data(), saved.probabilities.raw_data(), grad_qkv.raw_data(),
-                              shape);
+                              saved.qkv.raw_data(), saved.attended.raw_data(), saved.row_logsumexp.raw_data(),
+                              grad_qkv.raw_data(), shape);
   return qkv_->run_backward(grad_qkv, context);
 }
 

@@ -203,9 +203,9 @@ TEST(Estimate, HostMemoryCheckNamesTheKeys) {
   EXPECT_NE(layers.find("most from model.n_layer x 12 model.d_model^2"), std::string::npos) << layers;
   EXPECT_NE(layers.find("but the node has 8.0 GiB (a test's limit)"), std::string::npos) << layers;
   const std::string attention = refusal(
-      R"({"type": "gpt", "n_layer": 2, "n_head": 4, "d_model": 16, "seq_len": 100000, "vocab_size": 256})",
+      R"({"type": "gpt", "n_layer": 2, "n_head": 4, "d_model": 128, "seq_len": 3000000, "vocab_size": 256})",
       1);
-  EXPECT_NE(attention.find("Reduce train_micro_batch_size_per_gpu x model.n_head x model.seq_len^2"),
+  EXPECT_NE(attention.find("Reduce train_micro_batch_size_per_gpu x model.seq_len x 3 model.d_model"),
             std::string::npos)
       << attention;
   const std::string mlp = refusal(R"({"type": "mlp", "sizes": [100000, 100000, 10]})", 1);

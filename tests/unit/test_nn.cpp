@@ -695,6 +695,150 @@ TEST(Kernels, ScaleMultipliesInTheAccumulationType) {
   }
 }
 
+// ---- attention: saved log-sum-exps, recomputed probabilities ------------------------------------
+
+/// Causal attention of one shape in fp64 the plain way: full [T, T] probabilities per head.
+struct AttentionReference {
+  std::vector<double> output, row_logsumexp, grad_qkv;
+};
+
+AttentionReference reference_attention(const std::vector<double>& qkv, const std::vector<double>& grad_output,
+                                       const zt::kernels::AttentionShape& shape) {
+  const std::int64_t T = shape.seq_len, D = shape.head_dim, C = shape.n_head * D, H = shape.n_head;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  AttentionReference r{std::vector<double>(shape.batch * T * C), std::vector<double>(shape.batch * H * T),
+                       std::vector<double>(qkv.size())};
+  const auto at = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h, std::int64_t d) {
+    return ((b * T + t) * 3 + part) * C + h * D + d;  // qkv index: part 0 q, 1 k, 2 v
+  };
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::vector<double> p(T * T, 0.0), dp(T * T, 0.0);
+      for (std::int64_t t = 0; t < T; ++t) {
+        double row_max = -INFINITY;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (std::int64_t d = 0; d < D; ++d) dot += qkv[at(b, t, 0, h, d)] * qkv[at(b, s, 1, h, d)];
+          p[t * T + s] = scale * dot;
+          row_max = std::max(row_max, p[t * T + s]);
+        }
+        double sum = 0;
+        for (std::int64_t s = 0; s <= t; ++s) sum += std::exp(p[t * T + s] - row_max);
+        r.row_logsumexp[(b * H + h) * T + t] = row_max + std::log(sum);
+        for (std::int64_t s = 0; s <= t; ++s) p[t * T + s] = std::exp(p[t * T + s] - row_max) / sum;
+        for (std::int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (std::int64_t s = 0; s <= t; ++s) o += p[t * T + s] * qkv[at(b, s, 2, h, d)];
+          r.output[(b * T + t) * C + h * D + d] = o;
+        }
+      }
+      for (std::int64_t t = 0; t < T; ++t) {
+        double row_dot = 0;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (std::int64_t d = 0; d < D; ++d)
+            dot += grad_output[(b * T + t) * C + h * D + d] * qkv[at(b, s, 2, h, d)];
+          dp[t * T + s] = dot;
+          row_dot += p[t * T + s] * dot;
+        }
+        for (std::int64_t s = 0; s <= t; ++s) {
+          const double ds = p[t * T + s] * (dp[t * T + s] - row_dot);
+          for (std::int64_t d = 0; d < D; ++d) {
+            r.grad_qkv[at(b, t, 0, h, d)] += scale * ds * qkv[at(b, s, 1, h, d)];
+            r.grad_qkv[at(b, s, 1, h, d)] += scale * ds * qkv[at(b, t, 0, h, d)];
+            r.grad_qkv[at(b, s, 2, h, d)] += p[t * T + s] * grad_output[(b * T + t) * C + h * D + d];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+/// max |actual - expected| over max(1, max |expected|).
+double relative_error(const Tensor& actual, const std::vector<double>& expected) {
+  double error = 0, scale = 1;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    error = std::max(error, std::abs(actual.item_as_double(static_cast<std::int64_t>(i)) - expected[i]));
+    scale = std::max(scale, std::abs(expected[i]));
+  }
+  return error / scale;
+}
+
+std::vector<double> values_of(const Tensor& tensor) {
+  std::vector<double> out(static_cast<std::size_t>(tensor.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = tensor.item_as_double(static_cast<std::int64_t>(i));
+  return out;
+}
+
+// The host kernel works in blocks of 64 query rows over the keys at or below each block; only the
+// rows' log-sum-exps are saved and the backward recomputes the probabilities from them. Shapes around
+// and across the block size, every floating dtype, against the full-softmax reference in fp64 (on the
+// inputs rounded to the dtype).
+TEST(Kernels, AttentionMatchesTheFullSoftmaxReferenceAcrossQueryBlocks) {
+  const zt::kernels::AttentionShape shapes[] = {{1, 1, 2, 4},  {2, 63, 2, 8},  {1, 64, 1, 16},
+                                                {1, 65, 3, 8}, {2, 130, 2, 8}, {1, 200, 1, 5}};
+  const zt::Stream& host = zt::default_stream(zt::Device::host());
+  std::mt19937_64 random(61);
+  for (const auto& shape : shapes) {
+    const std::int64_t tokens = shape.batch * shape.seq_len, C = shape.n_head * shape.head_dim;
+    std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+    std::vector<float> qkv_values(tokens * 3 * C), grad_values(tokens * C);
+    for (float& x : qkv_values) x = uniform(random);
+    for (float& x : grad_values) x = uniform(random);
+    for (DType dtype : {DType::fp64, DType::fp32, DType::bf16, DType::fp16}) {
+      const std::string name = std::string(zt::dtype_name(dtype)) + " T" + std::to_string(shape.seq_len) +
+                               " H" + std::to_string(shape.n_head) + " D" + std::to_string(shape.head_dim);
+      const Tensor qkv = Tensor::from_vector<float>(qkv_values, {tokens, 3 * C}).to(dtype);
+      const Tensor grad_output = Tensor::from_vector<float>(grad_values, {tokens, C}).to(dtype);
+      const AttentionReference expected = reference_attention(values_of(qkv), values_of(grad_output), shape);
+      Tensor output = Tensor::empty({tokens, C}, dtype);
+      Tensor row_logsumexp =
+          Tensor::empty({shape.batch, shape.n_head, shape.seq_len}, zt::kernels::stat_dtype(dtype));
+      Tensor grad_qkv = Tensor::empty({tokens, 3 * C}, dtype);
+      zt::kernels::attention_forward(host, dtype, qkv.raw_data(), output.raw_data(), row_logsumexp.raw_data(),
+                                     shape);
+      zt::kernels::attention_backward(host, dtype, grad_output.raw_data(), qkv.raw_data(), output.raw_data(),
+                                      row_logsumexp.raw_data(), grad_qkv.raw_data(), shape);
+      // Outputs are rounded once to the dtype; the statistics stay in fp32 (fp64 for fp64).
+      const double rounding = dtype == DType::fp64   ? 1e-13
+                              : dtype == DType::fp32 ? 2e-6
+                              : dtype == DType::bf16 ? 8e-3
+                                                     : 1e-3;
+      const double statistics = dtype == DType::fp64 ? 1e-13 : 2e-6;
+      EXPECT_LT(relative_error(output, expected.output), rounding) << name;
+      EXPECT_LT(relative_error(row_logsumexp, expected.row_logsumexp), statistics) << name;
+      EXPECT_LT(relative_error(grad_qkv, expected.grad_qkv), 4 * rounding) << name;
+    }
+  }
+}
+
+// What the attention keeps for its backward grows as T, not T^2: doubling the sequence doubles the
+// activations held between forward and backward exactly (qkv, the output, the log-sum-exps).
+TEST(MicroBatches, AttentionKeepsActivationsLinearInTheSequenceLength) {
+  const auto held = [](std::int64_t seq_len) {
+    nn::CausalSelfAttention attention(16, 2, DType::fp32);
+    std::vector<float> values(static_cast<std::size_t>(seq_len * 16), 0.5f);
+    const Tensor input = Tensor::from_vector<float>(values, {1, seq_len, 16});
+    const auto activations = [] {
+      return zt::memory_snapshot(zt::DeviceType::host)[zt::MemoryCategory::activations].current;
+    };
+    const std::size_t before = activations();
+    std::size_t kept = 0;
+    {
+      const Tensor output = attention.run_forward(input);
+      kept = activations() - before - output.nbytes();
+      attention.run_backward(output);
+    }
+    EXPECT_EQ(activations(), before);
+    return kept;
+  };
+  const std::size_t at_256 = held(256), at_512 = held(512);
+  // qkv [T, 48] + the output [T, 16] + the log-sum-exps [2, T], fp32.
+  EXPECT_EQ(at_256, 256u * (48 + 16 + 2) * 4);
+  EXPECT_EQ(at_512, 2 * at_256) << "the [H, T, T] probabilities would make it 4x";
+}
+
 // ---- the emulated device ----------------------------------------------------------------------
 
 TEST(EmulatedDevice, GptForwardBackwardAndAdamStepGiveTheHostBits) {

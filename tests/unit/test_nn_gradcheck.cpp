@@ -189,6 +189,14 @@ TEST(GradCheck, CausalSelfAttention) {
   gradcheck_module(attention, random_tensor({2, 5, 8}, 17), 18);
 }
 
+// Longer than the host kernel's 64-row query blocks: the recomputed probabilities of every block, and
+// dK/dV accumulated across blocks.
+TEST(GradCheck, CausalSelfAttentionAcrossQueryBlocks) {
+  nn::CausalSelfAttention attention(4, 2, DType::fp64);
+  randomize_parameters(attention, 23);
+  gradcheck_module(attention, random_tensor({1, 70, 4}, 24), 25);
+}
+
 TEST(GradCheck, MLPBlock) {
   nn::MLPBlock mlp(4, DType::fp64);
   randomize_parameters(mlp, 19);
