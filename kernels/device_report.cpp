@@ -12,6 +12,10 @@
 #if ZT_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include <exception>
+#include <string>
+
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/gemm.hpp"
 #if __has_include(<cudnn_version.h>)
 #include <cudnn_version.h>
@@ -32,6 +36,16 @@ std::string fp32_gemm_text() {
   try {
     return kernels::cuda::tf32_enabled() ? "TF32 tensor cores (ZT_CUDA_TF32=1)" : "fp32 (ZT_CUDA_TF32 off)";
   } catch (const Error& error) {
+    return error.what();
+  }
+}
+
+/// cuDNN's fused attention (kernels/cuda/cudnn_attention.hpp): the library loaded or why not, whether it
+/// is on. Loads libcudnn, needs no GPU; an error is reported, not thrown.
+std::string cudnn_attention_text() {
+  try {
+    return kernels::cuda::cudnn::attention_status();
+  } catch (const std::exception& error) {
     return error.what();
   }
 }
@@ -79,6 +93,7 @@ Report device_report() {
 #endif
 #if ZT_HAVE_CUDA
   report.push_back({"cuda", "fp32 GEMMs", fp32_gemm_text()});
+  report.push_back({"cuda", "cuDNN attention", cudnn_attention_text()});
 #endif
   if (!status.usable()) {
     report.push_back({"cuda", "devices", "none usable: " + status.reason});

@@ -19,11 +19,12 @@ enum class GpuPathState {
 };
 
 enum class GpuPathPart : std::size_t {
-  device_runtime,  // allocators (stream-ordered device pool, pinned cache), streams, events, copies
-  kernels,         // kernels/cuda/*.cu: the nn and optimizer kernels
-  gemms,           // cuBLASLt matmuls
-  nccl,            // NCCL communicators (zt::NcclCommunicator)
-  engine,          // zt::Engine and zt::train on a CUDA device
+  device_runtime,   // allocators (stream-ordered device pool, pinned cache), streams, events, copies
+  kernels,          // kernels/cuda/*.cu: the nn and optimizer kernels
+  gemms,            // cuBLASLt matmuls
+  cudnn_attention,  // cuDNN's fused attention (kernels/cuda/cudnn_attention.cpp)
+  nccl,             // NCCL communicators (zt::NcclCommunicator)
+  engine,           // zt::Engine and zt::train on a CUDA device
 };
 
 struct GpuPathEntry {
@@ -36,6 +37,7 @@ inline constexpr std::array kGpuPath{
     GpuPathEntry{GpuPathPart::device_runtime, "device runtime", GpuPathState::compiled},
     GpuPathEntry{GpuPathPart::kernels, "CUDA kernels", GpuPathState::compiled},
     GpuPathEntry{GpuPathPart::gemms, "cuBLASLt GEMMs", GpuPathState::compiled},
+    GpuPathEntry{GpuPathPart::cudnn_attention, "cuDNN attention", GpuPathState::compiled},
     GpuPathEntry{GpuPathPart::nccl, "NCCL communicators", GpuPathState::compiled},
     GpuPathEntry{GpuPathPart::engine, "training engine", GpuPathState::compiled},
 };

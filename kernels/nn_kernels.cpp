@@ -7,6 +7,7 @@
 #include "kernels/host/nn_host.hpp"
 #if ZT_HAVE_CUDA
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/cudnn_attention.hpp"
 #include "kernels/cuda/elementwise.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/layers.hpp"
@@ -274,7 +275,10 @@ void attention_forward(const Stream& stream, DType dtype, const void* qkv, void*
       stream, "attention_forward",
       [&] { return host::attention_forward(dtype, qkv, output, row_logsumexp, shape); },
 #if ZT_HAVE_CUDA
-      [&](void* native) { cuda::attention_forward(dtype, qkv, output, row_logsumexp, shape, native); });
+      [&](void* native) {
+        if (!cuda::cudnn::attention_forward(dtype, qkv, output, row_logsumexp, shape, native))
+          cuda::attention_forward(dtype, qkv, output, row_logsumexp, shape, native);
+      });
 #else
       no_cuda_kernel);
 #endif
@@ -290,7 +294,9 @@ void attention_backward(const Stream& stream, DType dtype, const void* grad_outp
       },
 #if ZT_HAVE_CUDA
       [&](void* native) {
-        cuda::attention_backward(dtype, grad_output, qkv, output, row_logsumexp, grad_qkv, shape, native);
+        if (!cuda::cudnn::attention_backward(dtype, grad_output, qkv, output, row_logsumexp, grad_qkv, shape,
+                                             native))
+          cuda::attention_backward(dtype, grad_output, qkv, output, row_logsumexp, grad_qkv, shape, native);
       });
 #else
       no_cuda_kernel);

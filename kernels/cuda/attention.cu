@@ -88,6 +88,24 @@ __device__ __forceinline__ void causal_tile_products(const C* owned, const C* st
   scores[t * seq_len + s] = scale * dot;
 }
 
+/// scores[t][s] = scale * q_t . k_s for the owned query rows (staged in `queries`) and every key s <= t,
+/// walking the key tiles at or below the last owned row through `staged`. Called by the whole block;
+/// on return the scores are visible to every thread of it.
+template <typename T, typename C>
+__device__ __forceinline__ void causal_scores(const C* queries, C* staged, int staged_stride, const T* k,
+                                              const HeadLayout& layout, std::int64_t first_row,
+                                              int owned_rows, C scale, C* scores) {
+  const std::int64_t last_row = first_row + owned_rows - 1;
+  for (std::int64_t first_key = 0; first_key <= last_row; first_key += kKeyTile) {
+    stage_rows(staged, staged_stride, kKeyTile, k, layout.qkv_row_stride, first_key, layout.seq_len,
+               layout.head_dim);
+    __syncthreads();
+    causal_tile_products(queries, staged, staged_stride, first_row, owned_rows, first_key, layout.head_dim,
+                         scale, scores, layout.seq_len);
+    __syncthreads();  // the scores written above are read by other threads after the call
+  }
+}
+
 /// accumulators[r][d] += sum over j (in order) of weights[r][j] * staged[j][d], r < kQueryTile.
 template <typename C>
 __device__ __forceinline__ void accumulate_weighted_rows(C* accumulators, const C* weights, const C* staged,
@@ -130,13 +148,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   // Scores of the key tiles at or below the diagonal, into p.
-  for (std::int64_t first_key = 0; first_key <= last_row; first_key += kKeyTile) {
-    stage_rows(staged, staged_stride, kKeyTile, k, layout.qkv_row_stride, first_key, seq_len, head_dim);
-    __syncthreads();
-    causal_tile_products(queries, staged, staged_stride, first_row, owned_rows, first_key, head_dim, scale, p,
-                         seq_len);
-    __syncthreads();
-  }
+  causal_scores(queries, staged, staged_stride, k, layout, first_row, owned_rows, scale, p);
 
   // Causal softmax of each owned row by one warp: max, exps and their sum, scaled; lane 0 saves the
   // row's log-sum-exp. Only s <= t of p is read below: the temporary is not cleared above the diagonal.
@@ -201,18 +213,11 @@ __global__ void __launch_bounds__(kThreads)
   const C* lse = row_logsumexp + batch_head * seq_len;
   const std::int64_t first_row = static_cast<std::int64_t>(blockIdx.y) * kQueryTile;
   const int owned_rows = rows_from(first_row, seq_len);
-  const std::int64_t last_row = first_row + owned_rows - 1;
 
   stage_rows(queries, static_cast<int>(head_dim), kQueryTile, q, layout.qkv_row_stride, first_row, seq_len,
              head_dim);
   __syncthreads();
-  for (std::int64_t first_key = 0; first_key <= last_row; first_key += kKeyTile) {
-    stage_rows(staged, staged_stride, kKeyTile, k, layout.qkv_row_stride, first_key, seq_len, head_dim);
-    __syncthreads();
-    causal_tile_products(queries, staged, staged_stride, first_row, owned_rows, first_key, head_dim, scale, p,
-                         seq_len);
-    __syncthreads();  // the scores written above are read by other threads below
-  }
+  causal_scores(queries, staged, staged_stride, k, layout, first_row, owned_rows, scale, p);
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   if (warp < owned_rows) {

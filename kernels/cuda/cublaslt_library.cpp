@@ -1,51 +1,26 @@
 // The lazily loaded cuBLASLt (kernels/cuda/cublaslt_library.hpp says why).
 #include "kernels/cuda/cublaslt_library.hpp"
 
-#include <dlfcn.h>
-
 #include <string>
 
-#include "zerotrain/error.hpp"
+#include "kernels/cuda/shared_library.hpp"
 
 namespace zt::kernels::cuda::lt {
 namespace {
 
-/// The library's soname for the cuBLAS major version we compiled against.
-std::string library_name() {
-  return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
-}
-
-/// dlopen'ed once, on first use, and never closed (cuBLASLt keeps process-wide state until exit).
-void* library() {
-  static void* const handle = [] {
-    void* opened = dlopen(library_name().c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (opened == nullptr) {
-      const char* reason = dlerror();
-      ZT_THROW_AS(CudaError, "loading ", library_name(),
-                  " for the CUDA GEMMs failed: ", reason ? reason : "unknown reason",
-                  " (cuBLASLt is loaded when the first GEMM runs on a GPU; put its directory on "
-                  "LD_LIBRARY_PATH)");
-    }
-    return opened;
-  }();
-  return handle;
-}
-
-/// The address of `name` in the library, as a pointer to the type of cublasLt.h's declaration.
-template <typename Function>
-Function resolve(const char* name) {
-  void* symbol = dlsym(library(), name);
-  if (symbol == nullptr)
-    ZT_THROW_AS(CudaError, library_name(), " has no symbol ", name, ": a cuBLASLt older than CUDA ",
-                CUBLAS_VER_MAJOR, "'s?");
-  return reinterpret_cast<Function>(symbol);
+/// libcublasLt.so.<CUBLAS_VER_MAJOR> (the cuBLAS major version we compiled against), opened on first use.
+const SharedLibrary& library() {
+  static const SharedLibrary cublaslt(
+      "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR),
+      "the CUDA GEMMs (cuBLASLt is loaded when the first GEMM runs on a GPU)");
+  return cublaslt;
 }
 
 }  // namespace
 
-// Each forwarder resolves its function once (a function-local static), then calls it. decltype of the
-// global declaration is unevaluated: it names the type without linking the library.
-#define ZT_CUBLASLT_FUNCTION(name) static const auto function = resolve<decltype(&::name)>(#name)
+// Each forwarder resolves its function once, then calls it (kernels/cuda/shared_library.hpp); a missing
+// library or symbol throws zt::CudaError naming it.
+#define ZT_CUBLASLT_FUNCTION(name) ZT_SHARED_LIBRARY_FUNCTION(library(), name)
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
   ZT_CUBLASLT_FUNCTION(cublasLtCreate);

@@ -45,6 +45,38 @@ inline cudaStream_t as_cuda_stream(void* native) {
   return static_cast<cudaStream_t>(native);
 }
 
+/// The device `stream` belongs to (before CUDA 12.8, which cannot ask: the current device).
+inline int stream_device(cudaStream_t stream) {
+  int device = 0;
+#if CUDART_VERSION >= 12080
+  ZT_CHECK_CUDA(cudaStreamGetDevice(stream, &device));
+#else
+  (void)stream;
+  ZT_CHECK_CUDA(cudaGetDevice(&device));
+#endif
+  return device;
+}
+
+/// Makes `device` current for the scope, restoring the caller's on exit: kernel launches, library
+/// handles (cuBLASLt, cuDNN), their heuristics and plans follow the current device.
+class CurrentDeviceScope {
+ public:
+  explicit CurrentDeviceScope(int device) : device_(device) {
+    ZT_CHECK_CUDA(cudaGetDevice(&previous_));
+    if (previous_ != device_) ZT_CHECK_CUDA(cudaSetDevice(device_));
+  }
+  ~CurrentDeviceScope() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
+  CurrentDeviceScope(const CurrentDeviceScope&) = delete;
+  CurrentDeviceScope& operator=(const CurrentDeviceScope&) = delete;
+  int device() const { return device_; }
+
+ private:
+  int device_ = 0;
+  int previous_ = 0;
+};
+
 /// Blocks for a grid-stride loop over `count` elements with `threads` per block: enough to fill the
 /// device several times over, never more than the work needs.
 inline unsigned int grid_blocks(std::int64_t count, unsigned int threads = 256,

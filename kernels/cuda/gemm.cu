@@ -112,30 +112,9 @@ using DeviceMemory = std::unique_ptr<void, DeviceMemoryFree>;
 
 /// Makes the stream's device current for the scope (kernel launches, cuBLASLt's heuristics and handles
 /// follow the current device), restoring the caller's on exit. Each entry point holds one.
-class StreamDeviceScope {
+class StreamDeviceScope : public CurrentDeviceScope {
  public:
-  explicit StreamDeviceScope(cudaStream_t stream) {
-#if CUDART_VERSION >= 12080
-    ZT_CHECK_CUDA(cudaStreamGetDevice(stream, &device_));
-#else
-    (void)stream;
-    ZT_CHECK_CUDA(cudaGetDevice(&device_));
-#endif
-    ZT_CHECK_CUDA(cudaGetDevice(&previous_));
-    if (previous_ != device_) ZT_CHECK_CUDA(cudaSetDevice(device_));
-  }
-  ~StreamDeviceScope() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  StreamDeviceScope(const StreamDeviceScope&) = delete;
-  StreamDeviceScope& operator=(const StreamDeviceScope&) = delete;
-  int device() const {
-    return device_;
-  }
-
- private:
-  int device_ = 0;
-  int previous_ = 0;
+  explicit StreamDeviceScope(cudaStream_t stream) : CurrentDeviceScope(stream_device(stream)) {}
 };
 
 cublasLtHandle_t lt_handle(int device, const GemmContext& gemm) {
