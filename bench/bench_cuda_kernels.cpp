@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <random>
@@ -349,18 +350,31 @@ void bench_layers(const Stream& stream, const TimingPlan& plan, const Peaks& pea
       // Model FLOPs: Q K^T and P V, 2 T^2 C per sequence each, doubled in backward (4 GEMMs); the
       // backward's recomputed Q K^T is not counted (the model's FLOPs, as MFU counts them).
       const double forward_flops = 4.0 * gpt.batch * gpt.seq_len * gpt.seq_len * c;
-      double s = time_launches(stream, plan, [&] {
-        k::attention_forward(stream, dtype, qkv.data(), out.data(), row_logsumexp.data(), shape);
-      });
-      report_bandwidth(peaks, "attention forward", dtype, text, s, size * 4.0 * n + 4.0 * statistics);
-      report_flops(peaks, "attention forward", dtype, zt::kernels::GpuMath::fp32, text, s, forward_flops);
-      s = time_launches(stream, plan, [&] {
-        k::attention_backward(stream, dtype, grad_out.data(), qkv.data(), out.data(), row_logsumexp.data(),
-                              grad_qkv.data(), shape);
-      });
-      report_bandwidth(peaks, "attention backward", dtype, text, s, size * 8.0 * n + 4.0 * statistics);
-      report_flops(peaks, "attention backward", dtype, zt::kernels::GpuMath::fp32, text, s,
-                   2 * forward_flops);
+      // bf16: cuDNN's fused attention where it takes the call, then our own kernel (ZT_CUDNN_ATTENTION=0,
+      // read on every call) as its anchor; fp32: our own kernel only.
+      const std::vector<const char*> paths =
+          dtype == DType::fp32 ? std::vector<const char*>{"own kernel"}
+                               : std::vector<const char*>{"cuDNN if it takes it", "own kernel"};
+      for (const char* path : paths) {
+        if (std::string(path) == "own kernel" && dtype != DType::fp32) ::setenv("ZT_CUDNN_ATTENTION", "0", 1);
+        const std::string label = text + ", " + path;
+        // Our kernel computes on fp32 cores; cuDNN's on the dtype's tensor cores.
+        const zt::kernels::GpuMath math = std::string(path) == "own kernel"
+                                              ? zt::kernels::GpuMath::fp32
+                                              : zt::kernels::gpu_math_of(dtype, false);
+        double s = time_launches(stream, plan, [&] {
+          k::attention_forward(stream, dtype, qkv.data(), out.data(), row_logsumexp.data(), shape);
+        });
+        report_bandwidth(peaks, "attention forward", dtype, label, s, size * 4.0 * n + 4.0 * statistics);
+        report_flops(peaks, "attention forward", dtype, math, label, s, forward_flops);
+        s = time_launches(stream, plan, [&] {
+          k::attention_backward(stream, dtype, grad_out.data(), qkv.data(), out.data(), row_logsumexp.data(),
+                                grad_qkv.data(), shape);
+        });
+        report_bandwidth(peaks, "attention backward", dtype, label, s, size * 8.0 * n + 4.0 * statistics);
+        report_flops(peaks, "attention backward", dtype, math, label, s, 2 * forward_flops);
+      }
+      ::unsetenv("ZT_CUDNN_ATTENTION");
     }
   }
 }
