@@ -35,8 +35,10 @@ DeviceOffloadedUpdate::DeviceOffloadedUpdate(const DeviceOffloadedUpdateOptions&
   for (Slot& slot : slots_) {
     slot.gradients = Buffer(host, options_.chunk_elements * dtype_size(options_.gradient_dtype),
                             MemoryCategory::gradients, kHostAlignment, kind);
-    slot.parameters = Buffer(host, options_.chunk_elements * dtype_size(options_.parameter_dtype),
-                             MemoryCategory::parameters, kHostAlignment, kind);
+    if (!options_.parameters_on_host) {
+      slot.parameters = Buffer(host, options_.chunk_elements * dtype_size(options_.parameter_dtype),
+                               MemoryCategory::parameters, kHostAlignment, kind);
+    }
     slot.copied_in = Event(options_.device);
     slot.copied_out = Event(options_.device);
   }
@@ -84,6 +86,9 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::queue(Optimizer& optimizer, co
   const bool half = options_.parameter_dtype != DType::fp32;
   ZT_CHECK(master != nullptr || !half, "DeviceOffloadedUpdate: no host master with ",
            dtype_name(options_.parameter_dtype), " parameters; only fp32 parameters can be their own master");
+  ZT_CHECK(
+      master != nullptr || !options_.parameters_on_host,
+      "DeviceOffloadedUpdate: parameters in host memory need a host master (the plan's separate master)");
   DeviceOffloadedUpdateStats stats;
   const auto started = Clock::now();
   if (ordered_after != nullptr) {
@@ -139,18 +144,23 @@ DeviceOffloadedUpdateStats DeviceOffloadedUpdate::queue(Optimizer& optimizer, co
     const std::size_t n = elements_of(k);
     for (std::size_t s = 0; s < state.size(); ++s) chunk_state[s] = state[s] + first;
     float* chunk_master = master != nullptr ? master + first : slot.parameters.as<float>();
+    // The new parameters: into the staging, on their way to the device next, or in place in host memory.
+    void* new_parameters =
+        options_.parameters_on_host ? parameters + first * parameter_size : slot.parameters.data();
     const auto updating = Clock::now();
     optimizer.update_range(
         {chunk_master, n}, chunk_state, {slot.gradients.data(), options_.gradient_dtype}, grad_scale, lr,
-        half ? HalfParamBuffer{slot.parameters.data(), options_.parameter_dtype} : HalfParamBuffer{});
+        half ? HalfParamBuffer{new_parameters, options_.parameter_dtype} : HalfParamBuffer{});
     if (!half && master != nullptr)
-      ExecutionContext::host().copy(slot.parameters.data(), chunk_master, n * sizeof(float));
+      ExecutionContext::host().copy(new_parameters, chunk_master, n * sizeof(float));
     stats.update_seconds += seconds_since(updating);
 
-    copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(), host,
-               n * parameter_size, &to_device_);
-    slot.copied_out.record(to_device_);
-    slot.out_pending = true;
+    if (!options_.parameters_on_host) {
+      copy_bytes(parameters + first * parameter_size, options_.device, slot.parameters.data(), host,
+                 n * parameter_size, &to_device_);
+      slot.copied_out.record(to_device_);
+      slot.out_pending = true;
+    }
     while (issued < std::min(chunks, k + 1 + ahead)) copy_in(issued++);
   }
   stats.wall_seconds = seconds_since(started);

@@ -32,6 +32,10 @@ struct DeviceOffloadedUpdateOptions {
   std::size_t buffer_count = 3;
   /// offload_optimizer.pin_memory: page-locked buffers; pageable ones make every copy synchronous.
   bool pin_memory = true;
+  /// The parameters are in host memory (offload_param "nvme": the parameter store's buffers), the
+  /// gradients on the device: the host optimizer writes the new parameters in place, only the
+  /// gradients travel, and the staging holds no parameter chunks. Needs a host master.
+  bool parameters_on_host = false;
 };
 
 /// Where one run's time went (seconds, host clock).
@@ -54,7 +58,8 @@ class DeviceOffloadedUpdate {
   /// Update `count` elements with `optimizer` (its begin_step() already called for this step, as for
   /// update_range): gradients at `device_gradients` and parameters at `device_parameters` (on the
   /// device, complete when this is called, or once `ordered_after`'s work queued so far is: the
-  /// copies wait for it on the device), master and states (state_names() order) in host memory.
+  /// copies wait for it on the device; in host memory with parameters_on_host), master and states
+  /// (state_names() order) in host memory.
   /// `master` null: the fp32 parameters on the device are the master (parameter_dtype fp32), and each
   /// chunk of them comes down with its gradients, is updated in the pinned buffer and goes back up.
   /// Returns when the new parameters are on the device.
@@ -62,7 +67,8 @@ class DeviceOffloadedUpdate {
                                  float* master, std::span<float* const> state, std::size_t count,
                                  float grad_scale, float lr, const Stream* ordered_after = nullptr);
 
-  /// As run(), but returns once the last chunk's parameters are queued for the device: the next
+  /// As run(), but returns once the last chunk's parameters are queued for the device (with
+  /// parameters_on_host: once they are written, so the caller may hand them on at once): the next
   /// call's chunks take up the buffers where this one left off, so that consecutive calls (the
   /// pieces of one step) keep the copies in flight; wait_for_parameters() ends the step.
   DeviceOffloadedUpdateStats queue(Optimizer& optimizer, const void* device_gradients,
@@ -78,7 +84,7 @@ class DeviceOffloadedUpdate {
  private:
   struct Slot {
     Buffer gradients;   // pinned: a chunk of gradients, copied from the device
-    Buffer parameters;  // pinned: the chunk's new parameters, copied to the device
+    Buffer parameters;  // pinned: the chunk's new parameters, copied to the device (none on the host)
     Event copied_in;
     Event copied_out;
     bool out_pending = false;

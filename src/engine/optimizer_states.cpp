@@ -67,12 +67,14 @@ void fp32_on_host(const ExecutionContext& execution, const std::byte* source, DT
 
 /// The device <-> host update pipeline of an engine on a device whose optimizer states are in host
 /// memory or in the swap file: chunks of at most `largest_run` elements (one run's count), through
-/// offload_optimizer.buffer_count pinned buffers.
+/// offload_optimizer.buffer_count pinned buffers. With offload_param "nvme" the parameters are in the
+/// parameter store's host buffers (update_target): the pipeline writes them there.
 std::unique_ptr<DeviceOffloadedUpdate> make_device_offloaded_update(const OffloadOptimizerConfig& offload,
-                                                                    Device device, DType dtype,
-                                                                    std::int64_t largest_run) {
+                                                                    const PartitionPlan& plan, Device device,
+                                                                    DType dtype, std::int64_t largest_run) {
   DeviceOffloadedUpdateOptions options;
   options.device = device;
+  options.parameters_on_host = plan.parameters_on_nvme();
   options.gradient_dtype = dtype;
   options.parameter_dtype = dtype;
   options.buffer_count = std::max<std::size_t>(1, static_cast<std::size_t>(offload.buffer_count));
@@ -86,6 +88,22 @@ std::unique_ptr<DeviceOffloadedUpdate> make_device_offloaded_update(const Offloa
 void add_timing(OffloadTiming& timing, const DeviceOffloadedUpdateStats& stats) {
   timing.update_seconds += stats.update_seconds;
   timing.stalled_seconds += stats.wait_in_seconds + stats.wait_out_seconds;
+}
+
+// Committing the ranges the device pipeline updates. With offload_param "nvme" the new parameters
+// are in the parameter store's host buffers as soon as queue() returns (the host optimizer wrote
+// them there): a range is committed when its last part is queued, so that its buffer starts its
+// write to NVMe and frees up for the next range (the pool may hold fewer pieces than there are
+// ranges). On the device they are complete only after wait_for_parameters(): every range is
+// committed then.
+void commit_if_updated_in_host_memory(const PartitionPlan& plan, ZeroStrategy& strategy, std::size_t index,
+                                      std::int64_t end) {
+  const OwnedRange& range = plan.owned()[index];
+  if (plan.parameters_on_nvme() && end == range.shard_begin + range.count) strategy.commit(index);
+}
+void commit_updated_on_device(const PartitionPlan& plan, ZeroStrategy& strategy) {
+  if (plan.parameters_on_nvme()) return;
+  for (std::size_t i = 0; i < plan.size(); ++i) strategy.commit(i);
 }
 
 /// In memory: the optimizer's own state buffers beside the master.
@@ -179,7 +197,7 @@ class HostOffloadedStates final : public OptimizerStates {
     optimizer_ = make_optimizer(to_string(config.optimizer->type), std::move(buffers),
                                 optimizer_params_of(*config.optimizer), host);
     names_ = optimizer_->state_names();
-    pipeline_ = make_device_offloaded_update(offload, execution_.device(), dtype, plan_.shard_size());
+    pipeline_ = make_device_offloaded_update(offload, plan_, execution_.device(), dtype, plan_.shard_size());
   }
 
   /// Ignores `part` (the in-memory update): each owned range goes through the offload pipeline, which
@@ -197,9 +215,10 @@ class HostOffloadedStates final : public OptimizerStates {
       add_timing(timing, pipeline_->queue(*optimizer_, strategy_.gradient(i), target, host_master(i), state,
                                           static_cast<std::size_t>(range.count), grad_scale, lr,
                                           &execution_.compute()));
+      commit_if_updated_in_host_memory(plan_, strategy_, i, range.shard_begin + range.count);
     }
     timing.stalled_seconds += pipeline_->wait_for_parameters();
-    for (std::size_t i = 0; i < plan_.size(); ++i) strategy_.commit(i);
+    commit_updated_on_device(plan_, strategy_);
     timing.wall_seconds = base::seconds_since(started);
     return timing;
   }
@@ -282,7 +301,7 @@ class NvmeStates final : public OptimizerStates {
     const DType dtype = plan_.settings().compute_dtype;
     if (!execution_.device().is_host()) {
       // One run per piece of a sub-group: no run is longer than a sub-group.
-      device_update_ = make_device_offloaded_update(offload, execution_.device(), dtype,
+      device_update_ = make_device_offloaded_update(offload, plan_, execution_.device(), dtype,
                                                     std::min(zero.sub_group_size, plan_.shard_size()));
     }
 
@@ -337,7 +356,7 @@ class NvmeStates final : public OptimizerStates {
       // The last parameters on the device, then every range is complete.
       const auto waited = base::Clock::now();
       timing.stalled_seconds += copies.stalled_seconds + device_update_->wait_for_parameters();
-      for (std::size_t i = 0; i < plan_.size(); ++i) strategy_.commit(i);
+      commit_updated_on_device(plan_, strategy_);
       timing.wall_seconds += base::seconds_since(waited);
       // The swap pipeline's work is the device pipeline's: its update share, its waits for copies.
       timing.update_seconds = copies.update_seconds;
@@ -402,6 +421,7 @@ class NvmeStates final : public OptimizerStates {
     add_timing(timing, device_update_->queue(*optimizer_, strategy_.gradient(index) + offset, target + offset,
                                              master, state, static_cast<std::size_t>(end - begin), grad_scale,
                                              lr, &execution_.compute()));
+    commit_if_updated_in_host_memory(plan_, strategy_, index, end);
   }
 
   /// Index in the swap file's arrays of optimizer state `state` (after the master, when swapped).
@@ -426,8 +446,12 @@ std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan
                                                        const ExecutionContext& execution) {
   if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config, execution);
   // The host and the emulated device keep offloaded states in their own memory, which the host
-  // optimizer reads there; a GPU's memory it cannot read.
-  if (plan.settings().optimizer_offload == OffloadDevice::cpu && execution.device().is_cuda())
+  // optimizer reads there; a GPU's memory it cannot read. With the parameters on NVMe their new
+  // values go to the parameter store's host buffers, which only the host optimizer writes: the
+  // emulated device takes the GPU's path then (the master and states on the host).
+  const Device device = execution.device();
+  if (plan.settings().optimizer_offload == OffloadDevice::cpu &&
+      (device.is_cuda() || (device.is_emulated() && plan.parameters_on_nvme())))
     return std::make_unique<HostOffloadedStates>(plan, strategy, config, execution);
   return std::make_unique<InMemoryStates>(plan, strategy, config, execution);
 }

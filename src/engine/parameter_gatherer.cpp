@@ -71,12 +71,10 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
   for (std::size_t index : members) {
     if (!shard_.prefetch(index)) break;
   }
-  for (std::size_t m = 0; m < members.size(); ++m) {
-    const FlatParameter& parameter = layout_[members[m]];
-    execution_.copy(mine + static_cast<std::size_t>(gather.member_offsets[m]) * element,
-                    shard_.acquire(members[m]), static_cast<std::size_t>(parameter.piece_numel) * element);
-    shard_.release(members[m]);
-  }
+  // Each piece into this rank's part of the staging, on the compute stream that the all-gather is
+  // ordered after: from the shard on the device, or from the store's host memory (NVMe).
+  for (std::size_t m = 0; m < members.size(); ++m)
+    shard_.copy_to_device(members[m], mine + static_cast<std::size_t>(gather.member_offsets[m]) * element);
   return gather;
 }
 

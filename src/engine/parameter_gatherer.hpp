@@ -11,10 +11,12 @@
 // while never holding more than stage3_max_live_parameters gathered elements (beyond what the
 // current module needs). Parameters of at most stage3_param_persistence_threshold elements stay
 // gathered for good and are refreshed after each optimizer step. With offload_param "nvme" the
-// pieces come from the ParameterStore's swap file. A gather needs its pieces in memory when it is
-// launched, so decided gathers wait in a queue while their pieces are read and are launched in
-// queue order (the same on every rank, whatever the reads' timing) once the head's pieces are in;
-// prefetching also starts the reads of pieces beyond the window, as far as the buffers allow.
+// pieces come from the ParameterStore's swap file through its host buffers (and, with the engine
+// on a device, from there into the gather's staging on the device: ParameterStore::copy_to_device).
+// A gather needs its pieces in memory when it is launched, so decided gathers wait in a queue while
+// their pieces are read and are launched in queue order (the same on every rank, whatever the
+// reads' timing) once the head's pieces are in; prefetching also starts the reads of pieces beyond
+// the window, as far as the buffers allow.
 #pragma once
 
 #include <cstdint>

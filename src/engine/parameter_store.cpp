@@ -14,7 +14,7 @@ using base::seconds_since;
 
 ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* shard,
                                const ExecutionContext& execution)
-    : layout_(layout), execution_(execution), dtype_(dtype), pieces_(layout.size()) {
+    : layout_(layout), execution_(execution), engine_(execution), dtype_(dtype), pieces_(layout.size()) {
   const std::size_t element = dtype_size(dtype_);
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     pieces_[i].host = shard + static_cast<std::size_t>(layout_[i].shard_offset) * element;
@@ -24,8 +24,12 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, DType d
 }
 
 ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const ParameterStoreOptions& options,
-                               const std::byte* initial_shard)
-    : layout_(layout), execution_(ExecutionContext::host()), dtype_(options.dtype), pieces_(layout.size()) {
+                               const std::byte* initial_shard, const ExecutionContext& engine)
+    : layout_(layout),
+      execution_(ExecutionContext::host()),
+      engine_(engine),
+      dtype_(options.dtype),
+      pieces_(layout.size()) {
   ZT_CHECK(options.swap.has_value(), "ParameterStore: the NVMe store needs swap options");
   ZT_CHECK_AS(ConfigError, options.buffer_count >= 1, "zero_optimization.offload_param.buffer_count is ",
               options.buffer_count, "; expected >= 1 (pieces read from NVMe at once)");
@@ -78,12 +82,16 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
   if (swapped > 0) {
     const std::size_t buffer_bytes = pieces_[largest_swapped].bytes;
     pool_.resize(std::min(options.buffer_count, swapped));
-    for (PoolBuffer& buffer : pool_)
+    for (PoolBuffer& buffer : pool_) {
       buffer.memory = swap_->allocate_buffer(buffer_bytes, MemoryCategory::parameters);
+      buffer.copied = Event(engine_.device());
+    }
   }
+  // The first values come from the engine's shard, on its device (initialization: a host wait per
+  // piece is fine).
   for (std::size_t i = 0; i < layout_.size(); ++i) {
     std::byte* target = update_target(i);
-    execution_.copy(target, initial_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element,
+    engine_.to_host(target, initial_shard + static_cast<std::size_t>(layout_[i].shard_offset) * element,
                     pieces_[i].bytes);
     commit(i);
   }
@@ -92,9 +100,10 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
 }
 
 ParameterStore::~ParameterStore() {
-  // The pool's buffers must not be freed under requests still in flight.
+  // The pool's buffers must not be freed under requests or device copies still in flight.
   if (!swap_) return;
   try {
+    for (PoolBuffer& buffer : pool_) wait_for_device_copy(buffer);
     swap_->wait_all();
   } catch (const std::exception&) {  // an error nobody waited for: the run is over anyway
   }
@@ -161,7 +170,17 @@ ParameterStore::PoolBuffer& ParameterStore::take_buffer() {
            " offload_param buffers hold pieces in use; none is left for another");
   set_state(*chosen, BufferState::free);
   chosen->used = false;
+  wait_for_device_copy(*chosen);  // every caller puts new bytes into it
   return *chosen;
+}
+
+void ParameterStore::wait_for_device_copy(PoolBuffer& buffer) {
+  if (!buffer.copy_pending) return;
+  // Usually long done: the buffer was released by a gather of an earlier module.
+  const auto started = Clock::now();
+  buffer.copied.synchronize();
+  stats_.copy_wait_seconds += seconds_since(started);
+  buffer.copy_pending = false;
 }
 
 bool ParameterStore::prefetch(std::size_t index, bool speculative) {
@@ -180,6 +199,7 @@ bool ParameterStore::prefetch(std::size_t index, bool speculative) {
     if (reusable && (chosen == nullptr || buffer.stamp < chosen->stamp)) chosen = &buffer;
   }
   if (chosen == nullptr || (speculative && reusable_count < 2)) return false;  // no buffer to spare
+  wait_for_device_copy(*chosen);
   chosen->piece = index;
   chosen->used = false;
   chosen->io = swap_->swap_in(pieces_[index].swap_name, chosen->memory.data());
@@ -224,6 +244,22 @@ const std::byte* ParameterStore::acquire(std::size_t index) {
   return buffer->memory.as<std::byte>();
 }
 
+void ParameterStore::copy_to_device(std::size_t index, void* destination) {
+  const std::byte* source = acquire(index);
+  if (device() == engine_.device()) {
+    engine_.copy(destination, source, pieces_[index].bytes);
+  } else {
+    // From a pool buffer (pinned with pin_memory) the copy runs on after this returns: the event
+    // keeps the buffer's bytes until it is done. Kept pieces are pageable memory, read at once.
+    engine_.from_host(destination, source, pieces_[index].bytes);
+    if (PoolBuffer* buffer = buffer_of(index); buffer != nullptr) {
+      buffer->copied.record(engine_.compute());
+      buffer->copy_pending = true;
+    }
+  }
+  release(index);
+}
+
 void ParameterStore::release(std::size_t index) {
   check_index(index, "release");
   if (!on_nvme(index)) return;
@@ -239,6 +275,7 @@ std::byte* ParameterStore::update_target(std::size_t index) {
   PoolBuffer* buffer = buffer_of(index);
   if (buffer != nullptr && buffer->state == BufferState::held) return buffer->memory.as<std::byte>();
   if (buffer != nullptr) {
+    wait_for_device_copy(*buffer);  // a gather may still be copying the old value to the device
     // Its old value is about to be replaced: let the read or write in flight finish first.
     if (buffer->state == BufferState::reading || buffer->state == BufferState::writing) {
       const auto started = Clock::now();

@@ -1,10 +1,10 @@
 // ZeRO-3's parameter shard: this rank's piece of every parameter, in the compute dtype. Internal
 // to the engine (docs/offload.md, "Parameters on NVMe").
 //
-// In host memory (no offload_param, or device "cpu": this build trains on the host), the store
-// wraps the engine's contiguous shard. With offload_param "nvme" the pieces live in the rank's
-// parameter swap file, except those kept in host memory up to offload_param.max_in_cpu elements
-// (whole pieces, in layout order, as DeepSpeed keeps its first max_in_cpu elements on the host).
+// In memory (no offload_param, or device "cpu"), the store wraps the engine's contiguous shard on
+// the engine's device. With offload_param "nvme" the pieces live in the rank's parameter swap
+// file, except those kept in host memory up to offload_param.max_in_cpu elements (whole pieces,
+// in layout order, as DeepSpeed keeps its first max_in_cpu elements on the host).
 // Swapped pieces pass through a pool of offload_param.buffer_count buffers, each the size of the
 // largest swapped piece (at most offload_param.buffer_size elements):
 //   - gathering reads a piece (acquire/release); prefetch() starts the reads of pieces the
@@ -14,6 +14,10 @@
 //   - a buffer keeps its piece after use, as a cache, until the pool needs it (the refresh of
 //     persistent parameters after a step reads pieces the step has just written).
 // Reads never pass writes of the same piece: a piece being written is served from its buffer.
+// With the engine on a device (CUDA, the emulated device) the swapped and kept pieces are still in
+// host memory: gathers take them to the device with copy_to_device(), ordered on the engine's
+// compute stream, and a buffer whose piece is on its way there takes no new bytes (a read, new
+// values) before that copy is done (an event, waited for only then).
 #pragma once
 
 #include <cstddef>
@@ -49,6 +53,7 @@ struct ParameterStoreStats {
   std::uint64_t cache_hits = 0;     // acquires served by a buffer that still held the piece
   double read_wait_seconds = 0.0;   // blocked in acquire() for reads
   double write_wait_seconds = 0.0;  // blocked for writes (a buffer needed, or finish_updates())
+  double copy_wait_seconds = 0.0;   // blocked for a buffer's copy to the device (engine on a device)
 };
 
 class ParameterStore {
@@ -58,9 +63,10 @@ class ParameterStore {
   ParameterStore(const std::vector<FlatParameter>& layout, DType dtype, std::byte* shard,
                  const ExecutionContext& execution = ExecutionContext::host());
   /// offload_param "nvme": creates the swap file and reserves the swapped pieces on disk (a bad
-  /// nvme_path or a disk too small fails here); `initial_shard` holds every piece's first value.
+  /// nvme_path or a disk too small fails here); `initial_shard` holds every piece's first value, in
+  /// the memory of `engine`'s device, the device the gathers copy pieces to.
   ParameterStore(const std::vector<FlatParameter>& layout, const ParameterStoreOptions& options,
-                 const std::byte* initial_shard);
+                 const std::byte* initial_shard, const ExecutionContext& engine = ExecutionContext::host());
   ~ParameterStore();  // finishes the I/O in flight
   ParameterStore(const ParameterStore&) = delete;
   ParameterStore& operator=(const ParameterStore&) = delete;
@@ -68,6 +74,9 @@ class ParameterStore {
   bool on_nvme(std::size_t index) const { return pieces_[index].host == nullptr; }
   std::int64_t host_elements() const { return host_elements_; }
   std::int64_t nvme_elements() const { return nvme_elements_; }
+  /// Where acquire(), update_target() and read()/write() pointers are: the engine's device in
+  /// memory, the host with offload_param "nvme".
+  Device device() const { return execution_.device(); }
   /// Host bytes of the pool's buffers (0 without swapped pieces).
   std::uint64_t buffer_bytes() const;
   std::size_t buffer_count() const { return pool_.size(); }
@@ -85,6 +94,11 @@ class ParameterStore {
   /// Piece `index`'s bytes, valid until release(index); waits for its read (or reads it now).
   const std::byte* acquire(std::size_t index);
   void release(std::size_t index);
+  /// Piece `index` into `destination`, in the memory of the engine's device, ordered on its compute
+  /// stream (a gather's staging): acquire, a copy (from_host where the piece is in host memory),
+  /// release. No host wait beyond acquire's for the read; the buffer keeps the piece's bytes until
+  /// the copy is done.
+  void copy_to_device(std::size_t index, void* destination);
 
   // ---- writing (optimizer step, checkpoint load) --------------------------------------------
   /// Where the new value of piece `index` goes (every element must be written before commit).
@@ -106,6 +120,8 @@ class ParameterStore {
     bool used = false;        // ready: its piece was acquired since it was read (evict first)
     std::uint64_t stamp = 0;  // when it last changed state (oldest first)
     SwapHandle io;
+    Event copied;               // on the engine's compute stream, after the last copy_to_device
+    bool copy_pending = false;  // ... which may still read the buffer
   };
   struct Piece {
     std::byte* host = nullptr;  // in memory (the context's device), or nullptr: on NVMe
@@ -119,11 +135,14 @@ class ParameterStore {
   /// A buffer for a new piece: free, else the oldest used cache, else the oldest write, else the
   /// oldest prefetched piece. Never a held one.
   PoolBuffer& take_buffer();
+  /// Before new bytes go into `buffer` (a read, new values): its copy to the device is done.
+  void wait_for_device_copy(PoolBuffer& buffer);
   void set_state(PoolBuffer& buffer, BufferState state);
   void check_index(std::size_t index, const char* what) const;
 
   const std::vector<FlatParameter>& layout_;
   const ExecutionContext& execution_;  // where the pieces in memory are (the host's with NVMe)
+  const ExecutionContext& engine_;     // the engine's: copy_to_device's destination and stream
   DType dtype_;
   std::vector<Piece> pieces_;
   Buffer host_;  // NVMe mode: the pieces kept in host memory

@@ -13,12 +13,18 @@ namespace zt::engine_detail {
 
 ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrategy(inputs) {
   const std::size_t element = element_size();
-  ZT_CHECK_AS(
-      ConfigError, !plan_.parameters_on_nvme() || execution_.device().is_host(),
-      "zero_optimization.offload_param nvme with the engine on ", execution_.device().str(),
-      ": the gathers read the swapped pieces from host buffers, and moving them to and from the device is "
-      "not implemented; train on the host, or keep the parameters on the device (offload_param none) with "
-      "offload_optimizer cpu or nvme");
+  // On a device the pieces on NVMe are updated where they are, in the store's host buffers: only the
+  // host optimizer writes there (the device's kernels write device memory), so its master and
+  // states must be on the host too.
+  ZT_CHECK_AS(ConfigError,
+              !plan_.parameters_on_nvme() || execution_.device().is_host() ||
+                  plan_.settings().optimizer_offload != OffloadDevice::none,
+              "zero_optimization.offload_param.device \"nvme\" with the engine on ",
+              execution_.device().str(),
+              " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\": the new parameters are "
+              "written into the parameter store's host buffers by the host optimizer, which needs the master "
+              "and optimizer states on the host (set offload_optimizer.device to \"cpu\" or \"nvme\", or "
+              "train on the host)");
   shard_ = execution_.allocate(static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element,
                                MemoryCategory::parameters);
   execution_.zero(shard_.data(), shard_.size());  // padding stays zero: no update moves it
@@ -49,7 +55,8 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
     options.max_in_cpu = offload.max_in_cpu;
     options.buffer_elements = offload.buffer_size;
     options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
-    store_ = std::make_unique<ParameterStore>(plan_.layout(), options, shard_.as<const std::byte>());
+    store_ =
+        std::make_unique<ParameterStore>(plan_.layout(), options, shard_.as<const std::byte>(), execution_);
   }
 
   std::vector<std::vector<std::size_t>> uses;
@@ -154,7 +161,8 @@ OffloadTiming ShardedParameters::parameter_swap_counters() const {
   const ParameterStoreStats& stats = store_->stats();
   counters.parameter_bytes_read = stats.bytes_read;
   counters.parameter_bytes_written = stats.bytes_written;
-  counters.parameter_wait_seconds = stats.read_wait_seconds + stats.write_wait_seconds;
+  counters.parameter_wait_seconds =
+      stats.read_wait_seconds + stats.write_wait_seconds + stats.copy_wait_seconds;
   return counters;
 }
 

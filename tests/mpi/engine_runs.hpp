@@ -113,6 +113,17 @@ inline double max_abs_difference(const std::vector<float>& a, const std::vector<
   return worst;
 }
 
+/// The first `size` ranks of the world as a data-parallel group (null on the others).
+inline std::unique_ptr<Communicator> first_ranks(int size) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rank = runtime().world_rank();
+  MPI_Comm_split(MPI_COMM_WORLD, rank < size ? 0 : MPI_UNDEFINED, rank, &comm);
+  if (comm == MPI_COMM_NULL) return nullptr;
+  auto communicator = make_mpi_communicator(comm, "group");
+  MPI_Comm_free(&comm);
+  return communicator;
+}
+
 inline std::unique_ptr<Communicator> self_communicator() {
   return make_mpi_communicator(MPI_COMM_SELF, "self");
 }

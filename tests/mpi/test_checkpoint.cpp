@@ -34,17 +34,6 @@ constexpr int kAfter = 3;   // steps after it
 constexpr const char* kOddModel =
     R"({"type": "gpt", "n_layer": 2, "n_head": 1, "d_model": 31, "seq_len": 15, "vocab_size": 257})";
 
-/// The first `size` ranks of the world as a data-parallel group (null on the others).
-std::unique_ptr<zt::Communicator> first_ranks(int size) {
-  MPI_Comm comm = MPI_COMM_NULL;
-  const int rank = zt::testing::runtime().world_rank();
-  MPI_Comm_split(MPI_COMM_WORLD, rank < size ? 0 : MPI_UNDEFINED, rank, &comm);
-  if (comm == MPI_COMM_NULL) return nullptr;
-  auto communicator = zt::make_mpi_communicator(comm, "group");
-  MPI_Comm_free(&comm);
-  return communicator;
-}
-
 zt::Config config_for(int stage, int ranks, const std::string& extra = "") {
   return parse(gpt_config(kGlobalBatch / ranks / 2, 2,
                           R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +

@@ -2,7 +2,8 @@
 // steps at ZeRO stages 0-3, in fp32 and bf16, equals the host run within tolerance; so does stage 2
 // with offload_optimizer "cpu" (the host optimizer over pinned buffers, DeviceOffloadedUpdate), and
 // stages 1-3 with offload_optimizer "nvme" (sub-groups from the swap file updated by the host
-// optimizer, gradients and parameters through the same pinned pipeline). The
+// optimizer, gradients and parameters through the same pinned pipeline), and stage 3 with the
+// parameters on NVMe as well (offload_param "nvme"). The
 // device communicators are NCCL, ordered with the engine's compute stream (docs/gpu.md, "NCCL in
 // the engine").
 //
@@ -143,6 +144,36 @@ TEST(CudaTraining, OffloadsTheOptimizerToNvme) {
                     R"( "pin_memory": true, "buffer_count": 3, "nvme_path": ")" +
                         directory.path() + "\"}",
                     precision);
+      const TrainingRun host = train_on(zt::Device::host(), config);
+      const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+      const bool bf16 = *precision != '\0';
+      expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
+    }
+  }
+}
+
+/// Stage 3 with the parameters on NVMe too (every piece, through 2 pinned buffers): each gather
+/// copies its pieces from the parameter store's buffers to the device, the host optimizer (states on
+/// NVMe or in host memory) writes the new pieces into them.
+TEST(CudaTraining, OffloadsTheParametersToNvme) {
+  ZT_SKIP_WITHOUT_GPU_PER_RANK();
+  zt::testing::JobDirectory directory("zt-cuda-param-nvme", "ZT_TEST_SWAP_DIR");
+  for (const char* optimizer_device : {"nvme", "cpu"}) {
+    for (const char* precision : {"", kBf16}) {
+      SCOPED_TRACE(std::string("offload_optimizer ") + optimizer_device + precision);
+      const std::string path = directory.path();
+      const std::string optimizer_offload =
+          std::string(R"("offload_optimizer": {"device": ")") + optimizer_device +
+          R"(", "pin_memory": true)" +
+          (std::string(optimizer_device) == "nvme" ? R"(, "buffer_count": 3, "nvme_path": ")" + path + "\""
+                                                   : "") +
+          "}";
+      const zt::Config config = config_of(3,
+                                          R"(, "sub_group_size": 1500, "offload_param": {"device": "nvme",)"
+                                          R"( "pin_memory": true, "max_in_cpu": 0, "buffer_count": 2,)"
+                                          R"( "nvme_path": ")" +
+                                              path + "\"}, " + optimizer_offload,
+                                          precision);
       const TrainingRun host = train_on(zt::Device::host(), config);
       const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
       const bool bf16 = *precision != '\0';

@@ -4,8 +4,10 @@
 // bitwise the host run, so no host-only path is left in the engine: a raw memcpy, a host pointer
 // dereference or a host-side kernel on the model's state would crash the run. Its model states
 // live on the device (the host holds none of them), exactly as the estimate says; checkpoints move
-// between the two. NVMe optimizer offload on this device: test_emulated_offload.cpp.
+// between the two. NVMe optimizer offload on this device: test_emulated_offload.cpp; parameters on
+// NVMe: test_emulated_param_offload.cpp.
 #include <gtest/gtest.h>
+#include <mpi.h>
 
 #include <cmath>
 #include <string>
@@ -160,18 +162,29 @@ TEST(EmulatedEngine, CheckpointsMoveBetweenTheDeviceAndTheHost) {
   }
 }
 
-TEST(EmulatedEngine, WhatNeedsTheHostIsAClearError) {
+/// Parameters on NVMe need the host optimizer on a device (it writes the new pieces into the
+/// parameter store's host buffers): without offload_optimizer the engine says which keys to set,
+/// before any swap file exists. (With it: test_emulated_param_offload.cpp.)
+TEST(EmulatedEngine, ParametersOnNvmeWithoutOptimizerOffloadIsAClearError) {
   zt::testing::JobDirectory directory("zt-emulated-offload");
   const int world = zt::testing::runtime().world_size();
   const zt::Config nvme = parse(
       gpt_config(kGlobalBatch / world / 2, 2,
                  R"(, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")" +
-                     directory.path() + R"("}})"));
+                     directory.path() + R"(", "max_in_cpu": 0}})"));
   auto model = zt::build_model(nvme);
   const std::string message = zt::testing::error_of(
       [&] { zt::Engine engine(zt::testing::runtime(), *model, nvme, {.device = zt::Device::emulated()}); });
-  EXPECT_NE(message.find("offload_param nvme with the engine on emulated:0"), std::string::npos) << message;
-  EXPECT_NE(message.find("offload_optimizer cpu or nvme"), std::string::npos) << message;
+  EXPECT_NE(message.find("zero_optimization.offload_param.device \"nvme\" with the engine on emulated:0 "
+                         "needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\""),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("or train on the host"), std::string::npos) << message;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (zt::testing::runtime().world_rank() == 0) {
+    EXPECT_EQ(directory.entries(), 0u) << "a swap file was made";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace

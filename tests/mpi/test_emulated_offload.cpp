@@ -99,11 +99,7 @@ TEST(EmulatedOffload, NvmeOffloadTrainsBitwiseAsTheHostAndAsCpuOffload) {
       }
     }
   }
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (zt::testing::runtime().world_rank() == 0) {
-    EXPECT_EQ(directory.entries(), 0u) << "swap files left in " << directory.path();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  expect_no_files_left(directory);
 }
 
 /// A checkpoint of the emulated engine with NVMe offload: a fresh one loads it and trains on as the

@@ -75,11 +75,7 @@ TEST(Offload, NvmeReproducesTheInMemoryRunBitwise) {
         config_for(c.stage, offload_section("nvme", directory.path(), c.buffers), c.optimizer, c.precision),
         kSteps, nullptr);
     expect_same_run(in_memory, offloaded, what);
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (zt::testing::runtime().world_rank() == 0) {
-      EXPECT_EQ(directory.entries(), 0u) << "swap files left in " << directory.path();
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    expect_no_files_left(directory);
   }
 }
 

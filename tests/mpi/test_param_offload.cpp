@@ -36,22 +36,6 @@ zt::Config stage3_config(const std::string& offload, const char* optimizer = kAd
   return config_for(3, offload, optimizer, precision, zero);
 }
 
-/// An offload_param section on `device`; for nvme under `path`, with the given keys appended.
-std::string param_section(const std::string& device, const std::string& path = "",
-                          const std::string& keys = "") {
-  std::string section = R"("offload_param": {"device": ")" + device + "\"";
-  if (device == "nvme") section += R"(, "nvme_path": ")" + path + "\"";
-  return section + keys + "}";
-}
-
-void expect_no_files_left(const zt::testing::JobDirectory& directory) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (zt::testing::runtime().world_rank() == 0) {
-    EXPECT_EQ(directory.entries(), 0u) << "swap files left in " << directory.path();
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
 TEST(ParamOffload, CpuReproducesTheInMemoryRunBitwise) {
   for (const char* precision : {"", kBf16}) {
     SCOPED_TRACE(*precision ? "bf16" : "fp32");
@@ -77,15 +61,7 @@ TEST(ParamOffload, CpuReproducesTheInMemoryRunBitwise) {
 TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
   zt::testing::JobDirectory directory("zt-param-offload-test", "ZT_TEST_SWAP_DIR");
   const std::string path = directory.path();
-  struct Case {
-    const char* name;
-    const char* optimizer;
-    const char* precision;
-    std::string optimizer_offload;
-    std::string param_keys;
-    std::string zero;
-  };
-  const Case cases[] = {
+  const ParamOffloadCase cases[] = {
       {"fp32 adamw, all on nvme", kAdamW, "", "", R"(, "max_in_cpu": 0)", ""},
       {"bf16 adamw, optimizer on nvme too, one buffer", kAdamW, kBf16, offload_section("nvme", path),
        R"(, "max_in_cpu": 0, "buffer_count": 1)", ""},
@@ -99,12 +75,10 @@ TEST(ParamOffload, NvmeReproducesTheInMemoryRunBitwise) {
       {"fp32 adamw, optimizer on nvme, everything fits in max_in_cpu", kAdamW, "",
        offload_section("nvme", path), "", ""},
   };
-  for (const Case& c : cases) {
+  for (const ParamOffloadCase& c : cases) {
     SCOPED_TRACE(c.name);
     const RunResult in_memory = run(stage3_config("", c.optimizer, c.precision, c.zero), kSteps, nullptr);
-    std::string offload = param_section("nvme", path, c.param_keys);
-    if (!c.optimizer_offload.empty()) offload += ", " + c.optimizer_offload;
-    const zt::Config config = stage3_config(offload, c.optimizer, c.precision, c.zero);
+    const zt::Config config = param_offload_config(c, path);
     {
       auto model = zt::build_model(config);
       zt::Engine engine(zt::testing::runtime(), *model, config);

@@ -128,12 +128,15 @@ void expect_same_as_the_host_optimizer(zt::Device gpu) {
 /// Pieces of uneven sizes queued one after the other (as NVMe offload queues a step's pieces of
 /// sub-groups), the parameters on the device after one wait: bf16 with a host master, and fp32 with
 /// the device's parameters as the master (staged down with the gradients, updated in the buffer).
-void expect_queued_pieces_as_the_host_optimizer(zt::Device device) {
+/// `parameters_on_host` (offload_param nvme): the parameters in host memory, written in place
+/// as each piece is queued, with a host master in fp32 too; no parameter staging.
+void expect_queued_pieces_as_the_host_optimizer(zt::Device device, bool parameters_on_host = false) {
   constexpr std::size_t kCount = 100'003;
   const std::size_t cuts[] = {0, 1'500, 9'000, 9'001, 50'001, kCount};
   for (zt::DType dtype : {zt::DType::bf16, zt::DType::fp32}) {
     for (std::size_t buffers : {1u, 3u}) {
-      const bool device_master = dtype == zt::DType::fp32;
+      const bool fp32 = dtype == zt::DType::fp32;
+      const bool device_master = fp32 && !parameters_on_host;
       SCOPED_TRACE(std::string(zt::dtype_name(dtype)) + ", " + std::to_string(buffers) + " buffers");
       const std::size_t element = zt::dtype_size(dtype);
       auto host = zt::make_optimizer("adamw", {}, {});
@@ -150,8 +153,10 @@ void expect_queued_pieces_as_the_host_optimizer(zt::Device device) {
       options.parameter_dtype = dtype;
       options.chunk_elements = 4'096;
       options.buffer_count = buffers;
+      options.parameters_on_host = parameters_on_host;
       DeviceOffloadedUpdate update(options);
-      EXPECT_EQ(update.buffer_bytes(), buffers * 4'096 * 2 * element);
+      EXPECT_EQ(update.buffer_bytes(), buffers * 4'096 * (parameters_on_host ? 1 : 2) * element);
+      std::vector<std::byte> host_target(kCount * element);  // the parameters with parameters_on_host
       const zt::Stream producer(device);
       for (int step = 0; step < 2; ++step) {
         const std::vector<std::byte> gradients = random_values(kCount, dtype, 200 + step);
@@ -159,23 +164,27 @@ void expect_queued_pieces_as_the_host_optimizer(zt::Device device) {
                        gradients.size(), &producer);
         host->begin_step(1.0f, 1e-3f);
         float* host_state[] = {m.data(), v.data()};
-        host->update_range(
-            {master.data(), kCount}, host_state, {gradients.data(), dtype}, 1.0f, 1e-3f,
-            device_master ? zt::HalfParamBuffer{} : zt::HalfParamBuffer{host_parameters.data(), dtype});
-        if (device_master) std::memcpy(host_parameters.data(), master.data(), kCount * sizeof(float));
+        host->update_range({master.data(), kCount}, host_state, {gradients.data(), dtype}, 1.0f, 1e-3f,
+                           fp32 ? zt::HalfParamBuffer{} : zt::HalfParamBuffer{host_parameters.data(), dtype});
+        if (fp32) std::memcpy(host_parameters.data(), master.data(), kCount * sizeof(float));
 
         offloaded->begin_step(1.0f, 1e-3f);
         for (std::size_t p = 0; p + 1 < std::size(cuts); ++p) {
           const std::size_t first = cuts[p];
           float* state[] = {offloaded_m.data() + first, offloaded_v.data() + first};
+          std::byte* parameters = parameters_on_host ? host_target.data() : device_parameters.as<std::byte>();
           update.queue(*offloaded, device_gradients.as<std::byte>() + first * element,
-                       device_parameters.as<std::byte>() + first * element,
+                       parameters + first * element,
                        device_master ? nullptr : offloaded_master.data() + first, state, cuts[p + 1] - first,
                        1.0f, 1e-3f, &producer);
         }
         EXPECT_GE(update.wait_for_parameters(), 0.0);
         std::vector<std::byte> back(kCount * element);
-        zt::copy_bytes(back.data(), zt::Device::host(), device_parameters.data(), device, back.size());
+        if (parameters_on_host) {
+          back = host_target;
+        } else {
+          zt::copy_bytes(back.data(), zt::Device::host(), device_parameters.data(), device, back.size());
+        }
         EXPECT_EQ(std::memcmp(back.data(), host_parameters.data(), back.size()), 0)
             << "parameters, step " << step;
         if (!device_master) {
@@ -224,6 +233,12 @@ TEST(DeviceOffloadedUpdate, QueuedPiecesMatchTheHostOptimizerWithHostBuffers) {
 /// there goes through the pipeline's copies.
 TEST(DeviceOffloadedUpdate, QueuedPiecesMatchTheHostOptimizerOnTheEmulatedDevice) {
   expect_queued_pieces_as_the_host_optimizer(zt::Device::emulated());
+}
+
+/// offload_param nvme: the gradients on the emulated device, the parameters in host memory (the
+/// parameter store's buffers), updated in place by the host optimizer.
+TEST(DeviceOffloadedUpdate, ParametersInHostMemoryMatchTheHostOptimizerOnTheEmulatedDevice) {
+  expect_queued_pieces_as_the_host_optimizer(zt::Device::emulated(), /*parameters_on_host=*/true);
 }
 
 }  // namespace

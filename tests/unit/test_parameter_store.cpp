@@ -1,7 +1,8 @@
 // ZeRO-3's parameter store with the pieces on NVMe (src/engine/parameter_store.*): every read returns
 // the last value written, whatever the order of prefetches, acquires, updates and commits and
 // however few buffers there are, with real O_DIRECT files; pieces within max_in_cpu stay in host
-// memory; reads are counted once; the swap file goes away with the store.
+// memory; reads are counted once; the swap file goes away with the store; with the engine on the
+// emulated device, the pieces come from its shard and go to its memory (copy_to_device).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "src/engine/parameter_store.hpp"
 #include "swap_test_fixtures.hpp"
 #include "test_helpers.hpp"
+#include "zerotrain/execution.hpp"
 
 namespace {
 
@@ -174,6 +176,53 @@ TEST(ParameterStore, SpeculativeReadsLeaveABufferAndPiecesAreReadOnce) {
     EXPECT_EQ(store.stats().cache_hits, 1u);
   }
   EXPECT_EQ(directory.file_count(), 0u) << "the swap file goes with the store";
+}
+
+/// The engine on the emulated device (memory only the device API may touch): the first values come
+/// from the shard on the device, copy_to_device() brings every piece (on NVMe or kept in host memory)
+/// into device memory, and after new values are written (update_target, commit) it brings those,
+/// with 1 and 2 buffers.
+TEST(ParameterStore, CopiesPiecesToTheEngineDevice) {
+  const std::vector<zt::FlatParameter> layout = shard_layout();
+  const zt::ExecutionContext device(zt::Device::emulated());
+  std::int64_t shard_elements = 0;
+  for (const auto& slot : layout) shard_elements += slot.piece_numel;
+  const auto shard_bytes = static_cast<std::size_t>(shard_elements) * sizeof(float);
+  std::mt19937 generator(7);
+  for (std::size_t buffers : {1u, 2u}) {
+    for (std::int64_t max_in_cpu : {std::int64_t{0}, std::int64_t{3000}}) {
+      SCOPED_TRACE(std::to_string(buffers) + " buffer(s), max_in_cpu " + std::to_string(max_in_cpu));
+      zt::testing::TestDirectory directory;
+      const std::vector<float> initial = random_piece(generator, shard_elements);
+      zt::Buffer device_shard = device.allocate(shard_bytes);
+      device.from_host(device_shard.data(), initial.data(), shard_bytes);
+      ParameterStore store(layout, nvme_options(directory.path(), buffers, max_in_cpu),
+                           device_shard.as<const std::byte>(), device);
+      EXPECT_EQ(store.device(), zt::Device::host());
+      EXPECT_EQ(store.host_elements() > 0, max_in_cpu > 0);
+      // Every piece into one device buffer, then back to the host to compare: the initial values.
+      zt::Buffer copied = device.allocate(shard_bytes);
+      auto copy_all = [&] {
+        for (std::size_t i = 0; i < layout.size(); ++i) {
+          store.prefetch(i);
+          store.copy_to_device(i, copied.as<float>() + layout[i].shard_offset);
+        }
+        std::vector<float> values(static_cast<std::size_t>(shard_elements));
+        device.to_host(values.data(), copied.data(), shard_bytes);
+        return values;
+      };
+      EXPECT_EQ(copy_all(), initial);
+      // New values of every piece, as the host optimizer writes them.
+      std::vector<float> updated = random_piece(generator, shard_elements);
+      for (std::size_t i = 0; i < layout.size(); ++i) {
+        std::memcpy(store.update_target(i), updated.data() + layout[i].shard_offset,
+                    static_cast<std::size_t>(layout[i].piece_numel) * sizeof(float));
+        store.commit(i);
+      }
+      store.finish_updates();
+      EXPECT_EQ(copy_all(), updated);
+    }
+  }
 }
 
 TEST(ParameterStore, ABufferSmallerThanAPieceIsAClearError) {
