@@ -490,4 +490,45 @@ Work Communicator::irecv(void* buffer, std::size_t count, DType type, int peer, 
   return tracked(std::move(in_flight), do_irecv(buffer, count, type, peer, tag));
 }
 
+namespace {
+
+/// Two operations' handles as one: complete when both are.
+class BothOperations final : public Work::State {
+ public:
+  BothOperations(Work first, Work second) : first_(std::move(first)), second_(std::move(second)) {}
+  void wait() override {
+    first_.wait();
+    second_.wait();
+  }
+  bool test() override {
+    const bool first_done = first_.test();  // both polled, so that each progresses
+    return second_.test() && first_done;
+  }
+
+ private:
+  Work first_;
+  Work second_;
+};
+
+}  // namespace
+
+Work Communicator::isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) {
+  validate_point_to_point({*this, CommOp::send}, send.buffer, send.count, send.type, send.peer, send.tag);
+  validate_point_to_point({*this, CommOp::recv}, recv.buffer, recv.count, recv.type, recv.peer, recv.tag);
+  detail::InFlightOp sending =
+      begin(CommOp::send, send.count * dtype_size(send.type), send.type, send.peer, send.tag);
+  detail::InFlightOp receiving =
+      begin(CommOp::recv, recv.count * dtype_size(recv.type), recv.type, recv.peer, recv.tag);
+  auto [sent, received] = do_isend_irecv(send, recv);
+  Work send_work = tracked(std::move(sending), std::move(sent));
+  Work recv_work = tracked(std::move(receiving), std::move(received));
+  if (send_work.completed() && recv_work.completed()) return Work();
+  return Work(std::make_unique<BothOperations>(std::move(send_work), std::move(recv_work)));
+}
+
+std::pair<Work, Work> Communicator::do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) {
+  Work sent = do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
+  return {std::move(sent), do_irecv(recv.buffer, recv.count, recv.type, recv.peer, recv.tag)};
+}
+
 }  // namespace zt

@@ -858,6 +858,19 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     check_not_self(CommOp::recv, peer);
     return completed([&] { return MpiCommunicator::do_irecv(buffer, count, type, peer, tag); });
   }
+  /// Both started before either is waited for: the one operation a device backend offers whose
+  /// send does not wait alone for its receive (NCCL's group).
+  std::pair<Work, Work> do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) override {
+    check_not_self(CommOp::send, send.peer);
+    check_not_self(CommOp::recv, recv.peer);
+    const detail::EmulatedDeviceAccess access;
+    // The MPI backend's own operations, not this class's (which complete before they return).
+    Work sent = MpiCommunicator::do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
+    Work received = MpiCommunicator::do_irecv(recv.buffer, recv.count, recv.type, recv.peer, recv.tag);
+    sent.wait();
+    received.wait();
+    return {};
+  }
 
  private:
   /// Start the MPI operation and complete it (its post-processing included) inside one access: MPI

@@ -74,6 +74,22 @@ class InFlightOp;
 struct CommIdentity;
 }  // namespace detail
 
+/// The halves of Communicator::isend_irecv: a message to send to `peer` and one to receive from it.
+struct OutgoingMessage {
+  const void* buffer = nullptr;
+  std::size_t count = 0;
+  DType type = DType::fp32;
+  int peer = 0;
+  int tag = 0;
+};
+struct IncomingMessage {
+  void* buffer = nullptr;
+  std::size_t count = 0;
+  DType type = DType::fp32;
+  int peer = 0;
+  int tag = 0;
+};
+
 /// Handle to a non-blocking operation. wait() blocks until it completes (and finishes any
 /// post-processing such as the division of an average); test() polls. Destroying a handle that
 /// has not completed waits for it, so buffers are never left in flight.
@@ -154,6 +170,13 @@ class Communicator {
   [[nodiscard]] Work ibroadcast(void* buffer, std::size_t count, DType type, int root);
   [[nodiscard]] Work isend(const void* buffer, std::size_t count, DType type, int peer, int tag = 0);
   [[nodiscard]] Work irecv(void* buffer, std::size_t count, DType type, int peer, int tag = 0);
+  /// A send and a receive started together as one operation (MPI: an isend and an irecv; NCCL: one
+  /// group), complete when both are. Neither waits for the other to start, unlike a device
+  /// communicator's separate send and recv (they run in posting order, and a send completes only
+  /// once its receive is posted): neighbours can exchange, and a chain of ranks can each send to a
+  /// neighbour and receive from it, without a deadlock. The peers may differ; a device
+  /// communicator refuses this rank as either. Counted as one send and one recv in traffic().
+  [[nodiscard]] Work isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv);
 
   // ---- accounting ----
   const TrafficStats& traffic() const { return traffic_; }
@@ -194,6 +217,9 @@ class Communicator {
   virtual Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) = 0;
   virtual Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
   virtual Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) = 0;
+  /// The send's and the receive's handles. By default do_isend then do_irecv, which is right for a
+  /// backend whose isend does not wait for the receive (MPI on host buffers).
+  virtual std::pair<Work, Work> do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv);
 
  private:
   /// Registers the operation as in flight until the returned object is destroyed.

@@ -259,6 +259,9 @@ class NcclCommunicator final : public Communicator {
     return nonblocking(CommOp::recv, count * dtype_size(type),
                        [&] { enqueue_recv(buffer, count, type, peer); });
   }
+  /// One NCCL group: the send and the receive progress together, so neither waits for the other's
+  /// peer. Both handles wait for the group's completion event.
+  std::pair<Work, Work> do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) override;
 
  private:
   class Event;
@@ -312,6 +315,17 @@ class NcclCommunicator final : public Communicator {
 
   template <typename Enqueue>
   Work nonblocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue);
+
+  /// Enqueue, then an event the operation's handles wait for (ordered with a stream: the stream's
+  /// work so far comes first). Callers have made the device current and hold NcclCalls.
+  template <typename Enqueue>
+  std::shared_ptr<OwnedEvent> enqueue_with_event(Enqueue&& enqueue) {
+    if (ordered_ != nullptr) return enqueue_ordered(enqueue);
+    auto done = std::make_shared<OwnedEvent>(name());
+    enqueue();
+    ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
+    return done;
+  }
 
   /// Ordered with a stream: the operation starts on the device after the stream's work so far; its
   /// completion event keeps it registered with the watchdog until the device reaches it.
@@ -446,7 +460,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   /// A send and the matching receive on one rank would be two kernels on one stream, the first
-  /// waiting for the second: NCCL needs them grouped, which this interface cannot express.
+  /// waiting for the second; grouped (isend_irecv) it would work, but a copy is what the caller
+  /// wants, and refusing keeps the rule the same for every point-to-point call.
   void check_not_self(CommOp op, int peer) const {
     ZT_CHECK_AS(
         CommError, peer != rank(), comm_op_name(op), " on NCCL communicator '", name(), "' (rank ", rank(),
@@ -524,13 +539,29 @@ Work NcclCommunicator::nonblocking(CommOp op, std::size_t payload_bytes, Enqueue
   const DeviceScope scope(resources_->device, name());
   const NcclCalls calls(*this);
   const auto start = Clock::now();
-  if (ordered_ != nullptr) {
-    return Work(std::make_unique<Event>(*this, op, payload_bytes, start, enqueue_ordered(enqueue)));
-  }
-  auto done = std::make_shared<OwnedEvent>(name());
-  enqueue();
-  ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
-  return Work(std::make_unique<Event>(*this, op, payload_bytes, start, std::move(done)));
+  return Work(std::make_unique<Event>(*this, op, payload_bytes, start, enqueue_with_event(enqueue)));
+}
+
+std::pair<Work, Work> NcclCommunicator::do_isend_irecv(const OutgoingMessage& send,
+                                                       const IncomingMessage& recv) {
+  check_not_self(CommOp::send, send.peer);
+  check_not_self(CommOp::recv, recv.peer);
+  const DeviceScope scope(resources_->device, name());
+  const NcclCalls calls(*this);
+  const auto start = Clock::now();
+  const std::shared_ptr<OwnedEvent> done = enqueue_with_event([&] {
+    ZT_CHECK_NCCL(ncclGroupStart(), name(), comm());
+    ncclResult_t result =
+        ncclSend(send.buffer, send.count, nccl_type(send.type), send.peer, comm(), stream());
+    if (result == ncclSuccess)
+      result = ncclRecv(recv.buffer, recv.count, nccl_type(recv.type), recv.peer, comm(), stream());
+    const ncclResult_t end = ncclGroupEnd();  // always close the group
+    if (result != ncclSuccess) raise_nccl(__FILE__, __LINE__, "ncclSend/ncclRecv", name(), comm(), result);
+    if (end != ncclSuccess) raise_nccl(__FILE__, __LINE__, "ncclGroupEnd", name(), comm(), end);
+  });
+  return {
+      Work(std::make_unique<Event>(*this, CommOp::send, send.count * dtype_size(send.type), start, done)),
+      Work(std::make_unique<Event>(*this, CommOp::recv, recv.count * dtype_size(recv.type), start, done))};
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap_mpi, Device cuda_device,

@@ -325,12 +325,6 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
                 " but this rank is stage ", parallel_.pipeline().rank(), " of ", stages,
                 " in the process grid (world rank ", runtime.world_rank(), ")");
     ZT_CHECK_AS(ConfigError, external_ == nullptr, "a zt::ExternalModel cannot be a pipeline stage");
-    // The schedules assume sends that do not wait for their receive (MPI's isend); a device
-    // communicator's send does (NCCL, the emulated device), which needs sends and receives paired.
-    ZT_CHECK_AS(ConfigError, stages == 1 || execution_.device().is_host(), "pipeline stages on ",
-                execution_.device().str(),
-                ": this build runs pipelines on the host (device sends wait for their receive, and the "
-                "executor does not pair them yet)");
   }
   ZT_CHECK_AS(ConfigError, config_.pipeline.stage_count() == 1 || config_.pipeline.stage_count() == stages,
               "pipeline.stages is ", config_.pipeline.stage_count(), " but the process grid has ", stages,
@@ -372,7 +366,8 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
   if (stage_model_ != nullptr) {
     find_tied_parameters();
     pipeline_executor_ = std::make_unique<engine_detail::PipelineExecutor>(
-        *parallel_.pipeline().device, execution_, stage_model_->stage(), stage_model_->stages());
+        *parallel_.pipeline().device, *parallel_.pipeline().host, execution_, stage_model_->stage(),
+        stage_model_->stages());
   }
   states_ = engine_detail::make_optimizer_states(plan_, *strategy_, config_, execution_);
   // With offload_param "nvme" the parameter store holds the pieces now; the optimizer's master was

@@ -8,10 +8,17 @@
 //   - once per run, before the first activation: the activation's shape and dtype (every
 //     micro-batch of a run must match them; a mismatch is an error on the sending stage);
 //   - activations forward, gradients of the same shape backward.
+// The shape travels over the pipeline group's host communicator (MPI), the tensors over the one for
+// the engine's device.
 // On the host a stage posts its next receive as soon as the previous one completed, so the
-// transfer overlaps the compute in between.
+// transfer overlaps the compute in between. On a device a send completes only once its receive is
+// posted (NCCL, the emulated device), so a send and the receive right after it from the same
+// neighbour start together as one exchange (exchanges_with_next, Communicator::isend_irecv), which
+// keeps 1F1B's steady state from deadlocking (check_pipe_schedules, rendezvous_with_exchanges).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -44,8 +51,13 @@ struct PipelineStageWork {
 
 class PipelineExecutor {
  public:
-  /// `pipeline`: the pipeline group's communicator for buffers of `execution`'s device (rank = stage).
-  PipelineExecutor(Communicator& pipeline, const ExecutionContext& execution, int stage, int stages);
+  /// The most dimensions an activation between stages may have.
+  static constexpr std::size_t kMaxShapeDims = 8;
+
+  /// `pipeline`: the pipeline group's communicator for buffers of `execution`'s device (rank = stage);
+  /// `pipeline_host`: the same group's for host buffers (the same one when the engine is on the host).
+  PipelineExecutor(Communicator& pipeline, Communicator& pipeline_host, const ExecutionContext& execution,
+                   int stage, int stages);
 
   /// Run `schedule` (this stage's) with `work`; returns the stage's busy and idle time.
   PipelineTiming run(const PipeSchedule& schedule, const PipelineStageWork& work);
@@ -62,12 +74,18 @@ class PipelineExecutor {
     std::int64_t micro_batch = -1;
     Tensor tensor;
     Work work;
+    Tensor sent;  // an exchange's outgoing tensor, held until the exchange completes
   };
 
-  void send_activation(const Tensor& activation, std::int64_t micro_batch);
-  Tensor receive_activation(std::int64_t micro_batch);
-  void send_gradient(const Tensor& gradient, std::int64_t micro_batch);
-  Tensor receive_gradient(std::int64_t micro_batch);
+  void send_activation(const Tensor& activation, std::int64_t micro_batch, std::size_t position);
+  void send_gradient(const Tensor& gradient, std::int64_t micro_batch, std::size_t position);
+  /// `tensor` to `peer`: alone, or with the receive at `position` + 1 as one exchange.
+  void send(const Tensor& tensor, int peer, int tag, std::size_t position);
+  void send_shape_once(const Tensor& activation, std::int64_t micro_batch);
+  void receive_shape_once();
+  /// The receive buffer and peer for the instruction at `position` (recv_activation or recv_gradient).
+  PendingReceive prepare_receive(std::size_t position);
+  std::optional<PendingReceive>& pending_of(PipeOp op);
   /// Post the receive of the first activation / gradient the schedule expects at or after `from`.
   void post_next_receive(PipeOp op, std::size_t from);
   Tensor take_receive(std::optional<PendingReceive>& pending, PipeOp op, std::size_t position,
@@ -75,15 +93,19 @@ class PipelineExecutor {
   void complete_sends(bool all);
 
   Communicator& pipeline_;
+  Communicator& pipeline_host_;
   const ExecutionContext& execution_;
   int stage_;
   int stages_;
   bool post_early_;  // receives may be posted ahead (host MPI: they do not block)
+  bool exchanges_;   // sends wait for their receive (a device communicator): pair them
 
   // Per run:
   const PipeSchedule* schedule_ = nullptr;
   double idle_seconds_ = 0;
   bool sent_shape_ = false;
+  std::array<std::int64_t, 2 + kMaxShapeDims> sent_shape_message_{};
+  Work shape_send_;
   Shape sent_shape_value_;
   DType sent_dtype_ = DType::fp32;
   std::optional<Shape> received_shape_;

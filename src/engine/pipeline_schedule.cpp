@@ -82,10 +82,23 @@ struct MicroBatchProgress {
   bool sent_gradient = false;
 };
 
+bool is_send(PipeOp op) {
+  return op == PipeOp::send_activation || op == PipeOp::send_gradient;
+}
+
+// The messages one stage sends to a neighbour: those not yet received, in order, and how many were
+// sent and received in all.
+struct Channel {
+  std::deque<int> in_flight;  // micro-batches
+  std::size_t sent = 0;
+  std::size_t received = 0;
+};
+
 // Runs the schedules of all stages together and checks each instruction as it runs.
 class PipelineSimulation {
  public:
-  explicit PipelineSimulation(const std::vector<PipeSchedule>& per_stage) : per_stage_(per_stage) {
+  PipelineSimulation(const std::vector<PipeSchedule>& per_stage, PipeTransport transport)
+      : per_stage_(per_stage), transport_(transport) {
     stages_ = static_cast<int>(per_stage_.size());
     if (stages_ < 1) ZT_THROW("pipeline schedules: no stage's schedule to check");
     check_fields();
@@ -101,24 +114,21 @@ class PipelineSimulation {
     }
     step_ops_done_.assign(stages_, 0);
     next_.assign(stages_, 0);
+    send_posted_.assign(stages_, 0);
+    joined_receive_done_.assign(stages_, 0);
     activations_.resize(stages_);
     gradients_.resize(stages_);
   }
 
   void run() {
-    // Only receives wait and messages between two stages stay in order, so whether the stages
-    // finish does not depend on the interleaving: running each stage as far as it gets, in turns,
-    // finds a deadlock if there is one.
+    // A stage only waits for a message or for the receive of its own message, and messages
+    // between two stages stay in order, so whether the stages finish does not depend on the
+    // interleaving: running each stage as far as it gets, in turns, finds a deadlock if there is one.
     bool moved = true;
     while (moved) {
       moved = false;
       for (int s = 0; s < stages_; ++s) {
-        const auto& instructions = per_stage_[s].instructions;
-        while (next_[s] < instructions.size() && can_run(s, instructions[next_[s]])) {
-          execute(s, next_[s]);
-          ++next_[s];
-          moved = true;
-        }
+        while (next_[s] < per_stage_[s].instructions.size() && advance(s)) moved = true;
       }
     }
     report_deadlock();
@@ -164,18 +174,60 @@ class PipelineSimulation {
 
   // A receive waits for its message; everything else runs at once.
   bool can_run(int stage, const PipeInstruction& instruction) const {
-    if (instruction.op == PipeOp::recv_activation && !first(stage)) return !activations_[stage - 1].empty();
-    if (instruction.op == PipeOp::recv_gradient && !last(stage)) return !gradients_[stage + 1].empty();
+    if (instruction.op == PipeOp::recv_activation && !first(stage))
+      return !activations_[stage - 1].in_flight.empty();
+    if (instruction.op == PipeOp::recv_gradient && !last(stage))
+      return !gradients_[stage + 1].in_flight.empty();
     return true;
   }
 
-  void receive(int stage, std::size_t index, std::deque<int>& channel, int sender, const char* what) {
-    const int micro_batch = per_stage_[stage].instructions[index].micro_batch;
-    if (channel.front() != micro_batch) {
-      fail(stage, index, "receives the ", what, " of micro-batch ", micro_batch, " but stage ", sender,
-           " sent the ", what, " of micro-batch ", channel.front(), " first");
+  // Runs stage s's next instruction, or as much of it as can run now (a send waiting for its
+  // receive; an exchange's two halves); returns whether anything happened.
+  bool advance(int s) {
+    const std::size_t k = next_[s];
+    const std::vector<PipeInstruction>& instructions = per_stage_[s].instructions;
+    if (transport_ == PipeTransport::buffered || !is_send(instructions[k].op)) {
+      if (!can_run(s, instructions[k])) return false;
+      execute(s, k);
+      ++next_[s];
+      return true;
     }
-    channel.pop_front();
+    bool changed = false;
+    if (!send_posted_[s]) {
+      execute(s, k);
+      send_posted_[s] = 1;
+      changed = true;
+    }
+    const bool joined =
+        transport_ == PipeTransport::rendezvous_with_exchanges && exchanges_with_next(per_stage_[s], k);
+    if (joined && !joined_receive_done_[s] && can_run(s, instructions[k + 1])) {
+      execute(s, k + 1);
+      joined_receive_done_[s] = 1;
+      changed = true;
+    }
+    const Channel& channel = instructions[k].op == PipeOp::send_activation ? activations_[s] : gradients_[s];
+    if (channel.received == channel.sent && (!joined || joined_receive_done_[s])) {  // delivered
+      next_[s] += joined ? 2 : 1;
+      send_posted_[s] = 0;
+      joined_receive_done_[s] = 0;
+      return true;
+    }
+    return changed;
+  }
+
+  void receive(int stage, std::size_t index, Channel& channel, int sender, const char* what) {
+    const int micro_batch = per_stage_[stage].instructions[index].micro_batch;
+    if (channel.in_flight.front() != micro_batch) {
+      fail(stage, index, "receives the ", what, " of micro-batch ", micro_batch, " but stage ", sender,
+           " sent the ", what, " of micro-batch ", channel.in_flight.front(), " first");
+    }
+    channel.in_flight.pop_front();
+    ++channel.received;
+  }
+
+  void send(Channel& channel, int micro_batch) {
+    channel.in_flight.push_back(micro_batch);
+    ++channel.sent;
   }
 
   void execute(int s, std::size_t k) {
@@ -213,7 +265,7 @@ class PipelineSimulation {
         if (last(s)) fail(s, k, "the last stage sends no activation");
         if (!done.forwarded) fail(s, k, "the activation is sent before its forward");
         if (done.sent_activation) fail(s, k, "the activation is sent twice");
-        activations_[s].push_back(instruction.micro_batch);
+        send(activations_[s], instruction.micro_batch);
         done.sent_activation = true;
         break;
       case PipeOp::recv_gradient:
@@ -233,7 +285,7 @@ class PipelineSimulation {
         if (first(s)) fail(s, k, "the first stage sends no gradient");
         if (!done.backwarded) fail(s, k, "the gradient is sent before its backward");
         if (done.sent_gradient) fail(s, k, "the gradient is sent twice");
-        gradients_[s].push_back(instruction.micro_batch);
+        send(gradients_[s], instruction.micro_batch);
         done.sent_gradient = true;
         break;
       default:
@@ -284,9 +336,10 @@ class PipelineSimulation {
     for (int s = 0; s < stages_; ++s) {
       if (next_[s] == per_stage_[s].instructions.size()) continue;
       waiting += detail::concat(waiting.empty() ? "" : "; ", "stage ", s, " waits at instruction ", next_[s],
-                                " (", describe(per_stage_[s].instructions[next_[s]]), ")");
+                                " (", describe(per_stage_[s].instructions[next_[s]]), ")",
+                                send_posted_[s] ? " for its receive" : "");
     }
-    if (!waiting.empty()) ZT_THROW("pipeline schedules deadlock: ", waiting);
+    if (!waiting.empty()) ZT_THROW("pipeline schedules deadlock (", transport_name(), "): ", waiting);
   }
 
   void check_complete() const {
@@ -312,7 +365,20 @@ class PipelineSimulation {
     }
   }
 
+  const char* transport_name() const {
+    switch (transport_) {
+      case PipeTransport::buffered:
+        return "sends complete at once";
+      case PipeTransport::rendezvous:
+        return "a send completes once its receive is posted";
+      case PipeTransport::rendezvous_with_exchanges:
+        return "a send completes once its receive is posted; exchanges post both";
+    }
+    return "?";
+  }
+
   const std::vector<PipeSchedule>& per_stage_;
+  PipeTransport transport_;
   int stages_ = 0;
   int micro_batches_ = 0;
   bool training_ = false;
@@ -321,8 +387,10 @@ class PipelineSimulation {
   std::vector<std::vector<std::size_t>> last_use_;         // [stage][micro-batch]: its last instruction
   std::vector<int> step_ops_done_;                         // [stage]
   std::vector<std::size_t> next_;                          // [stage]: its next instruction
-  std::vector<std::deque<int>> activations_;               // [s]: sent by s to s + 1, in flight
-  std::vector<std::deque<int>> gradients_;                 // [s]: sent by s to s - 1, in flight
+  std::vector<char> send_posted_;                          // [stage]: its next instruction, a send, ran
+  std::vector<char> joined_receive_done_;                  // [stage]: and the receive it exchanges with
+  std::vector<Channel> activations_;                       // [s]: sent by s to s + 1
+  std::vector<Channel> gradients_;                         // [s]: sent by s to s - 1
 };
 
 }  // namespace
@@ -415,8 +483,17 @@ std::optional<PipeScheduleKind> pipe_schedule_kind_of(std::string_view name) {
   return std::nullopt;
 }
 
-void check_pipe_schedules(const std::vector<PipeSchedule>& per_stage) {
-  PipelineSimulation(per_stage).run();
+bool exchanges_with_next(const PipeSchedule& schedule, std::size_t position) {
+  const std::vector<PipeInstruction>& instructions = schedule.instructions;
+  if (position + 1 >= instructions.size()) return false;
+  const PipeOp op = instructions[position].op;
+  const PipeOp next = instructions[position + 1].op;
+  return (op == PipeOp::send_activation && next == PipeOp::recv_gradient) ||
+         (op == PipeOp::send_gradient && next == PipeOp::recv_activation);
+}
+
+void check_pipe_schedules(const std::vector<PipeSchedule>& per_stage, PipeTransport transport) {
+  PipelineSimulation(per_stage, transport).run();
 }
 
 double ideal_bubble_fraction(int stages, int micro_batches) {

@@ -23,11 +23,17 @@
 //   Inference: the forwards only; min(2, m) buffers, micro-batch i in buffer i % buffers.
 // Backwards run in micro-batch order in both train schedules.
 //
-// Communication model (what check_pipe_schedules assumes and an executor must provide): sends do
-// not block (the executor waits for a send before its buffer is filled again), receives block, and
-// messages between two neighbouring stages arrive in the order they were sent.
+// Communication models (PipeTransport; check_pipe_schedules checks a schedule under one): receives
+// block and messages between two neighbouring stages arrive in the order they were sent. On the
+// host a send does not block (the executor waits for it only before its buffer is filled again).
+// On a device a send completes only once its receive is posted (NCCL, the emulated device), under
+// which 1F1B deadlocks in its steady state (stage s sends activation i + 1 while stage s + 1 sends
+// gradient i): there the executor starts a send and the receive right after it from the same
+// neighbour together (exchanges_with_next; Communicator::isend_irecv), as Megatron-LM's
+// send_forward_recv_backward does.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -78,14 +84,27 @@ std::string_view pipe_schedule_kind_name(PipeScheduleKind kind);
 /// The kind named `name` ("1f1b", "gpipe", "inference"); nullopt for any other name.
 std::optional<PipeScheduleKind> pipe_schedule_kind_of(std::string_view name);
 
+/// How sends between stages complete.
+enum class PipeTransport : std::uint8_t {
+  buffered,                   // at once (MPI's isend on host buffers)
+  rendezvous,                 // once the receive is posted; every send and receive alone
+  rendezvous_with_exchanges,  // rendezvous, with exchanges_with_next: what the executor does on a device
+};
+
+/// Whether instruction `position` of `schedule` is a send that the next instruction, a receive from
+/// the same neighbour, joins as one exchange: send_activation then recv_gradient (both with
+/// stage + 1), or send_gradient then recv_activation (both with stage - 1).
+bool exchanges_with_next(const PipeSchedule& schedule, std::size_t position);
+
 /// Checks that the schedules of all stages of one pipeline (per_stage[s] for stage s) run together:
-/// simulated with blocking receives and non-blocking, in-order sends, every receive gets the
-/// message of the same micro-batch from its neighbour and no stage waits forever; every stage runs
-/// each micro-batch's forward exactly once (and backward exactly once when the schedules train)
-/// with its inputs there (loaded or received); a buffer is not filled for a micro-batch while it
-/// still holds another one's; training ends with reduce_tied_gradients, reduce_gradients,
-/// optimizer_step after the last backward. Throws zt::Error naming the stage and the instruction.
-void check_pipe_schedules(const std::vector<PipeSchedule>& per_stage);
+/// simulated with blocking receives and in-order sends that complete as `transport` says, every receive gets
+/// the message of the same micro-batch from its neighbour and no stage waits forever; every stage runs each
+/// micro-batch's forward exactly once (and backward exactly once when the schedules train) with its inputs
+/// there (loaded or received); a buffer is not filled for a micro-batch while it still holds another one's;
+/// training ends with reduce_tied_gradients, reduce_gradients, optimizer_step after the last backward. Throws
+/// zt::Error naming the stage and the instruction.
+void check_pipe_schedules(const std::vector<PipeSchedule>& per_stage,
+                          PipeTransport transport = PipeTransport::buffered);
 
 /// The bubble of a pipeline whose stages take equal time: (p - 1) / (m + p - 1) of each stage's
 /// step is idle. Stages or micro_batches below 1 are a zt::ConfigError.

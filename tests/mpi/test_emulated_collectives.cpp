@@ -320,6 +320,62 @@ TEST(EmulatedCollectives, SendRecvInAnOrderedRing) {
   }
 }
 
+TEST(EmulatedCollectives, ExchangesStartTheSendAndTheReceiveTogether) {
+  Communicators comms;
+  const int n = comms.host->size();
+  const int rank = comms.host->rank();
+  if (n == 1) {
+    // MPI exchanges with its own rank; a device communicator refuses it, as its send and recv.
+    Values out = input_values(DType::fp32, 5, 0), in = filled_values(DType::fp32, 5, 99);
+    comms.host->isend_irecv({out.data(), 5, DType::fp32, 0, 1}, {in.data(), 5, DType::fp32, 0, 1}).wait();
+    EXPECT_EQ(std::memcmp(in.bytes(), out.bytes(), bytes_of(in)), 0);
+    EmulatedCopy buffer(out), other(in);
+    const std::string message = zt::testing::error_of([&] {
+      static_cast<void>(comms.emulated->isend_irecv({buffer.data(), 5, DType::fp32, 0, 1},
+                                                    {other.data(), 5, DType::fp32, 0, 1}));
+    });
+    EXPECT_NE(message.find("peer 0 is this rank"), std::string::npos) << message;
+    return;
+  }
+  // Every rank sends to the next and receives from the previous at once: with a device
+  // communicator's separate send and recv this deadlocks (every send waits for its receive, which
+  // its peer posts only after its own send); as one exchange it completes. Then each pair of
+  // neighbours swaps, sending to and receiving from the same peer.
+  const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+  const int partner = rank ^ 1;  // n is even here (2 or 4)
+  int tag = 40;
+  for (DType type : kTypes) {
+    for (std::size_t count : kSizes) {
+      for (bool swap_with_partner : {false, true}) {
+        const std::string label =
+            describe(*comms.emulated, swap_with_partner ? "isend_irecv pair" : "isend_irecv ring", type,
+                     count, true, false);
+        const int to = swap_with_partner ? partner : next, from = swap_with_partner ? partner : previous;
+        // Different counts each way: the receive takes what the sender sends.
+        const std::size_t incoming = count + static_cast<std::size_t>(from % 2);
+        const std::size_t outgoing = count + static_cast<std::size_t>(rank % 2);
+        std::vector<Values> buffers{input_values(type, outgoing, rank), filled_values(type, incoming, 99)};
+        expect_same_bytes(comms, label, buffers, [&](zt::Communicator& comm, const std::vector<void*>& b) {
+          finish(comm, comm.isend_irecv({b[0], outgoing, type, to, tag}, {b[1], incoming, type, from, tag}),
+                 label);
+          if (comm.device().is_host()) {  // the host's result is the peer's message itself
+            const Values expected = input_values(type, incoming, from);
+            EXPECT_TRUE(incoming == 0 || std::memcmp(b[1], expected.bytes(), bytes_of(expected)) == 0)
+                << label;
+          }
+        });
+        ++tag;
+      }
+    }
+  }
+  // Counted as a send and a recv, as on the host.
+  for (CommOp op : {CommOp::send, CommOp::recv}) {
+    EXPECT_EQ(comms.emulated->traffic()[op].calls, comms.host->traffic()[op].calls) << zt::comm_op_name(op);
+    EXPECT_EQ(comms.emulated->traffic()[op].bytes, comms.host->traffic()[op].bytes) << zt::comm_op_name(op);
+    EXPECT_EQ(comms.host->traffic()[op].calls, std::size(kTypes) * kSizes.size() * 2) << zt::comm_op_name(op);
+  }
+}
+
 TEST(EmulatedCollectives, TrafficAndSequenceNumbersCountAsOnTheHost) {
   Communicators comms;
   const auto n = static_cast<std::size_t>(comms.host->size());

@@ -366,6 +366,53 @@ TEST(PipeScheduleCheck, SendMovedAfterALaterReceiveDeadlocks) {
                {"deadlock", "stage 1 waits at instruction 0 (recv_activation(buffer 0, micro-batch 0))"});
 }
 
+// ---- a device's transport: sends that wait for their receive ------------------------------------
+
+TEST(PipeScheduleCheck, DeviceSendsDeadlockOneFOneBUnlessExchangesPairThem) {
+  using zt::engine_detail::exchanges_with_next;
+  using zt::engine_detail::PipeTransport;
+  // 1F1B p=2, m=2. Stage 0: load, forward, send_activation(0), load, forward, send_activation(1),
+  // recv_gradient(0), ...; stage 1: recv_activation(0), load, forward, backward, send_gradient(0),
+  // recv_activation(1), ... Each sends before it receives what the other sends.
+  const auto per_stage = pipeline(PipeScheduleKind::one_f_one_b, 2, 2);
+  ASSERT_NO_THROW(check_pipe_schedules(per_stage, PipeTransport::buffered));
+  expect_error([&] { check_pipe_schedules(per_stage, PipeTransport::rendezvous); },
+               {"deadlock (a send completes once its receive is posted)",
+                "stage 0 waits at instruction 5 (send_activation(buffer 1, micro-batch 1)) for its receive",
+                "stage 1 waits at instruction 4 (send_gradient(buffer 0, micro-batch 0)) for its receive"});
+  EXPECT_NO_THROW(check_pipe_schedules(per_stage, PipeTransport::rendezvous_with_exchanges));
+  // The exchanges: a send and the receive right after it from the same neighbour.
+  EXPECT_FALSE(exchanges_with_next(per_stage[0], 2));  // send_activation(0), then a load
+  EXPECT_TRUE(exchanges_with_next(per_stage[0], 5));   // send_activation(1) + recv_gradient(0)
+  EXPECT_TRUE(exchanges_with_next(per_stage[1], 4));   // send_gradient(0) + recv_activation(1)
+  EXPECT_FALSE(exchanges_with_next(per_stage[1], 0));  // a receive
+  EXPECT_FALSE(exchanges_with_next(per_stage[1], per_stage[1].instructions.size() - 1));
+
+  // Every schedule the executor runs, on p = 1..8 stages and m = 1..12 micro-batches, runs with
+  // exchanges; 1F1B without them deadlocks whenever a stage has a steady state after its warm-up.
+  for (PipeScheduleKind kind : all_kinds) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 12; ++m) {
+        SCOPED_TRACE(case_name(kind, p, -1, m));
+        const auto stages = pipeline(kind, p, m);
+        EXPECT_NO_THROW(check_pipe_schedules(stages, PipeTransport::rendezvous_with_exchanges));
+        if (kind == PipeScheduleKind::one_f_one_b && p >= 2 && m >= 2) {
+          EXPECT_THROW(check_pipe_schedules(stages, PipeTransport::rendezvous), zt::Error);
+        }
+      }
+    }
+  }
+
+  // The checker still finds a schedule broken for any transport: stage 0 holding back its first
+  // activation until it has that micro-batch's gradient.
+  auto broken = pipeline(PipeScheduleKind::one_f_one_b, 2, 3);
+  auto& first = broken[0].instructions;
+  std::swap(first[index_of(broken[0], {PipeOp::send_activation, 0, 0})],
+            first[index_of(broken[0], {PipeOp::recv_gradient, 0, 0})]);
+  expect_error([&] { check_pipe_schedules(broken, PipeTransport::rendezvous_with_exchanges); },
+               {"deadlock", "stage 0 waits at instruction", "stage 1 waits at instruction 0"});
+}
+
 TEST(PipeScheduleCheck, BufferFilledBeforeItsMicroBatchFinished) {
   // Stage 0 of 1F1B p=2, m=3 puts micro-batch 2 into buffer 1, which micro-batch 1 holds until its
   // backward (after micro-batch 2's forward).
