@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -800,62 +801,78 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
 
  protected:
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
+    check_on_device(CommOp::all_reduce, {send, recv}, count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_all_reduce(send, recv, count, type, op);
   }
   void do_reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                          ReduceOp op) override {
+    check_on_device(CommOp::reduce_scatter, {send, recv}, recv_count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_reduce_scatter(send, recv, recv_count, type, op);
   }
   void do_all_gather(const void* send, void* recv, std::size_t send_count, DType type) override {
+    check_on_device(CommOp::all_gather, {send, recv}, send_count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_all_gather(send, recv, send_count, type);
   }
   void do_all_gather_v(const void* send, std::size_t send_count, void* recv,
                        std::span<const std::size_t> recv_counts, DType type) override {
+    check_on_device(CommOp::all_gather_v, {send}, send_count);
+    check_on_device(CommOp::all_gather_v, {recv}, total_of(recv_counts));
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_all_gather_v(send, send_count, recv, recv_counts, type);
   }
   void do_broadcast(void* buffer, std::size_t count, DType type, int root) override {
+    check_on_device(CommOp::broadcast, {buffer}, count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_broadcast(buffer, count, type, root);
   }
   void do_send(const void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::send, peer);
+    check_on_device(CommOp::send, {buffer}, count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_send(buffer, count, type, peer, tag);
   }
   void do_recv(void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::recv, peer);
+    check_on_device(CommOp::recv, {buffer}, count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_recv(buffer, count, type, peer, tag);
   }
 
   Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
+    check_on_device(CommOp::all_reduce, {send, recv}, count);
     return completed([&] { return MpiCommunicator::do_iall_reduce(send, recv, count, type, op); });
   }
   Work do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                           ReduceOp op) override {
+    check_on_device(CommOp::reduce_scatter, {send, recv}, recv_count);
     return completed([&] { return MpiCommunicator::do_ireduce_scatter(send, recv, recv_count, type, op); });
   }
   Work do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) override {
+    check_on_device(CommOp::all_gather, {send, recv}, send_count);
     return completed([&] { return MpiCommunicator::do_iall_gather(send, recv, send_count, type); });
   }
   Work do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
                         std::span<const std::size_t> recv_counts, DType type) override {
+    check_on_device(CommOp::all_gather_v, {send}, send_count);
+    check_on_device(CommOp::all_gather_v, {recv}, total_of(recv_counts));
     return completed(
         [&] { return MpiCommunicator::do_iall_gather_v(send, send_count, recv, recv_counts, type); });
   }
   Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) override {
+    check_on_device(CommOp::broadcast, {buffer}, count);
     return completed([&] { return MpiCommunicator::do_ibroadcast(buffer, count, type, root); });
   }
   Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::send, peer);
+    check_on_device(CommOp::send, {buffer}, count);
     return completed([&] { return MpiCommunicator::do_isend(buffer, count, type, peer, tag); });
   }
   Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::recv, peer);
+    check_on_device(CommOp::recv, {buffer}, count);
     return completed([&] { return MpiCommunicator::do_irecv(buffer, count, type, peer, tag); });
   }
   /// Both started before either is waited for: the one operation a device backend offers whose
@@ -863,6 +880,8 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
   std::pair<Work, Work> do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) override {
     check_not_self(CommOp::send, send.peer);
     check_not_self(CommOp::recv, recv.peer);
+    check_on_device(CommOp::send, {send.buffer}, send.count);
+    check_on_device(CommOp::recv, {recv.buffer}, recv.count);
     const detail::EmulatedDeviceAccess access;
     // The MPI backend's own operations, not this class's (which complete before they return).
     Work sent = MpiCommunicator::do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
@@ -887,6 +906,24 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     ZT_MPI_COMM_CHECK(op, peer != rank(), "peer ", peer, " is this rank; a device communicator (",
                       device_.str(),
                       ") cannot send to or receive from its own rank (copy the buffer instead)");
+  }
+
+  /// As on a GPU, where NCCL cannot read host memory: a host buffer passed to a device
+  /// communicator is the engine's bug, found here rather than on the first GPU run.
+  void check_on_device(CommOp op, std::initializer_list<const void*> buffers, std::size_t count) const {
+    if (count == 0) return;
+    for (const void* buffer : buffers) {
+      ZT_MPI_COMM_CHECK(op, buffer == nullptr || detail::is_emulated_device_address(buffer), "the buffer at ",
+                        buffer, " is not in ", device_.str(),
+                        " memory; a device communicator takes buffers in its device's memory (copy host "
+                        "values to the device first, or use the group's host communicator)");
+    }
+  }
+
+  static std::size_t total_of(std::span<const std::size_t> counts) {
+    std::size_t total = 0;
+    for (std::size_t count : counts) total += count;
+    return total;
   }
 
   Device device_;

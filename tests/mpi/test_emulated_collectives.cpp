@@ -408,6 +408,38 @@ TEST(EmulatedCollectives, TrafficAndSequenceNumbersCountAsOnTheHost) {
   EXPECT_EQ(comms.emulated->traffic()[CommOp::all_reduce].bytes, 8000u);
 }
 
+TEST(EmulatedCollectives, RefusesHostBuffersAsNcclWould) {
+  // A host buffer handed to a device communicator is an engine bug that would fail on a GPU; the
+  // emulated device finds it first, whatever the operation, before any rank starts it.
+  Communicators comms;
+  Values host = filled_values(DType::fp32, 8, 1.0);
+  EmulatedCopy device(host);
+  const int peer = (comms.host->rank() + 1) % comms.host->size();
+  const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"all_reduce",
+       [&] { comms.emulated->all_reduce(host.data(), host.data(), 8, DType::fp32, ReduceOp::sum); }},
+      {"all_reduce",
+       [&] { comms.emulated->all_reduce(device.data(), host.data(), 8, DType::fp32, ReduceOp::sum); }},
+      {"broadcast", [&] { static_cast<void>(comms.emulated->ibroadcast(host.data(), 8, DType::fp32, 0)); }},
+      {"all_gather", [&] { comms.emulated->all_gather(host.data(), device.data(), 1, DType::fp32); }},
+  };
+  for (const auto& [op, call] : calls) {
+    const std::string message = zt::testing::error_of(call);
+    EXPECT_NE(message.find(std::string(op) + " on communicator 'emulated'"), std::string::npos) << message;
+    EXPECT_NE(message.find("is not in emulated:0 memory"), std::string::npos) << message;
+  }
+  if (comms.host->size() > 1) {
+    const std::string message = zt::testing::error_of([&] {
+      static_cast<void>(comms.emulated->isend_irecv({device.data(), 8, DType::fp32, peer, 0},
+                                                    {host.data(), 8, DType::fp32, peer, 0}));
+    });
+    EXPECT_NE(message.find("recv on communicator 'emulated'"), std::string::npos) << message;
+    EXPECT_NE(message.find("is not in emulated:0 memory"), std::string::npos) << message;
+  }
+  // Count 0 touches no memory: any pointer passes.
+  EXPECT_NO_THROW(comms.emulated->all_reduce(host.data(), host.data(), 0, DType::fp32, ReduceOp::sum));
+}
+
 TEST(EmulatedCollectives, RefusesADeviceThatIsNotEmulated) {
   const std::string message = zt::testing::error_of(
       [] { zt::make_emulated_device_communicator(MPI_COMM_WORLD, "wrong", zt::Device::host()); });
