@@ -3,7 +3,7 @@
 // with offload_optimizer "cpu" (the host optimizer over pinned buffers, DeviceOffloadedUpdate), and
 // stages 1-3 with offload_optimizer "nvme" (sub-groups from the swap file updated by the host
 // optimizer, gradients and parameters through the same pinned pipeline), and stage 3 with the
-// parameters on NVMe as well (offload_param "nvme"). The
+// parameters on NVMe as well (offload_param "nvme"), and pipeline stages on the GPUs. The
 // device communicators are NCCL, ordered with the engine's compute stream (docs/gpu.md, "NCCL in
 // the engine").
 //
@@ -27,6 +27,7 @@
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "zerotrain/engine.hpp"
+#include "zerotrain/process_grid.hpp"
 #include "zerotrain/trainer.hpp"
 
 namespace {
@@ -108,6 +109,47 @@ TEST(CudaTraining, EqualsTheHostAtEveryStage) {
       const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
       const bool bf16 = *precision != '\0';
       expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-4, 1e-3});
+    }
+  }
+}
+
+TEST(CudaTraining, PipelineStagesEqualTheHost) {
+  // Two (or, on four ranks, four) pipeline stages on the GPUs: activations and gradients between
+  // the stages over NCCL (1F1B's steady state as grouped exchanges), ZeRO-1 within each stage's
+  // data group, tied embeddings summed between the first and the last stage.
+  ZT_SKIP_WITHOUT_GPU_PER_RANK();
+  zt::Runtime& runtime = zt::testing::runtime();
+  const int world = runtime.world_size();
+  if (world == 1) GTEST_SKIP() << "pipeline stages need 2 or more ranks";
+  for (int stages : {2, 4}) {
+    if (world % stages != 0) continue;
+    for (const char* precision : {"", kBf16}) {
+      SCOPED_TRACE("pipeline " + std::to_string(stages) + precision);
+      const int data = world / stages;
+      const zt::Config config =
+          parse(gpt_config(kGlobalBatch / data / 4, 4,
+                           R"(, "zero_optimization": {"stage": 1}, "pipeline": {"stages": )" +
+                               std::to_string(stages) + "}" + precision,
+                           kSgd));
+      zt::ProcessGrid grid(runtime, zt::GridShape{.data = data, .pipeline = stages, .tensor = 1});
+      TrainingRun runs[2];
+      for (int on_gpu = 0; on_gpu < 2; ++on_gpu) {
+        auto stage = zt::build_model(config, grid.coordinates().pipeline);
+        zt::Engine engine(
+            runtime, *stage, config,
+            {.grid = &grid, .device = on_gpu ? zt::testing::gpu_of_this_rank() : zt::Device::host()});
+        auto data_source = zt::make_training_data(engine.config(), engine, std::nullopt);
+        TrainingRun& run = runs[on_gpu];
+        run.initial = real_master_parameters(engine);
+        for (int step = 0; step < kSteps; ++step) {
+          engine.train_batch(
+              [&](std::int64_t micro) { return data_source->load(static_cast<std::uint64_t>(micro)); });
+          data_source->advance();
+          run.losses.push_back(engine.last_step().loss);
+        }
+        run.master = real_master_parameters(engine);
+      }
+      expect_close(runs[1], runs[0], *precision != '\0' ? Tolerance{2e-2, 0.1} : Tolerance{1e-4, 1e-3});
     }
   }
 }

@@ -301,6 +301,35 @@ TEST_F(Nccl, SendRecvRing) {
   }
 }
 
+TEST_F(Nccl, ExchangesInOneGroup) {
+  // isend_irecv is one NCCL group: every rank sends to the next and receives from the previous at
+  // once (separate send and recv on one stream would deadlock), then neighbours swap.
+  const int n = nccl_->size();
+  const int rank = nccl_->rank();
+  if (n == 1) GTEST_SKIP() << "an exchange needs 2 or more ranks (NCCL send/recv with oneself is refused)";
+  const int next = (rank + 1) % n, previous = (rank + n - 1) % n;
+  for (DType type : zt::kAllDTypes) {
+    for (std::size_t count : kSizes) {
+      for (bool swap_with_partner : {false, true}) {
+        if (swap_with_partner && n % 2 != 0) continue;
+        const int to = swap_with_partner ? (rank ^ 1) : next,
+                  from = swap_with_partner ? (rank ^ 1) : previous;
+        SCOPED_TRACE(describe(*nccl_, swap_with_partner ? "isend_irecv pair" : "isend_irecv ring", type,
+                              count, true, false));
+        DeviceValues out(input_values(type, count, rank));
+        DeviceValues in(filled_values(type, count, 99));
+        run(
+            true, [] {},
+            [&] {
+              return nccl_->isend_irecv({out.data(), count, type, to, 0}, {in.data(), count, type, from, 0});
+            });
+        EXPECT_TRUE(
+            matches(in.to_host(), 0, count, [&](std::size_t i) { return input_value(type, from, i); }));
+      }
+    }
+  }
+}
+
 TEST_F(Nccl, BarrierAndTraffic) {
   nccl_->barrier();
   EXPECT_EQ(nccl_->traffic()[zt::CommOp::barrier].calls, 1u);
