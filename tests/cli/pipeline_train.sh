@@ -2,7 +2,8 @@
 # `zerotrain train` with pipeline stages, as a user runs it (ctest cli.train_pipeline): gpt-tiny
 # split into 2 stages on 2 ranks (1F1B) and 2 stages x 2 data-parallel ranks on 4 (GPipe) trains
 # as one rank does (the same losses within 1e-6 relative), prints the stages and the bubble, writes
-# the pipeline metrics for every stage, and resumes a checkpoint saved at 2 x 2 on 2 x 1.
+# the pipeline metrics for every stage, resumes a checkpoint saved at 2 x 2 on 2 x 1, and trains the
+# 2 stages on the emulated device as on the host.
 # usage: pipeline_train.sh ZEROTRAIN CONFIG MPIEXEC [MPIEXEC_FLAGS...]
 source "$(dirname "$0")/offload_job.sh" pipeline-cli "$@"
 /usr/bin/python3 - "$config" "$work" <<'PY'
@@ -95,6 +96,19 @@ assert sorted(resumed) == list(range(4, steps + 1)), sorted(resumed)
 worst = max(abs(resumed[s] - reference[s]) / abs(reference[s]) for s in resumed)
 assert worst < 1e-6, (resumed, reference)
 print(f"resumed at 2 x 1 from 2 x 2: steps 4-{steps} as one rank (worst relative difference {worst:.1e})")
+PY
+# The same 2 stages with the engine on the emulated device (sends and receives paired as NCCL needs
+# them): the host run's losses bit for bit.
+"${mpiexec[@]}" -n 2 "$zt" train --config "$work/pp2.json" --steps $steps --print-every 2 --device emulated \
+  --metrics "$work/pp2-emulated.jsonl" >"$work/pp2-emulated.txt" 2>&1 || fail "the pipelined run on the emulated device failed"
+/usr/bin/python3 - "$work" <<'PY' || fail "the emulated device's pipelined losses are not the host's"
+import json, sys
+work = sys.argv[1]
+def losses(name):
+    return [e["loss"] for e in map(json.loads, open(f"{work}/{name}.jsonl")) if e["event"] == "step"]
+host, device = losses("pp2"), losses("pp2-emulated")
+assert device == host and len(host) > 0, (device, host)
+print(f"pp2 on the emulated device: {len(host)} steps, the host's losses bit for bit")
 PY
 grep "zerotrain train:" "$work/pp2-dp2.txt"
 echo "PASS: train_pipeline"
