@@ -102,6 +102,13 @@ void ExecutionContext::from_host(void* destination, const void* host_source, std
   copy_bytes(destination, device_, host_source, Device::host(), bytes, &compute_);
 }
 
+void ExecutionContext::from_host_async(void* destination, const void* host_source, std::size_t bytes) const {
+  if (bytes == 0) return;
+  compute_reached_.record(compute_);  // `destination`'s allocation (and any earlier use of it)
+  transfer_.wait(compute_reached_);
+  copy_bytes(destination, device_, host_source, Device::host(), bytes, &transfer_);
+}
+
 Tensor ExecutionContext::on_device(const Tensor& tensor, MemoryCategory category) const {
   ZT_CHECK(tensor.defined(), "ExecutionContext::on_device of an undefined tensor");
   if (tensor.device() == device_) return tensor;

@@ -16,9 +16,9 @@
 //   - collectives run on the communication stream; communication_waits_for_compute() and
 //     compute_waits_for_communication() order the two with events (no-ops on the host and the
 //     emulated device, whose streams run work at once);
-//   - to_host_async() copies on the transfer stream, after the compute work queued so far (an
-//     event), so that the copy overlaps the kernels queued after it; compute_waits_for_transfers()
-//     orders later compute after it (an event, no host wait).
+//   - to_host_async() and from_host_async() copy on the transfer stream, after the compute work
+//     queued so far (an event), so that the copy overlaps the kernels queued after it;
+//     compute_waits_for_transfers() orders later compute after it (an event, no host wait).
 // A context is not copyable or movable (modules and communicators keep pointers to it), and its
 // ordering calls are made by one thread.
 #pragma once
@@ -82,6 +82,14 @@ class ExecutionContext {
   /// Host to device. The host bytes are read before the call returns unless they are pinned (a
   /// pinned source must stay unchanged until the compute stream has passed the copy).
   void from_host(void* destination, const void* host_source, std::size_t bytes) const;
+  /// Host to device without holding up the compute stream: on the transfer stream, after the compute
+  /// work queued so far (an event: `destination` may have been allocated just before, in the compute
+  /// stream's order), so it overlaps the compute work queued after it. Compute queued after the next
+  /// compute_waits_for_transfers() sees the bytes; until that call `destination` must not be used or
+  /// freed and `host_source` not changed or freed. `host_source` should be pinned
+  /// (allocate_pinned_host): CUDA copies from pageable memory synchronously. Immediate on the host
+  /// and the emulated device.
+  void from_host_async(void* destination, const void* host_source, std::size_t bytes) const;
   /// `tensor` on this context's device: the tensor itself when it is there already (always, for the
   /// host's context), else a copy from the host under `category` (micro-batches from a data loader).
   Tensor on_device(const Tensor& tensor, MemoryCategory category = MemoryCategory::activations) const;
@@ -93,7 +101,8 @@ class ExecutionContext {
   void communication_waits_for_compute() const;
   /// Compute queued from now on starts after the communication queued so far.
   void compute_waits_for_communication() const;
-  /// Compute queued from now on starts after the transfers queued so far (to_host_async).
+  /// Compute queued from now on starts after the transfers queued so far (to_host_async,
+  /// from_host_async).
   void compute_waits_for_transfers() const;
 
  private:

@@ -276,6 +276,13 @@ class SavedActivations final : public detail::SavedSlots {
     }
     return false;
   }
+  /// The value saved for `micro_batch`, still in its slot; null if there is none.
+  T* find(std::uint32_t micro_batch) {
+    for (auto& slot : slots_) {
+      if (slot.first == micro_batch) return &slot.second;
+    }
+    return nullptr;
+  }
   void release(std::uint32_t micro_batch) override {
     std::erase_if(slots_, [&](const auto& slot) { return slot.first == micro_batch; });
   }
@@ -470,7 +477,8 @@ class Dropout : public Module {
 /// the device for the backward; on the host nothing changes. On a GPU neither copy waits on the
 /// host: the forward's runs on the context's transfer stream after the kernels that produced the
 /// input (an event) and overlaps the layers' kernels, the compute stream waits for it at the end
-/// of the forward; the backward's upload is queued on the compute stream before the recompute.
+/// of the forward. The backward's upload is queued on the compute stream before the recompute,
+/// unless the checkpoint after this one (set_previous_checkpoint) queued it earlier.
 class ActivationCheckpoint : public Module {
  public:
   explicit ActivationCheckpoint(bool keep_input_on_host = false);
@@ -482,6 +490,14 @@ class ActivationCheckpoint : public Module {
   /// The number of layers.
   std::size_t size() const { return size_; }
   bool keeps_input_on_host() const { return keep_input_on_host_; }
+  /// The checkpoint whose backward runs right after this one's: the one before it in a run of
+  /// layers (the model builders link consecutive checkpoints; nullptr unlinks). With its input kept
+  /// on the host, this checkpoint's backward first queues the upload of `previous`'s input for the
+  /// same micro-batch on the transfer stream, so that the copy overlaps this backward instead of
+  /// holding up `previous`'s recompute; `previous`'s backward then orders its compute after it. A
+  /// link to a checkpoint whose backward does not come next only brings that input to the device
+  /// earlier.
+  void set_previous_checkpoint(ActivationCheckpoint* previous) { previous_ = previous; }
 
  protected:
   Tensor forward(const Tensor& input, const RunContext& context) override;
@@ -489,13 +505,21 @@ class ActivationCheckpoint : public Module {
 
  private:
   Tensor run_layers(const Tensor& input, const RunContext& context);
+  /// Queue the upload of previous_'s kept input for `context`'s micro-batch (see set_previous_checkpoint).
+  void queue_previous_upload(const RunContext& context);
 
   bool keep_input_on_host_;
   std::size_t size_ = 0;
+  ActivationCheckpoint* previous_ = nullptr;
   struct Saved {
     Tensor input;       // on the host (a view of host_input) with keep_input_on_host off the host
     Buffer host_input;  // pinned host memory for the input's asynchronous copies; empty otherwise
     std::vector<std::uint64_t> dropout_streams;  // Dropout::next_stream of the layers' dropouts, pre-order
+    Tensor
+        uploaded;  // the input on the device, its upload queued on the transfer stream by the next checkpoint
+    // Released first (declared last): orders the compute stream after the upload, before `uploaded`
+    // and `host_input` are freed in the compute stream's order (also when the slot is dropped).
+    std::shared_ptr<const void> upload_fence;
   };
   SavedActivations<Saved> saved_{*this};
 };

@@ -1,4 +1,6 @@
 // ActivationCheckpoint: keep a run of layers' input, recompute their activations in the backward.
+#include <exception>
+#include <memory>
 #include <vector>
 
 #include "zerotrain/nn.hpp"
@@ -100,12 +102,24 @@ Tensor ActivationCheckpoint::backward(const Tensor& grad_output, const RunContex
            "': ", dropouts.size(), " dropouts among its layers at the backward of micro-batch ",
            context.micro_batch, ", ", saved.dropout_streams.size(),
            " at its forward; add layers only between passes");
-  // The upload is queued on the compute stream ahead of the recompute, which it therefore precedes
-  // without a host wait (the source is pinned); the pinned copy's free right after it records its
-  // fence on the compute stream after the upload, so the pinned cache cannot reuse it too early.
-  const Tensor input = context.exec().on_device(saved.input, MemoryCategory::activations);
+  Tensor input;
+  if (saved.uploaded.defined()) {
+    // Queued on the transfer stream by the checkpoint after this one: the fence's release orders
+    // the compute stream (the recompute, then the frees of the pinned copy) after it.
+    saved.upload_fence.reset();
+    input = std::move(saved.uploaded);
+  } else {
+    // Queued on the compute stream ahead of the recompute, which it therefore precedes without a
+    // host wait (the source is pinned); the pinned copy's free right after it records its fence on
+    // the compute stream after the upload, so the pinned cache cannot reuse it too early.
+    input = context.exec().on_device(saved.input, MemoryCategory::activations);
+  }
   saved.input = Tensor();
   saved.host_input = Buffer();
+  // The checkpoint before this one runs its backward next: its input's upload overlaps this one's
+  // recompute and backward. Queued after this one's own fence, which would otherwise make the
+  // recompute wait for it too.
+  queue_previous_upload(context);
   {
     const ReplayedDropoutStreams replay(std::move(dropouts), saved.dropout_streams);
     RunContext saving = context;
@@ -116,6 +130,22 @@ Tensor ActivationCheckpoint::backward(const Tensor& grad_output, const RunContex
   const std::vector<Module*> layers = children();
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) grad = (*it)->run_backward(grad, context);
   return grad;
+}
+
+void ActivationCheckpoint::queue_previous_upload(const RunContext& context) {
+  if (previous_ == nullptr || previous_ == this) return;
+  const ExecutionContext& execution = context.exec();
+  Saved* slot = previous_->saved_.find(context.micro_batch);
+  if (slot == nullptr || slot->host_input.data() == nullptr || slot->uploaded.defined()) return;
+  slot->uploaded = execution.empty(slot->input.shape(), slot->input.dtype(), MemoryCategory::activations);
+  execution.from_host_async(slot->uploaded.raw_data(), slot->host_input.data(), slot->input.nbytes());
+  const ExecutionContext* ordered = &execution;
+  slot->upload_fence = std::shared_ptr<const void>(ordered, [](const ExecutionContext* fenced) noexcept {
+    try {
+      fenced->compute_waits_for_transfers();
+    } catch (const std::exception&) {  // a failed device: nothing more can be ordered on it
+    }
+  });
 }
 
 }  // namespace zt::nn

@@ -75,9 +75,12 @@ Gpt::Gpt(const GptConfig& config, DType dtype, std::uint64_t seed, Device device
     for (std::int64_t layer = 0; layer < config.n_layer; ++layer) blocks_->append(block(layer));
   } else {
     // The checkpoints add no level: block `layer` is "h.<layer>" as without them.
+    ActivationCheckpoint* previous = nullptr;
     for (std::int64_t first = 0; first < config.n_layer; first += interval) {
       auto& checkpoint =
           blocks_->append_at("", std::make_unique<ActivationCheckpoint>(config.cpu_checkpointing));
+      checkpoint.set_previous_checkpoint(previous);  // its backward comes next
+      previous = &checkpoint;
       for (std::int64_t layer = first; layer < std::min(first + interval, config.n_layer); ++layer)
         checkpoint.append(block(layer), std::to_string(layer));
     }
@@ -137,8 +140,11 @@ Mlp::Mlp(const MlpConfig& config, DType dtype, std::uint64_t seed, Device device
     return checkpoint->append(std::move(layer), path);
   };
   for (std::size_t i = 0; i + 1 < config.sizes.size(); ++i) {
-    if (interval > 0 && i % interval == 0)
+    if (interval > 0 && i % interval == 0) {
+      ActivationCheckpoint* previous = checkpoint;
       checkpoint = &append_at("", std::make_unique<ActivationCheckpoint>(config.cpu_checkpointing));
+      checkpoint->set_previous_checkpoint(previous);  // its backward comes next
+    }
     auto& linear = add(std::make_unique<Linear>(config.sizes[i], config.sizes[i + 1], true, dtype, device));
     init_normal(linear.weight(), 1.0 / std::sqrt(static_cast<double>(config.sizes[i])), seed);
     if (i + 2 < config.sizes.size()) add(std::make_unique<Activation>(config.activation));

@@ -101,8 +101,10 @@ PipelineStage::PipelineStage(const std::vector<LayerSpec>& layers,
     // A group is registered before its layers are built, so a tied layer finds the parameters of
     // the layers before it in the same group.
     if (checkpointing.interval > 0 && (i - first_layer_) % checkpointing.interval == 0) {
+      ActivationCheckpoint* previous = group;
       group = &register_module_at("checkpoint." + std::to_string(runs_.size()), "",
                                   std::make_unique<ActivationCheckpoint>(checkpointing.keep_input_on_host));
+      group->set_previous_checkpoint(previous);  // its backward comes next
       runs_.push_back(group);
     }
     std::unique_ptr<Module> built = spec.build(*this);

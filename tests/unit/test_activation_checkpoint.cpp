@@ -272,6 +272,70 @@ TEST(ActivationCheckpoint, KeepsItsInputOnTheHostOffTheHostWithTheSameBits) {
   EXPECT_TRUE(same_bits(logits, other));
 }
 
+TEST(ActivationCheckpoint, QueuesThePreviousCheckpointsUploadInItsBackward) {
+  // Two checkpoints in a row, inputs kept on the host, on the emulated device: linked, the second's
+  // backward queues the upload of the first's input (the transfer stream, overlapping the second's
+  // recompute and backward on a GPU), which the first's backward then uses; the gradients are the
+  // same bits as without the link, and everything is freed afterwards, also when the slots are
+  // dropped between the two backwards.
+  const zt::Device emulated = zt::Device::emulated();
+  const ExecutionContext context(emulated);
+  const nn::RunContext on_device{.execution = &context};
+  auto normal = [&](std::uint64_t seed) {
+    std::mt19937_64 generator(seed);
+    std::normal_distribution<float> distribution;
+    std::vector<float> values(4 * 8);
+    for (float& value : values) value = distribution(generator);
+    return context.on_device(Tensor::from_vector(values, {4, 8}));
+  };
+  const Tensor x = normal(21), grad_y = normal(22);
+  const std::size_t input_bytes = 4 * 8 * sizeof(float);
+  struct Chain {
+    nn::Sequential model;
+    nn::ActivationCheckpoint* first = nullptr;
+    nn::ActivationCheckpoint* second = nullptr;
+  };
+  auto make_chain = [&](bool linked) {
+    auto chain = std::make_unique<Chain>();
+    chain->first = &chain->model.append(std::make_unique<nn::ActivationCheckpoint>(true));
+    chain->second = &chain->model.append(std::make_unique<nn::ActivationCheckpoint>(true));
+    for (nn::ActivationCheckpoint* checkpoint : {chain->first, chain->second}) {
+      auto& linear = checkpoint->append(std::make_unique<nn::Linear>(8, 8, true, DType::fp32, emulated), "0");
+      nn::init_normal(linear.weight(), 0.3, 5);
+    }
+    if (linked) chain->second->set_previous_checkpoint(chain->first);
+    return chain;
+  };
+  std::unique_ptr<Chain> chains[2];
+  std::size_t held_between[2] = {};
+  for (bool linked : {false, true}) {
+    SCOPED_TRACE(linked ? "linked" : "not linked");
+    chains[linked] = make_chain(linked);
+    Chain& chain = *chains[linked];
+    const std::size_t device_before = activation_bytes(zt::DeviceType::emulated);
+    const std::size_t host_before = activation_bytes();
+    (void)chain.model.run_forward(x, on_device);
+    const Tensor grad_middle = chain.second->run_backward(grad_y, on_device);
+    held_between[linked] = activation_bytes(zt::DeviceType::emulated) - device_before;
+    (void)chain.first->run_backward(grad_middle, on_device);
+    EXPECT_EQ(activation_bytes(), host_before) << "the pinned copies are freed";
+  }
+  expect_same_gradients(chains[0]->model, chains[1]->model, "linked against not linked");
+  // Between the two backwards the linked chain holds the first checkpoint's input on the device.
+  EXPECT_EQ(held_between[1] - held_between[0], input_bytes);
+
+  // Dropped between the two backwards: the queued upload is freed with its slot.
+  auto chain = make_chain(true);
+  const std::size_t device_before = activation_bytes(zt::DeviceType::emulated);
+  const std::size_t host_before = activation_bytes();
+  (void)chain->model.run_forward(x, on_device);
+  (void)chain->second->run_backward(grad_y, on_device);
+  EXPECT_GE(activation_bytes(zt::DeviceType::emulated), device_before + input_bytes);
+  chain->model.release_activations();
+  EXPECT_EQ(activation_bytes(zt::DeviceType::emulated), device_before);
+  EXPECT_EQ(activation_bytes(), host_before);
+}
+
 TEST(ActivationCheckpoint, MisuseIsAClearError) {
   nn::Gpt gpt(checkpointed(kGpt, 2));
   const Tensor tokens = random_tokens({1, 4}, 13, 15);
