@@ -253,15 +253,18 @@ struct Layout {
   std::string name() const { return std::to_string(stages) + "x" + std::to_string(data); }
 };
 
-/// Train `steps` steps from global step `first_step` in `layout`: loaded from `load_from` (a
-/// checkpoint of step first_step) when given, saved to `save_to` after the steps when given.
+/// Train `steps` steps from global step `first_step` in `layout` with the engine on `device`: loaded
+/// from `load_from` (a checkpoint of step first_step) when given, saved to `save_to` after the steps
+/// when given.
 std::vector<double> train_in_layout(const Layout& layout, int first_step, int steps,
-                                    const std::string& load_from, const std::string& save_to) {
+                                    const std::string& load_from, const std::string& save_to,
+                                    zt::Device device = zt::Device::host()) {
   zt::Runtime& runtime = zt::testing::runtime();
   const zt::Config config = parse(config_text(layout.data, layout.stages, "", kTiedGpt));
   std::unique_ptr<zt::ProcessGrid> grid;
   std::unique_ptr<zt::Communicator> self;
   zt::EngineOptions options;
+  options.device = device;
   if (layout.stages * layout.data == runtime.world_size()) {
     grid = std::make_unique<zt::ProcessGrid>(runtime,
                                              zt::GridShape{.data = layout.data, .pipeline = layout.stages});
@@ -319,6 +322,31 @@ TEST(Pipeline, CheckpointsLoadInEveryLayout) {
   }
 }
 
+TEST(Pipeline, CheckpointsMoveBetweenTheEmulatedDeviceAndTheHost) {
+  // Saved by stages on the emulated device, a checkpoint resumes on the host and the other way
+  // round, bitwise as the host's own resumption; and resharded onto one rank on the device.
+  const int world = zt::testing::runtime().world_size();
+  const zt::Device emulated = zt::Device::emulated();
+  const zt::testing::JobDirectory directory("zt-pipeline-device-checkpoints");
+  constexpr int kSaved = 3, kResumed = 2;
+  for (int stages : pipeline_sizes()) {
+    const Layout layout{stages, world / stages};
+    SCOPED_TRACE("pp x dp " + layout.name());
+    const std::string on_host = directory.path() + "/host-" + layout.name();
+    const std::string on_device = directory.path() + "/device-" + layout.name();
+    const std::vector<double> host_saved = train_in_layout(layout, 0, kSaved, "", on_host);
+    const std::vector<double> device_saved = train_in_layout(layout, 0, kSaved, "", on_device, emulated);
+    EXPECT_EQ(device_saved, host_saved);
+    const std::vector<double> continued = train_in_layout(layout, kSaved, kResumed, on_host, "");
+    EXPECT_EQ(train_in_layout(layout, kSaved, kResumed, on_device, ""), continued);
+    EXPECT_EQ(train_in_layout(layout, kSaved, kResumed, on_host, "", emulated), continued);
+    EXPECT_EQ(train_in_layout(layout, kSaved, kResumed, on_device, "", emulated), continued);
+    EXPECT_LT(max_relative_difference(train_in_layout({1, 1}, kSaved, kResumed, on_device, "", emulated),
+                                      continued),
+              1e-6);
+  }
+}
+
 TEST(Pipeline, EvalRunsTheInferenceScheduleOnEveryStage) {
   // eval() runs the forwards through the stages and gives the last stage's loss on every rank: at
   // construction, the unsplit model's loss on the same batch (tied copies start equal).
@@ -364,6 +392,8 @@ TEST(Pipeline, OnTheEmulatedDeviceTrainsBitwiseAsTheHost) {
       {kTiedGpt, with_zero_stage(2), R"(, "schedule": "gpipe")"},
       {kUntiedGptWithDropout, with_zero_stage(1) + R"(, "bf16": {"enabled": true})",
        R"(, "activation_checkpoint_interval": 1)"},
+      // Dynamic loss scaling: the overflow flag summed over the pipeline on the device.
+      {kUntiedGpt, with_zero_stage(2) + R"(, "fp16": {"enabled": true, "initial_scale_power": 24})", ""},
   };
   for (int stages : pipeline_sizes()) {
     for (const Case& run : cases) {
