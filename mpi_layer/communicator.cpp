@@ -33,6 +33,8 @@ std::string_view comm_backend_name(CommBackend backend) {
       return "mpi";
     case CommBackend::nccl:
       return "nccl";
+    case CommBackend::local:
+      return "local";
   }
   return "?";
 }

@@ -29,7 +29,10 @@ namespace zt {
 enum class ReduceOp { sum, avg, max };
 std::string_view reduce_op_name(ReduceOp op);
 
-enum class CommBackend { mpi, nccl };
+/// mpi: MPI (host buffers; the emulated device's communicators too); nccl: NCCL (CUDA buffers);
+/// local: a group of one rank on a device, whose collectives are copies
+/// (make_single_rank_communicator).
+enum class CommBackend { mpi, nccl, local };
 std::string_view comm_backend_name(CommBackend backend);
 
 enum class CommOp : std::uint8_t {
@@ -235,5 +238,16 @@ class Communicator {
   TrafficStats traffic_{};
   std::shared_ptr<detail::OpTracker> tracker_;  // shared with the watchdog's registry
 };
+
+/// A communicator of one rank for buffers on `device` (the emulated device or a GPU): every collective
+/// is a copy from the send to the receive buffer, or nothing in place, queued on `ordered_with` (the
+/// stream whose work it follows and which later work follows: the engine's compute stream) and
+/// complete for the host when it returns (its non-blocking forms return completed handles);
+/// barrier() waits for that stream. Point-to-point is refused (the only peer would be the rank
+/// itself), as on every device communicator. backend() is local; it holds no NCCL resources. On the
+/// emulated device a buffer outside its memory is refused, as with its MPI communicators. What the
+/// engine uses for a group of one rank on a device.
+std::unique_ptr<Communicator> make_single_rank_communicator(Device device, std::string name,
+                                                            const Stream& ordered_with);
 
 }  // namespace zt

@@ -54,6 +54,10 @@ ParallelContext::Group ParallelContext::group_of(Communicator& host, const char*
   const std::string device_name = std::string(name) + "@" + device.str();
   if (device.is_host()) {
     group.device = &host;
+  } else if (host.size() == 1) {
+    // Its collectives are copies: no NCCL communicator (buffers, a proxy thread, an init) for them.
+    own_comms_.push_back(make_single_rank_communicator(device, device_name, execution_.compute()));
+    group.device = own_comms_.back().get();
   } else if (device.is_emulated()) {
     own_comms_.push_back(make_emulated_device_communicator(native_mpi_comm(host), device_name, device));
     group.device = own_comms_.back().get();

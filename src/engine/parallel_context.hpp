@@ -1,7 +1,9 @@
 // The process grid as the engine sees it: data, pipeline and tensor groups, each with a
 // communicator for host buffers (MPI) and one for buffers in the engine's device memory: the same
-// MPI communicator when the engine computes on the host, the emulated device's on that device, and
-// on a GPU a NCCL communicator ordered with the execution context's compute stream by events
+// MPI communicator when the engine computes on the host; for a group of one rank on a device, a
+// single-rank communicator whose collectives are copies on the compute stream; else the emulated
+// device's on that device, and on a GPU a NCCL communicator ordered with the execution context's
+// compute stream by events
 // (collectives wait on the device for the kernels queued before them, and kernels queued after a
 // wait for them; the host never waits for a collective: nccl_communicator.hpp). Reductions name
 // the groups they span.

@@ -440,6 +440,86 @@ TEST(EmulatedCollectives, RefusesHostBuffersAsNcclWould) {
   EXPECT_NO_THROW(comms.emulated->all_reduce(host.data(), host.data(), 0, DType::fp32, ReduceOp::sum));
 }
 
+TEST(EmulatedCollectives, SingleRankCommunicatorsCopy) {
+  // The engine's device communicator for a group of one rank (any world size: each rank makes its
+  // own): every collective is a copy from send to receive, or nothing in place; no peer to send to.
+  const zt::Stream stream(kEmulated);
+  auto single = zt::make_single_rank_communicator(kEmulated, "single@emulated:0", stream);
+  EXPECT_EQ(single->backend(), zt::CommBackend::local);
+  EXPECT_EQ(zt::comm_backend_name(single->backend()), "local");
+  EXPECT_EQ(single->size(), 1);
+  EXPECT_EQ(single->rank(), 0);
+  EXPECT_EQ(single->device(), kEmulated);
+  for (DType type : kTypes) {
+    for (std::size_t count : kSizes) {
+      for (bool nonblocking : {false, true}) {
+        const std::string label = describe(*single, "single rank", type, count, nonblocking, false);
+        const Values input = input_values(type, count, 3);
+        auto check_copy = [&](const std::function<void(void*, void*)>& operation, const char* what) {
+          EmulatedCopy send(input), recv(filled_values(type, count, 99));
+          operation(send.data(), recv.data());
+          const Values got = recv.to_host();
+          EXPECT_EQ(std::memcmp(got.bytes(), input.bytes(), bytes_of(input)), 0) << label << ": " << what;
+          EmulatedCopy in_place(input);
+          operation(in_place.data(), in_place.data());
+          const Values kept = in_place.to_host();
+          EXPECT_EQ(std::memcmp(kept.bytes(), input.bytes(), bytes_of(input)), 0) << label << ": " << what;
+        };
+        for (ReduceOp op : kAllOps) {
+          check_copy(
+              [&](void* send, void* recv) {
+                if (nonblocking) {
+                  EXPECT_TRUE(single->iall_reduce(send, recv, count, type, op).completed());
+                } else {
+                  single->all_reduce(send, recv, count, type, op);
+                }
+              },
+              "all_reduce");
+        }
+        check_copy(
+            [&](void* send, void* recv) { single->reduce_scatter(send, recv, count, type, ReduceOp::sum); },
+            "reduce_scatter");
+        check_copy(
+            [&](void* send, void* recv) {
+              if (nonblocking) {
+                EXPECT_TRUE(single->iall_gather(send, recv, count, type).completed());
+              } else {
+                single->all_gather(send, recv, count, type);
+              }
+            },
+            "all_gather");
+        const std::size_t counts[] = {count};
+        check_copy([&](void* send, void* recv) { single->all_gather_v(send, count, recv, counts, type); },
+                   "all_gather_v");
+        EmulatedCopy root(input);
+        single->broadcast(root.data(), count, type, 0);
+        const Values broadcast = root.to_host();
+        EXPECT_EQ(std::memcmp(broadcast.bytes(), input.bytes(), bytes_of(input)), 0) << label;
+      }
+    }
+  }
+  single->barrier();
+  EXPECT_EQ(single->traffic()[CommOp::all_gather].calls, std::size(kTypes) * kSizes.size() * 2 * 2);
+  EXPECT_EQ(single->traffic()[CommOp::all_reduce].wire_bytes, 0u) << "one rank sends nothing";
+  // No peer but itself; a host buffer refused; no host device.
+  EmulatedCopy buffer(filled_values(DType::fp32, 4, 1.0));
+  std::string message = zt::testing::error_of([&] { single->send(buffer.data(), 4, DType::fp32, 0); });
+  EXPECT_NE(message.find("send on communicator 'single@emulated:0' (rank 0 of 1): peer 0 is this rank"),
+            std::string::npos)
+      << message;
+  EXPECT_THROW(static_cast<void>(single->isend_irecv({buffer.data(), 4, DType::fp32, 0, 0},
+                                                     {buffer.data(), 4, DType::fp32, 0, 0})),
+               zt::CommError);
+  Values host = filled_values(DType::fp32, 4, 1.0);
+  message = zt::testing::error_of(
+      [&] { single->all_reduce(host.data(), buffer.data(), 4, DType::fp32, ReduceOp::sum); });
+  EXPECT_NE(message.find("is not in emulated:0 memory"), std::string::npos) << message;
+  const zt::Stream host_stream;
+  message =
+      zt::testing::error_of([&] { zt::make_single_rank_communicator(zt::Device::host(), "h", host_stream); });
+  EXPECT_NE(message.find("make_single_rank_communicator('h'): device host"), std::string::npos) << message;
+}
+
 TEST(EmulatedCollectives, RefusesADeviceThatIsNotEmulated) {
   const std::string message = zt::testing::error_of(
       [] { zt::make_emulated_device_communicator(MPI_COMM_WORLD, "wrong", zt::Device::host()); });
