@@ -517,6 +517,10 @@ class BothOperations final : public Work::State {
 Work Communicator::isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) {
   validate_point_to_point({*this, CommOp::send}, send.buffer, send.count, send.type, send.peer, send.tag);
   validate_point_to_point({*this, CommOp::recv}, recv.buffer, recv.count, recv.type, recv.peer, recv.tag);
+  ZT_COMM_CHECK((CallSite{*this, CommOp::recv}),
+                !overlap(send.buffer, send.count * dtype_size(send.type), recv.buffer,
+                         recv.count * dtype_size(recv.type)),
+                "the message to send and the receive buffer overlap; an exchange needs disjoint buffers");
   detail::InFlightOp sending =
       begin(CommOp::send, send.count * dtype_size(send.type), send.type, send.peer, send.tag);
   detail::InFlightOp receiving =

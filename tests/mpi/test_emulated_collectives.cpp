@@ -329,6 +329,12 @@ TEST(EmulatedCollectives, ExchangesStartTheSendAndTheReceiveTogether) {
     Values out = input_values(DType::fp32, 5, 0), in = filled_values(DType::fp32, 5, 99);
     comms.host->isend_irecv({out.data(), 5, DType::fp32, 0, 1}, {in.data(), 5, DType::fp32, 0, 1}).wait();
     EXPECT_EQ(std::memcmp(in.bytes(), out.bytes(), bytes_of(in)), 0);
+    const std::string overlapping = zt::testing::error_of([&] {
+      static_cast<void>(
+          comms.host->isend_irecv({out.data(), 5, DType::fp32, 0, 1}, {out.data(), 5, DType::fp32, 0, 1}));
+    });
+    EXPECT_NE(overlapping.find("the message to send and the receive buffer overlap"), std::string::npos)
+        << overlapping;
     EmulatedCopy buffer(out), other(in);
     const std::string message = zt::testing::error_of([&] {
       static_cast<void>(comms.emulated->isend_irecv({buffer.data(), 5, DType::fp32, 0, 1},
