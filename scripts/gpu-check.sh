@@ -11,8 +11,8 @@
 # 4. Every GPU test (ctest label gpu: unit.cuda_*, unit.device, unit.device_offload, mpi.nccl, ...) with
 #    ctest's pass and skip rules; MPI tests of more ranks than GPUs are skipped (one GPU per rank).
 # 5. A short benchmark: `zerotrain train --device cuda` on GPT-2 124M's shape in bf16 (when the CLI has
-#    --device cuda), the same step in PyTorch on the GPU as the anchor, and every GPU benchmark the
-#    bundle holds (bin/zt_bench_cuda_*, bin/zt_bench_gpu_*).
+#    --device cuda), at ZeRO-0 and (fewer steps) ZeRO-3, the same step in PyTorch on the GPU as the
+#    anchor, and every GPU benchmark the bundle holds (bin/zt_bench_cuda_*, bin/zt_bench_gpu_*).
 # SUMMARY gets the results (tests passed/failed/skipped with names, tok/s, MFU, the benchmarks' lines);
 # SUMMARY.log the whole output. Exits 1 when a test or a step failed, 0 otherwise.
 #   ZT_GPU_BUNDLE       the archive (or an unpacked bundle directory)
@@ -137,7 +137,7 @@ fi
 say "## GPU tests"
 test_summary=$(mktemp)
 # Time (of the 8 minutes): the tests end by 270 s from the start (2 minutes at most each), the
-# training benchmark by 400 s, the PyTorch anchor by 440 s, the GPU benchmarks by 470 s.
+# training benchmark by 400 s, its ZeRO-3 run by 420 s, the PyTorch anchor by 440 s, the GPU benchmarks by 470 s.
 ZT_GPU_TESTS_DEADLINE=$((began + 270)) ZT_GPU_TEST_TIMEOUT=120 ZT_SOURCE_DIR=$source_dir \
   "$bundle/gpu-bundle.sh" tests "$test_summary" "$log.tests" >/dev/null || status=1
 cat "$test_summary" >>"$summary"
@@ -187,6 +187,22 @@ else
   zt_peak=$(grep -E '^  MFU: ' <<<"$train" | head -1 | sed -E 's/^  MFU: //')
   say "zerotrain: ${zt_tokens:-no} tok/s (median of steps 3-$steps), ${zt_mfu:-no MFU}; last step: $(grep -E '^step ' <<<"$train" | tail -1)"
   say "  MFU of: ${zt_peak:-(no MFU line in the header of the run)}"
+  # The same shape at ZeRO-3 (ZeRO-1 on one GPU partitions nothing: the stage-0 run above does its work):
+  # every module's parameters gathered around its forward and backward, here through the single-rank
+  # communicator's copies. Fewer steps, by 420 s.
+  sed 's/"stage": 0/"stage": 3/' "$bench_dir/gpt2-124m-bf16.json" >"$bench_dir/gpt2-124m-bf16-zero3.json"
+  if [ "$(budget 420 60)" = 0 ]; then
+    say "zerotrain ZeRO-3: not run, $(elapsed) s used"
+  else
+    train3=$(cd "$bench_dir" && in_bundle timeout "$(budget 420 60)" zerotrain train --config gpt2-124m-bf16-zero3.json \
+      --device cuda --steps 6 --print-every 1 "${peak_flag[@]}" 2>&1)
+    train3_status=$?
+    echo "$train3" >>"$log"
+    zt3_tokens=$(grep -E '^step ' <<<"$train3" | awk -F'|' 'NR > 2 { for (i = 1; i <= NF; ++i) if ($i ~ /tok\/s/) { split($i, a, " "); print a[1] } }' |
+      sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }')
+    [ "$train3_status" = 0 ] || step_failed "zerotrain train --device cuda at ZeRO-3 exited $train3_status: $(tail -3 <<<"$train3" | tr '\n' ' ')"
+    say "zerotrain ZeRO-3: ${zt3_tokens:-no} tok/s (median of steps 3-6), $(grep -E '^step ' <<<"$train3" | tail -1 | grep -Eo 'MFU [0-9.]+%' || echo no MFU)"
+  fi
 fi
 if [ "$(budget 440 60)" != 0 ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   # The anchor, same run: bench/gpt_model.py's GPT (the model nn::Gpt implements), AdamW, bf16 autocast.
