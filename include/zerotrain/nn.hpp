@@ -496,7 +496,7 @@ class ActivationCheckpoint : public Module {
   /// same micro-batch on the transfer stream, so that the copy overlaps this backward instead of
   /// holding up `previous`'s recompute; `previous`'s backward then orders its compute after it. A
   /// link to a checkpoint whose backward does not come next only brings that input to the device
-  /// earlier.
+  /// earlier. `previous` must outlive this checkpoint (siblings in one model do).
   void set_previous_checkpoint(ActivationCheckpoint* previous) { previous_ = previous; }
 
  protected:
@@ -515,8 +515,8 @@ class ActivationCheckpoint : public Module {
     Tensor input;       // on the host (a view of host_input) with keep_input_on_host off the host
     Buffer host_input;  // pinned host memory for the input's asynchronous copies; empty otherwise
     std::vector<std::uint64_t> dropout_streams;  // Dropout::next_stream of the layers' dropouts, pre-order
-    Tensor
-        uploaded;  // the input on the device, its upload queued on the transfer stream by the next checkpoint
+    // The input on the device, its upload queued on the transfer stream by the next checkpoint.
+    Tensor uploaded;
     // Released first (declared last): orders the compute stream after the upload, before `uploaded`
     // and `host_input` are freed in the compute stream's order (also when the slot is dropped).
     std::shared_ptr<const void> upload_fence;
