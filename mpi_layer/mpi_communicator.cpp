@@ -22,6 +22,7 @@
 
 #include "base/seconds_since.hpp"
 #include "kernels/emulated_device.hpp"
+#include "mpi_layer/device_buffers.hpp"
 #include "mpi_layer/mpi_check.hpp"
 #include "mpi_layer/mpi_communicator_testing.hpp"
 #include "mpi_layer/mpi_datatypes.hpp"
@@ -908,16 +909,8 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
                       ") cannot send to or receive from its own rank (copy the buffer instead)");
   }
 
-  /// As on a GPU, where NCCL cannot read host memory: a host buffer passed to a device
-  /// communicator is the engine's bug, found here rather than on the first GPU run.
   void check_on_device(CommOp op, std::initializer_list<const void*> buffers, std::size_t count) const {
-    if (count == 0) return;
-    for (const void* buffer : buffers) {
-      ZT_MPI_COMM_CHECK(op, buffer == nullptr || detail::is_emulated_device_address(buffer), "the buffer at ",
-                        buffer, " is not in ", device_.str(),
-                        " memory; a device communicator takes buffers in its device's memory (copy host "
-                        "values to the device first, or use the group's host communicator)");
-    }
+    detail::check_device_buffers(*this, op, buffers, count);
   }
 
   static std::size_t total_of(std::span<const std::size_t> counts) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/emulated_device.hpp"
+#include "mpi_layer/device_buffers.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
@@ -87,16 +87,8 @@ class SingleRankCommunicator final : public Communicator {
     record(op, bytes, 0.0);
   }
 
-  /// As the emulated device's MPI communicators do: a host buffer would fail on a GPU.
   void check_on_device(CommOp op, std::initializer_list<const void*> buffers, std::size_t count) const {
-    if (!device_.is_emulated() || count == 0) return;
-    for (const void* buffer : buffers) {
-      ZT_CHECK_AS(CommError, buffer == nullptr || detail::is_emulated_device_address(buffer),
-                  comm_op_name(op), " on communicator '", name(), "' (rank 0 of 1): the buffer at ", buffer,
-                  " is not in ", device_.str(),
-                  " memory; a device communicator takes buffers in its device's memory (copy host values "
-                  "to the device first, or use the group's host communicator)");
-    }
+    detail::check_device_buffers(*this, op, buffers, count);
   }
 
   [[noreturn]] void refuse_point_to_point(CommOp op) const {
