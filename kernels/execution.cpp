@@ -136,8 +136,12 @@ void ExecutionContext::compute_waits_for_communication() const {
 }
 
 void ExecutionContext::compute_waits_for_transfers() const {
+  compute_.wait(transfers_queued());
+}
+
+const Event& ExecutionContext::transfers_queued() const {
   transfer_reached_.record(transfer_);
-  compute_.wait(transfer_reached_);
+  return transfer_reached_;
 }
 
 }  // namespace zt

@@ -532,6 +532,18 @@ Work Communicator::isend_irecv(const OutgoingMessage& send, const IncomingMessag
   return Work(std::make_unique<BothOperations>(std::move(send_work), std::move(recv_work)));
 }
 
+void Communicator::order_after(const Event& event) {
+  ZT_CHECK_AS(CommError, event.device().is_host() || device().is_host() || event.device() == device(),
+              "order_after on communicator '", name(), "' (rank ", rank(), " of ", size(),
+              "): the event is on ", event.device().str(), ", the communicator's buffers on ", device().str(),
+              "; a device communicator waits only for its own device's events (or host events)");
+  do_order_after(event);
+}
+
+void Communicator::do_order_after(const Event& event) {
+  event.synchronize();
+}
+
 std::pair<Work, Work> Communicator::do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) {
   Work sent = do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
   return {std::move(sent), do_irecv(recv.buffer, recv.count, recv.type, recv.peer, recv.tag)};

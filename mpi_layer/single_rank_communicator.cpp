@@ -77,6 +77,8 @@ class SingleRankCommunicator final : public Communicator {
   std::pair<Work, Work> do_isend_irecv(const OutgoingMessage&, const IncomingMessage&) override {
     refuse_point_to_point(CommOp::send);
   }
+  /// Its copies run on the stream it is ordered with: that stream waits (on the device).
+  void do_order_after(const Event& event) override { stream_.wait(event); }
 
  private:
   /// The one rank's block: `count` elements from `send` to `recv` (nothing in place).

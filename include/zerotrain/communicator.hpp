@@ -181,6 +181,17 @@ class Communicator {
   /// communicator refuses this rank as either. Counted as one send and one recv in traffic().
   [[nodiscard]] Work isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv);
 
+  // ---- ordering ----
+  /// Operations started from now on begin after the work that `event` was last recorded after, on
+  /// whichever stream: a transfer stream's host-to-device copy of what a collective sends, so that
+  /// the copy holds up only the collective, not the work queued on the stream the communicator is
+  /// ordered with. A device communicator waits on the device (NCCL: its stream waits for the event;
+  /// the single-rank communicator: the stream it is ordered with waits), never on the host; the MPI
+  /// backend, whose operations start on the host, waits on the host (Event::synchronize: at once
+  /// for host and emulated events). The event is a host event or on this communicator's device
+  /// (any device for a communicator of host buffers); else zt::CommError.
+  void order_after(const Event& event);
+
   // ---- accounting ----
   const TrafficStats& traffic() const { return traffic_; }
   void reset_traffic() { traffic_ = {}; }
@@ -223,6 +234,9 @@ class Communicator {
   /// The send's and the receive's handles. By default do_isend then do_irecv, which is right for a
   /// backend whose isend does not wait for the receive (MPI on host buffers).
   virtual std::pair<Work, Work> do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv);
+  /// By default a host wait for the event, which is right for a backend whose operations start on
+  /// the host.
+  virtual void do_order_after(const Event& event);
 
  private:
   /// Registers the operation as in flight until the returned object is destroyed.

@@ -230,6 +230,8 @@ class Event {
   Event& operator=(const Event&) = delete;
   ~Event();
 
+  /// The device whose streams it is recorded on (host for a host event).
+  Device device() const { return device_; }
   void record(const Stream& stream);
   void synchronize() const;
   bool ready() const;

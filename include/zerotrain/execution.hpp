@@ -18,7 +18,9 @@
 //     emulated device, whose streams run work at once);
 //   - to_host_async() and from_host_async() copy on the transfer stream, after the compute work
 //     queued so far (an event), so that the copy overlaps the kernels queued after it;
-//     compute_waits_for_transfers() orders later compute after it (an event, no host wait).
+//     compute_waits_for_transfers() orders later compute after it (an event, no host wait), and
+//     transfers_queued() is the event for other work to wait for (a communicator: the copy then
+//     holds up only the collective that sends its bytes).
 // A context is not copyable or movable (modules and communicators keep pointers to it), and its
 // ordering calls are made by one thread.
 #pragma once
@@ -104,6 +106,12 @@ class ExecutionContext {
   /// Compute queued from now on starts after the transfers queued so far (to_host_async,
   /// from_host_async).
   void compute_waits_for_transfers() const;
+  /// An event reached once the transfers queued so far are done, for work elsewhere that needs
+  /// them without holding up the compute stream: a communicator's next operations
+  /// (Communicator::order_after), another stream (Stream::wait). Recorded on the transfer stream
+  /// by this call, and again by the next call (and by compute_waits_for_transfers()): wait for it
+  /// before either, as CUDA's waits take the record made last before them.
+  const Event& transfers_queued() const;
 
  private:
   Device device_;

@@ -262,6 +262,13 @@ class NcclCommunicator final : public Communicator {
   /// One NCCL group: the send and the receive progress together, so neither waits for the other's
   /// peer. Both handles wait for the group's completion event.
   std::pair<Work, Work> do_isend_irecv(const OutgoingMessage& send, const IncomingMessage& recv) override;
+  /// The communicator's stream waits for the event on the device: the operations enqueued after
+  /// it (which also wait for the stream they are ordered with) start once it is reached.
+  void do_order_after(const zt::Event& event) override {
+    if (event.native() == nullptr) return;  // a host event: reached already
+    const DeviceScope scope(resources_->device, name());
+    ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(event.native()), 0), name());
+  }
 
  private:
   class Event;

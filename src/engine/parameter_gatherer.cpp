@@ -71,10 +71,13 @@ ParameterGatherer::Gather ParameterGatherer::pack(const std::vector<std::size_t>
   for (std::size_t index : members) {
     if (!shard_.prefetch(index)) break;
   }
-  // Each piece into this rank's part of the staging, on the compute stream that the all-gather is
-  // ordered after: from the shard on the device, or from the store's host memory (NVMe).
-  for (std::size_t m = 0; m < members.size(); ++m)
-    shard_.copy_to_device(members[m], mine + static_cast<std::size_t>(gather.member_offsets[m]) * element);
+  // Each piece into this rank's part of the staging: from the shard on the device, or from the
+  // store's host memory (NVMe), on the compute stream that the all-gather is ordered after or on
+  // the transfer stream (pieces from the swap file's buffers), which the all-gather then waits for.
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    gather.after_transfers |= shard_.copy_to_device(
+        members[m], mine + static_cast<std::size_t>(gather.member_offsets[m]) * element);
+  }
   return gather;
 }
 
@@ -113,6 +116,7 @@ void ParameterGatherer::launch_next() {
   Gather gather = pack(members);
   const std::size_t element = dtype_size(options_.dtype);
   std::byte* staging = static_cast<std::byte*>(gather.staging.raw_data());
+  if (gather.after_transfers) communicator_.order_after(execution_.transfers_queued());
   gather.work = communicator_.iall_gather(
       staging + static_cast<std::size_t>(communicator_.rank() * gather.count) * element, staging,
       static_cast<std::size_t>(gather.count), options_.dtype);

@@ -12,7 +12,8 @@
 // current module needs). Parameters of at most stage3_param_persistence_threshold elements stay
 // gathered for good and are refreshed after each optimizer step. With offload_param "nvme" the
 // pieces come from the ParameterStore's swap file through its host buffers (and, with the engine
-// on a device, from there into the gather's staging on the device: ParameterStore::copy_to_device).
+// on a device, from there into the gather's staging on the device: ParameterStore::copy_to_device,
+// on the transfer stream, which the all-gather waits for and the compute stream does not).
 // A gather needs its pieces in memory when it is launched, so decided gathers wait in a queue while
 // their pieces are read and are launched in queue order (the same on every rank, whatever the
 // reads' timing) once the head's pieces are in; prefetching also starts the reads of pieces beyond
@@ -95,6 +96,7 @@ class ParameterGatherer {
     std::vector<std::int64_t> member_offsets;
     std::int64_t count = 0;  // elements per rank
     Tensor staging;
+    bool after_transfers = false;  // pieces copied on the transfer stream: the all-gather waits for them
     Work work;
   };
 

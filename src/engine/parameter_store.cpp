@@ -244,20 +244,26 @@ const std::byte* ParameterStore::acquire(std::size_t index) {
   return buffer->memory.as<std::byte>();
 }
 
-void ParameterStore::copy_to_device(std::size_t index, void* destination) {
+bool ParameterStore::copy_to_device(std::size_t index, void* destination) {
   const std::byte* source = acquire(index);
+  bool on_transfer_stream = false;
   if (device() == engine_.device()) {
     engine_.copy(destination, source, pieces_[index].bytes);
+  } else if (PoolBuffer* buffer = buffer_of(index); buffer != nullptr) {
+    // From a pool buffer (pinned with pin_memory): on the transfer stream, so that the compute
+    // stream's kernels do not wait behind it; the copy runs on after this returns, and the event
+    // keeps the buffer's bytes until it is done.
+    engine_.from_host_async(destination, source, pieces_[index].bytes);
+    buffer->copied.record(engine_.transfer());
+    buffer->copy_pending = true;
+    on_transfer_stream = true;
   } else {
-    // From a pool buffer (pinned with pin_memory) the copy runs on after this returns: the event
-    // keeps the buffer's bytes until it is done. Kept pieces are pageable memory, read at once.
+    // Kept pieces are pageable memory (the optimizer step writes them from the host at any time):
+    // read at once, ordered on the compute stream.
     engine_.from_host(destination, source, pieces_[index].bytes);
-    if (PoolBuffer* buffer = buffer_of(index); buffer != nullptr) {
-      buffer->copied.record(engine_.compute());
-      buffer->copy_pending = true;
-    }
   }
   release(index);
+  return on_transfer_stream;
 }
 
 void ParameterStore::release(std::size_t index) {

@@ -15,8 +15,9 @@
 //     persistent parameters after a step reads pieces the step has just written).
 // Reads never pass writes of the same piece: a piece being written is served from its buffer.
 // With the engine on a device (CUDA, the emulated device) the swapped and kept pieces are still in
-// host memory: gathers take them to the device with copy_to_device(), ordered on the engine's
-// compute stream, and a buffer whose piece is on its way there takes no new bytes (a read, new
+// host memory: gathers take them to the device with copy_to_device() (from a pool buffer on the
+// engine's transfer stream, which only the gather's collective waits for; kept pieces on its
+// compute stream), and a buffer whose piece is on its way there takes no new bytes (a read, new
 // values) before that copy is done (an event, waited for only then).
 #pragma once
 
@@ -94,11 +95,14 @@ class ParameterStore {
   /// Piece `index`'s bytes, valid until release(index); waits for its read (or reads it now).
   const std::byte* acquire(std::size_t index);
   void release(std::size_t index);
-  /// Piece `index` into `destination`, in the memory of the engine's device, ordered on its compute
-  /// stream (a gather's staging): acquire, a copy (from_host where the piece is in host memory),
-  /// release. No host wait beyond acquire's for the read; the buffer keeps the piece's bytes until
-  /// the copy is done.
-  void copy_to_device(std::size_t index, void* destination);
+  /// Piece `index` into `destination`, in the memory of the engine's device (a gather's staging,
+  /// allocated in its compute stream's order): acquire, a copy, release. No host wait beyond
+  /// acquire's for the read. A piece in a pool buffer goes on the engine's transfer stream
+  /// (from_host_async: after the compute work queued so far) and true is returned: whatever reads
+  /// `destination` next waits for engine.transfers_queued() (the gather's collective:
+  /// Communicator::order_after); the buffer keeps the piece's bytes until the copy is done. Other
+  /// pieces are copied on the compute stream (false).
+  [[nodiscard]] bool copy_to_device(std::size_t index, void* destination);
 
   // ---- writing (optimizer step, checkpoint load) --------------------------------------------
   /// Where the new value of piece `index` goes (every element must be written before commit).

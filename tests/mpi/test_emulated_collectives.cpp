@@ -526,6 +526,48 @@ TEST(EmulatedCollectives, SingleRankCommunicatorsCopy) {
   EXPECT_NE(message.find("make_single_rank_communicator('h'): device host"), std::string::npos) << message;
 }
 
+TEST(EmulatedCollectives, OrderAfterTakesEventsOfItsDeviceOrTheHost) {
+  // order_after: the emulated device's streams run work at once, so its events are reached when
+  // recorded and the wait returns at once (tests/mpi/test_nccl.cpp has the GPU's ordering); what is
+  // checked here is which events each backend takes, on every rank before the collective after it.
+  Communicators comms;
+  const zt::Stream transfer(kEmulated);
+  zt::Event copied(kEmulated);
+  copied.record(transfer);
+  const zt::Stream compute(kEmulated);
+  auto single = zt::make_single_rank_communicator(kEmulated, "single@emulated:0", compute);
+  const zt::Event host_event;
+  for (zt::Communicator* comm : {comms.emulated.get(), single.get(), comms.host.get()}) {
+    SCOPED_TRACE(comm->name());
+    EXPECT_NO_THROW(comm->order_after(copied));
+    EXPECT_NO_THROW(comm->order_after(host_event));
+  }
+  // Another device's event: a device communicator cannot wait for it.
+  const zt::Stream other_stream(zt::Device::emulated(1));
+  zt::Event other(zt::Device::emulated(1));
+  other.record(other_stream);
+  std::string message = zt::testing::error_of([&] { comms.emulated->order_after(other); });
+  EXPECT_NE(message.find("order_after on communicator 'emulated' (rank " +
+                         std::to_string(comms.host->rank()) + " of " + std::to_string(comms.host->size()) +
+                         "): the event is on emulated:1, the communicator's buffers on emulated:0"),
+            std::string::npos)
+      << message;
+  message = zt::testing::error_of([&] { single->order_after(other); });
+  EXPECT_NE(message.find("order_after on communicator 'single@emulated:0' (rank 0 of 1): the event is on "
+                         "emulated:1"),
+            std::string::npos)
+      << message;
+  EXPECT_NO_THROW(comms.host->order_after(other)) << "host buffers: the host waits for any device's event";
+  // The collectives after the waits: still the host's results.
+  Values sum = input_values(DType::fp32, 1000, comms.host->rank());
+  EmulatedCopy device(sum);
+  comms.emulated->order_after(copied);
+  comms.emulated->all_reduce(device.data(), device.data(), 1000, DType::fp32, ReduceOp::sum);
+  comms.host->all_reduce(sum.data(), sum.data(), 1000, DType::fp32, ReduceOp::sum);
+  const Values back = device.to_host();
+  EXPECT_EQ(std::memcmp(back.bytes(), sum.bytes(), bytes_of(sum)), 0);
+}
+
 TEST(EmulatedCollectives, RefusesADeviceThatIsNotEmulated) {
   const std::string message = zt::testing::error_of(
       [] { zt::make_emulated_device_communicator(MPI_COMM_WORLD, "wrong", zt::Device::host()); });

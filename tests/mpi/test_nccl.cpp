@@ -20,6 +20,7 @@
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/execution.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 #include "zerotrain/nccl_communicator.hpp"
 
@@ -395,6 +396,39 @@ TEST_F(Nccl, OrderedWithAStreamWithoutHostWaits) {
   EXPECT_TRUE(snapshot.in_flight.empty());
   EXPECT_EQ(snapshot.collectives_completed, 4u);
   ordered->barrier();  // the host waits here, ordered or not
+}
+
+/// order_after: a collective waits on the device for a copy on another stream (the engine's NVMe
+/// parameter gathers: the host-to-device copy on the transfer stream, the all-gather after it),
+/// while the stream the communicator is ordered with does not. A 256 MiB copy from pinned memory
+/// takes milliseconds; without the wait the collective (out of place, so that even one rank copies)
+/// would read the buffer's zeros long before it is done.
+TEST_F(Nccl, OrderAfterWaitsForAnotherStreamsCopy) {
+  const zt::ExecutionContext context(my_device());
+  auto ordered = zt::make_nccl_communicator(*mpi_, my_device(), "nccl after transfers", &context.compute());
+  const int n = ordered->size();
+  const int r = ordered->rank();
+  const std::size_t count = std::size_t{64} << 20;
+  const std::size_t bytes = count * sizeof(float);
+  zt::Buffer pinned = context.allocate_pinned_host(bytes);
+  std::fill_n(pinned.as<float>(), count, static_cast<float>(r + 1));
+  zt::Tensor values = context.zeros({static_cast<std::int64_t>(count)}, DType::fp32);
+  zt::Tensor sums = context.zeros({static_cast<std::int64_t>(count)}, DType::fp32);
+  context.synchronize();  // both zero before the copy starts
+  context.from_host_async(values.raw_data(), pinned.data(), bytes);
+  ordered->order_after(context.transfers_queued());
+  ordered->all_reduce(values.raw_data(), sums.raw_data(), count, DType::fp32, ReduceOp::sum);
+  std::vector<float> got(count);
+  context.to_host(got.data(), sums.raw_data(), bytes);  // the compute stream waited for the sum
+  const auto want = static_cast<float>(n * (n + 1) / 2);
+  const auto wrong = std::count_if(got.begin(), got.end(), [&](float value) { return value != want; });
+  EXPECT_EQ(wrong, 0) << "of " << count << " sums, expected " << want << " each; element 0 is " << got[0]
+                      << ", the last " << got.back();
+  context.synchronize();
+  // A host event needs no wait; another device's event is refused.
+  EXPECT_NO_THROW(ordered->order_after(zt::Event()));
+  const zt::Event emulated(zt::Device::emulated());
+  EXPECT_THROW(ordered->order_after(emulated), zt::CommError);
 }
 
 }  // namespace

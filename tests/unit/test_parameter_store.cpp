@@ -179,9 +179,9 @@ TEST(ParameterStore, SpeculativeReadsLeaveABufferAndPiecesAreReadOnce) {
 }
 
 /// The engine on the emulated device (memory only the device API may touch): the first values come
-/// from the shard on the device, copy_to_device() brings every piece (on NVMe or kept in host memory)
-/// into device memory, and after new values are written (update_target, commit) it brings those,
-/// with 1 and 2 buffers.
+/// from the shard on the device, copy_to_device() brings every piece (on NVMe, through the transfer
+/// stream, or kept in host memory) into device memory, and after new values are written (update_target,
+/// commit) it brings those, with 1 and 2 buffers.
 TEST(ParameterStore, CopiesPiecesToTheEngineDevice) {
   const std::vector<zt::FlatParameter> layout = shard_layout();
   const zt::ExecutionContext device(zt::Device::emulated());
@@ -205,8 +205,12 @@ TEST(ParameterStore, CopiesPiecesToTheEngineDevice) {
       auto copy_all = [&] {
         for (std::size_t i = 0; i < layout.size(); ++i) {
           store.prefetch(i);
-          store.copy_to_device(i, copied.as<float>() + layout[i].shard_offset);
+          // Swapped pieces come from a pool buffer on the transfer stream; kept pieces on the compute
+          // stream.
+          EXPECT_EQ(store.copy_to_device(i, copied.as<float>() + layout[i].shard_offset), store.on_nvme(i))
+              << layout[i].name;
         }
+        device.compute_waits_for_transfers();  // what reads them next waits for the transfers
         std::vector<float> values(static_cast<std::size_t>(shard_elements));
         device.to_host(values.data(), copied.data(), shard_bytes);
         return values;
