@@ -6,6 +6,7 @@
 #include <string>
 
 #include "zerotrain/config.hpp"
+#include "zerotrain/device.hpp"
 
 namespace zt {
 
@@ -13,19 +14,28 @@ namespace zt {
 /// built-in model's sizes: its forward and backward replayed on byte counts, layer by layer as
 /// zt::nn allocates (src/engine/activation_estimate.cpp), over the engine's loop (unpipelined:
 /// load, forward, loss, backward per micro-batch) or the stage's pipeline schedule. Counted from
-/// the step's start: what the step allocates above what was held before it.
+/// the step's start: what the step allocates above what was held before it, in the memory of the
+/// engine's device (`device`): with the engine on a device (a GPU, the emulated device) the
+/// micro-batches as loaded stay in host memory and the device holds the engine's copies of them,
+/// and with cpu_checkpointing the checkpoints keep their inputs in pinned host memory instead
+/// (kept_on_host_per_micro_batch), the device holding each one again from the backward of the
+/// checkpoint after it (its upload's prefetch) to its own.
 struct ActivationEstimate {
   std::int64_t micro_batch_size = 0;
   std::int64_t micro_batches = 0;  // gradient_accumulation_steps
   int pipeline_stage = 0;
   int pipeline_stages = 1;
   std::string schedule;                  // "unpipelined", "1f1b" or "gpipe"
+  DeviceType device = DeviceType::host;  // whose memory the bytes below are (all but the pinned ones)
   std::int64_t checkpoint_interval = 0;  // layers per activation checkpoint (0: none)
   /// What the stage's modules keep for one micro-batch between its forward and its backward (its
   /// input included where a layer saves it; with checkpoints, their inputs and what the layers
   /// outside them save); and the same without checkpointing.
   std::uint64_t kept_per_micro_batch = 0;
   std::uint64_t kept_without_checkpointing = 0;
+  /// cpu_checkpointing with the engine on a device: the checkpoints' inputs one micro-batch keeps in
+  /// pinned host memory (0 otherwise); the host holds this x in_flight.
+  std::uint64_t kept_on_host_per_micro_batch = 0;
   /// Micro-batches whose activations are kept at once: 1 unpipelined, GPipe m, 1F1B min(p - s, m).
   std::int64_t in_flight = 0;
   /// The peak above kept x in_flight: the largest moment of a forward or backward (the logits and
@@ -44,9 +54,11 @@ struct ActivationEstimate {
 
 /// The activation estimate of the ranks of `pipeline_stage` for the config's "model" (GPT or MLP) on
 /// `world_size` ranks (pipeline.stages x data-parallel; the batch sizes resolved for the data size):
-/// with the config's activation checkpointing and without it. Host memory as this build trains;
-/// cpu_checkpointing moves nothing there. Throws ConfigError without a "model" section.
-ActivationEstimate estimate_activation_memory(const Config& config, int world_size, int pipeline_stage = 0);
+/// with the config's activation checkpointing and without it, for the engine on `device` (the host:
+/// cpu_checkpointing moves nothing there; any other type: a device's memory, as the engine on a GPU
+/// or the emulated device allocates it). Throws ConfigError without a "model" section.
+ActivationEstimate estimate_activation_memory(const Config& config, int world_size, int pipeline_stage = 0,
+                                              DeviceType device = DeviceType::host);
 
 /// Model-state bytes per rank, computed from the engine's own partition plan (src/engine/
 /// partition_plan.hpp): the bytes an engine on the config allocates, padding included, not an
@@ -100,7 +112,7 @@ struct MemoryEstimate {
 
   /// With CUDA, where DeepSpeed puts model states per rank: the device keeps the 16-bit parameters
   /// and gradients (and the states, without offload); with offload the host keeps the states (or
-  /// their buffers). This build trains on the host, where all of it is host memory.
+  /// their buffers). With the engine on the host all of it is host memory.
   std::uint64_t device_bytes_with_cuda = 0;
   std::uint64_t host_bytes_with_cuda = 0;
   /// DeepSpeed's own estimators (estimate_zero2/zero3_model_states_mem_needs, one node with N GPUs,
@@ -138,9 +150,11 @@ struct MemoryEstimate {
 /// O_DIRECT alignment; a disk with a larger one takes a little more). With `parameters_count` and
 /// no model, one tensor of that many elements (not with pipeline stages). With offload, also where
 /// the states live (host, NVMe) and what would be on a GPU with CUDA (fields above). With the
-/// config's "model" (not --params), also its activations (estimate_activation_memory).
+/// config's "model" (not --params), also its activations (estimate_activation_memory, for the
+/// engine on `activations_device`).
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
-                                           std::int64_t parameters_count = 0, int pipeline_stage = 0);
+                                           std::int64_t parameters_count = 0, int pipeline_stage = 0,
+                                           DeviceType activations_device = DeviceType::host);
 
 /// The memory one node's ranks may use together: the smallest of the physical memory (MemTotal),
 /// the cgroup's memory limit (memory.max, v2; memory.limit_in_bytes, v1) and the address-space

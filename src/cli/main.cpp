@@ -393,17 +393,26 @@ Job prepare_estimate(Arguments& arguments) {
       arguments.take_integer("world-size", 1, std::numeric_limits<int>::max());
   if (!world_size) throw UsageError("needs --world-size N (the number of ranks to plan for)");
   const std::int64_t parameters = arguments.take_integer("params", 0).value_or(0);
+  const std::optional<std::string> device = arguments.take("device");
+  if (device && *device != "host" && *device != "cuda")
+    throw UsageError("--device " + *device + ": expected host or cuda (where the engine trains)");
   arguments.finish();
   auto parsed = std::make_shared<ParsedConfig>(ParsedConfig::from_file(config_path));
   Job job;
-  job.with_mpi = [parsed, world_size = static_cast<int>(*world_size), parameters](zt::Runtime& runtime) {
+  job.with_mpi = [parsed, world_size = static_cast<int>(*world_size), parameters,
+                  device](zt::Runtime& runtime) {
     parsed->print_warnings(runtime);
     const zt::Config& config = parsed->config;
+    // The activations are those of the engine's device: --device, else the config's "device"
+    // ("auto" counts as the host, which it takes until the engine has trained on a GPU).
+    const bool on_cuda = device ? *device == "cuda" : config.device == zt::DeviceChoice::cuda;
+    const zt::DeviceType activations_device = on_cuda ? zt::DeviceType::cuda : zt::DeviceType::host;
     // With pipeline stages, one table per stage: each stage's ranks hold different layers.
     const int stages = static_cast<int>(config.pipeline.stage_count());
     std::vector<zt::MemoryEstimate> estimates;
     for (int stage = 0; stage < stages; ++stage)
-      estimates.push_back(zt::estimate_model_state_memory(config, world_size, parameters, stage));
+      estimates.push_back(
+          zt::estimate_model_state_memory(config, world_size, parameters, stage, activations_device));
     if (runtime.world_rank() != 0) return 0;
     if (stages > 1) {
       std::printf(
@@ -803,7 +812,7 @@ const Command kCommands[] = {
      "the watchdog: a hung collective or a lost rank (docs/fault-detection.md); 1 any other error\n"
      "(the job is aborted).\n",
      prepare_train},
-    {"estimate", "--config FILE --world-size N [--params P]",
+    {"estimate", "--config FILE --world-size N [--params P] [--device host|cuda]",
      "model-state memory per rank at a world size, by the ZeRO formulas",
      "Prints the engine's partition plan for N ranks: parameters, gradients and optimizer states per\n"
      "rank at the config's ZeRO stage and dtypes, and what offload moves off the device (with\n"
@@ -812,7 +821,10 @@ const Command kCommands[] = {
      "options:\n"
      "  --config FILE            the ds_config JSON file; required\n"
      "  --world-size N           the number of ranks to plan for; required\n"
-     "  --params P               the parameter count (default: the config's model's)\n",
+     "  --params P               the parameter count (default: the config's model's)\n"
+     "  --device host|cuda       whose memory the activations are in (default: the config's \"device\";\n"
+     "                           auto counts as the host): on a GPU the micro-batches stay on the host,\n"
+     "                           and cpu_checkpointing keeps the checkpoints' inputs there\n",
      prepare_estimate},
     {"plan", "--config FILE [options]",
      "measure the configurations that fit and write the fastest as a config (under mpirun)",

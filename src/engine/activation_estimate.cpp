@@ -41,6 +41,7 @@ class Bytes {
   Bytes() = default;
   Bytes(Tally& tally, std::uint64_t bytes) : block_(std::make_shared<Block>(tally, bytes)) {}
   bool defined() const { return block_ != nullptr; }
+  std::uint64_t size() const { return block_ != nullptr ? block_->bytes_ : 0; }
 
  private:
   struct Block {
@@ -57,11 +58,14 @@ class Bytes {
   std::shared_ptr<Block> block_;
 };
 
-/// What a forward or backward runs with: RunContext's micro-batch and save_for_backward.
+/// What a forward or backward runs with: RunContext's micro-batch and save_for_backward; `tally`
+/// counts the engine's device (the host, or a GPU), `host` the pinned host copies of checkpoint
+/// inputs (cpu_checkpointing on a device).
 struct Pass {
   Tally& tally;
   int micro_batch = 0;
   bool save = true;
+  Tally* host = nullptr;
   Bytes allocate(std::uint64_t bytes) const { return Bytes(tally, bytes); }
 };
 
@@ -79,6 +83,10 @@ class Slots {
     T value = std::move(it->second);
     slots_.erase(it);
     return value;
+  }
+  T* find(const Pass& pass) {
+    auto it = slots_.find(pass.micro_batch);
+    return it == slots_.end() ? nullptr : &it->second;
   }
 
  private:
@@ -307,35 +315,74 @@ class SimSequence : public SimModule {
   std::vector<SimPtr> layers_;
 };
 
-/// nn::ActivationCheckpoint on the host: keeps its input (cpu_checkpointing changes nothing there),
-/// runs its layers without saving, and recomputes them with saving in the backward.
+/// nn::ActivationCheckpoint: keeps its input, runs its layers without saving, and recomputes them
+/// with saving in the backward. With its input on the host (cpu_checkpointing with the engine on a
+/// device) it keeps a pinned host copy instead of the device's input, and its backward holds the
+/// input uploaded again: queued by the backward of the checkpoint after it (set_previous_checkpoint,
+/// `previous` here), which therefore also holds it, or by its own backward for the last one.
 class SimCheckpoint final : public SimSequence {
  public:
-  using SimSequence::SimSequence;
+  SimCheckpoint(std::vector<SimPtr> layers, bool input_on_host, SimCheckpoint* previous)
+      : SimSequence(std::move(layers)), input_on_host_(input_on_host), previous_(previous) {}
   Bytes forward(const Bytes& input, const Pass& pass) override {
     if (!pass.save) return SimSequence::forward(input, pass);
-    saved_input_.save(pass, input);
+    if (input_on_host_) {
+      ZT_CHECK(pass.host != nullptr,
+               "activation estimate: a checkpoint input on the host without a host tally");
+      on_host_.save(pass, {Bytes(*pass.host, input.size()), input.size(), Bytes()});
+    } else {
+      saved_input_.save(pass, input);
+    }
     Pass without_saving = pass;
     without_saving.save = false;
     return SimSequence::forward(input, without_saving);
   }
   Bytes backward(const Bytes& grad_output, const Pass& pass) override {
-    const Bytes input = saved_input_.take(pass);
+    Bytes input;
+    if (input_on_host_) {
+      OnHost kept = on_host_.take(pass);
+      input = kept.uploaded.defined() ? kept.uploaded : pass.allocate(kept.bytes);
+      kept = OnHost{};  // the slot's pinned copy and its reference to the upload go
+      if (previous_ != nullptr) previous_->queue_upload(pass);
+    } else {
+      input = saved_input_.take(pass);
+    }
     (void)SimSequence::forward(input, pass);
     return SimSequence::backward(grad_output, pass);
   }
 
  private:
+  struct OnHost {
+    Bytes host_copy;
+    std::uint64_t bytes = 0;
+    Bytes uploaded;  // on the device, queued by the next checkpoint's backward
+  };
+  void queue_upload(const Pass& pass) {
+    OnHost* kept = on_host_.find(pass);
+    if (kept == nullptr || kept->uploaded.defined()) return;
+    kept->uploaded = pass.allocate(kept->bytes);
+  }
+
+  bool input_on_host_;
+  SimCheckpoint* previous_;
   Slots<Bytes> saved_input_;
+  Slots<OnHost> on_host_;
 };
 
 /// Layers grouped into checkpoints of `interval` (0: none), as nn::Gpt's blocks, nn::Mlp's linear
-/// layers with their activations, and nn::PipelineStage's layers are.
-std::vector<SimPtr> checkpointed(std::vector<std::vector<SimPtr>> groups, std::int64_t interval) {
+/// layers with their activations, and nn::PipelineStage's layers are, each checkpoint linked to the
+/// one before it; `inputs_on_host`: their inputs kept in host memory (cpu_checkpointing on a device).
+std::vector<SimPtr> checkpointed(std::vector<std::vector<SimPtr>> groups, std::int64_t interval,
+                                 bool inputs_on_host) {
   std::vector<SimPtr> runs;
   std::vector<SimPtr> group;
+  SimCheckpoint* previous = nullptr;
   auto close_group = [&] {
-    if (!group.empty()) runs.push_back(std::make_unique<SimCheckpoint>(std::move(group)));
+    if (!group.empty()) {
+      auto checkpoint = std::make_unique<SimCheckpoint>(std::move(group), inputs_on_host, previous);
+      previous = checkpoint.get();
+      runs.push_back(std::move(checkpoint));
+    }
     group.clear();
   };
   for (std::size_t i = 0; i < groups.size(); ++i) {
@@ -355,11 +402,11 @@ std::vector<SimPtr> checkpointed(std::vector<std::vector<SimPtr>> groups, std::i
 /// nn::Gpt (unpipelined): drop(wpe(wte(tokens))), the blocks, ln_f, the LM head.
 class SimGpt final : public SimModule {
  public:
-  SimGpt(Widths widths, const GptModelConfig& gpt, std::int64_t interval)
+  SimGpt(Widths widths, const GptModelConfig& gpt, std::int64_t interval, bool inputs_on_host)
       : wte_(widths, gpt.d_model),
         wpe_(widths, gpt.d_model),
         drop_(widths, gpt.d_model, gpt.dropout),
-        blocks_(blocks(widths, gpt, interval)),
+        blocks_(blocks(widths, gpt, interval, inputs_on_host)),
         ln_f_(widths, gpt.d_model),
         lm_head_(widths, gpt.d_model, gpt.vocab_size) {}
   Bytes forward(const Bytes& tokens, const Pass& pass) override {
@@ -374,13 +421,14 @@ class SimGpt final : public SimModule {
   }
 
  private:
-  static std::vector<SimPtr> blocks(Widths widths, const GptModelConfig& gpt, std::int64_t interval) {
+  static std::vector<SimPtr> blocks(Widths widths, const GptModelConfig& gpt, std::int64_t interval,
+                                    bool inputs_on_host) {
     std::vector<std::vector<SimPtr>> layers;
     for (std::int64_t i = 0; i < gpt.n_layer; ++i) {
       layers.emplace_back();
       layers.back().push_back(std::make_unique<SimTransformerBlock>(widths, gpt));
     }
-    return checkpointed(std::move(layers), interval);
+    return checkpointed(std::move(layers), interval, inputs_on_host);
   }
   SimEmbedding wte_;
   SimPositional wpe_;
@@ -446,7 +494,7 @@ std::vector<std::vector<SimPtr>> layer_specs(const ModelConfig& model, Widths wi
 
 /// nn::Mlp (unpipelined): a checkpoint starts at every interval-th linear layer and holds the
 /// activations that follow its linear layers.
-SimPtr unpipelined_mlp(const MlpModelConfig& mlp, Widths widths, std::int64_t interval) {
+SimPtr unpipelined_mlp(const MlpModelConfig& mlp, Widths widths, std::int64_t interval, bool inputs_on_host) {
   std::vector<std::vector<SimPtr>> linears;
   for (std::size_t i = 0; i + 1 < mlp.sizes.size(); ++i) {
     linears.emplace_back();
@@ -454,12 +502,14 @@ SimPtr unpipelined_mlp(const MlpModelConfig& mlp, Widths widths, std::int64_t in
     if (i + 2 < mlp.sizes.size())
       linears.back().push_back(std::make_unique<SimSavesInput>(widths, mlp.sizes[i + 1], mlp.sizes[i + 1]));
   }
-  return std::make_unique<SimSequence>(checkpointed(std::move(linears), interval));
+  return std::make_unique<SimSequence>(checkpointed(std::move(linears), interval, inputs_on_host));
 }
 
 /// A micro-batch as the training data loads it (src/engine/training_data.cpp): GPT int32 inputs and
 /// targets [micro, seq_len]; MLP fp32 [micro, in] and [micro, out], converted to a 16-bit compute
-/// dtype (both copies alive during the conversion).
+/// dtype (both copies alive during the conversion). In host memory: with the engine on a device the
+/// device holds only the copies the engine makes (ExecutionContext::on_device): the inputs' for the
+/// forward, the targets' for the loss (device_inputs, loss_of).
 struct SimBatch {
   Bytes inputs, targets;
 };
@@ -473,9 +523,13 @@ struct StepShape {
   std::uint64_t output_width = 0;
   std::uint64_t input_width = 0;  // MLP inputs; GPT: 1 token per row
   bool gpt = false;
+  bool on_device = false;  // the engine on a device: the tallies count the device's memory
+  std::uint64_t input_bytes() const { return gpt ? rows * 4 : rows * input_width * element; }
+  std::uint64_t target_bytes() const { return gpt ? rows * 4 : rows * output_width * element; }
 };
 
 SimBatch load(const StepShape& shape, Tally& tally) {
+  if (shape.on_device) return {};  // host memory
   if (shape.gpt) return {Bytes(tally, shape.rows * 4), Bytes(tally, shape.rows * 4)};
   Bytes inputs(tally, shape.rows * shape.input_width * 4);
   Bytes targets(tally, shape.rows * shape.output_width * 4);
@@ -488,9 +542,14 @@ SimBatch load(const StepShape& shape, Tally& tally) {
 struct SimLoss {
   Bytes output, targets, statistics, scalars;
 };
-SimLoss loss_of(const StepShape& shape, const Bytes& output, const Bytes& targets, Tally& tally) {
+SimLoss loss_of(const StepShape& shape, const Bytes& output, const Bytes& loaded_targets, Tally& tally) {
+  const Bytes targets = shape.on_device ? Bytes(tally, shape.target_bytes()) : loaded_targets;
   if (shape.gpt) return {output, targets, Bytes(tally, shape.rows * shape.stat), Bytes(tally, 2 * 8)};
   return {output, targets, Bytes(), Bytes(tally, 8)};
+}
+/// What the model's forward gets for the loaded inputs: the device's copy, or the inputs themselves.
+Bytes device_inputs(const StepShape& shape, const Bytes& loaded, Tally& tally) {
+  return shape.on_device ? Bytes(tally, shape.input_bytes()) : loaded;
 }
 Bytes loss_gradient(const StepShape& shape, Tally& tally) {
   return Bytes(tally, shape.rows * shape.output_width * shape.element);
@@ -498,33 +557,38 @@ Bytes loss_gradient(const StepShape& shape, Tally& tally) {
 
 /// Engine::train_batch without pipelining: forward, loss, backward, step per micro-batch.
 std::uint64_t unpipelined_step_peak(SimModule& model, const StepShape& shape, std::int64_t micro_batches,
-                                    Tally& tally) {
+                                    Tally& tally, Tally& host) {
   for (std::int64_t micro = 0; micro < micro_batches; ++micro) {
     const SimBatch next = load(shape, tally);
-    const Bytes output = model.forward(next.inputs, {tally, 0, true});
+    const Bytes output = model.forward(device_inputs(shape, next.inputs, tally), {tally, 0, true, &host});
     const SimLoss loss = loss_of(shape, output, next.targets, tally);
     const Bytes grad_output = loss_gradient(shape, tally);
-    (void)model.backward(grad_output, {tally, 0, true});
+    (void)model.backward(grad_output, {tally, 0, true, &host});
   }
   return tally.peak;
 }
 
 /// The pipeline executor (src/engine/pipeline_executor.cpp) and Engine::train_pipelined running one
 /// stage's schedule: buffers, the receive posted ahead (MPI on the host posts the next one as soon as
-/// one is taken), the last stage's losses, and sends that hold their tensor until they complete.
+/// one is taken), the last stage's losses, and sends that hold their tensor until they complete. On
+/// a device nothing is posted ahead: a receive is posted when it is taken, or with the send before
+/// it from the same neighbour (an exchange, exchanges_with_next), which holds the sent tensor until
+/// that receive is taken.
 /// `sends_complete_at_once`: every send completes at the executor's next test (its lower bound);
 /// otherwise only at the blocking flushes (reduce_tied_gradients, the end of the run: the upper).
 std::uint64_t pipelined_step_peak(SimModule& model, const StepShape& shape,
                                   const engine_detail::PipeSchedule& schedule, int stage, int stages,
                                   std::uint64_t input_bytes, std::uint64_t output_bytes,
-                                  bool sends_complete_at_once, Tally& tally) {
+                                  bool sends_complete_at_once, Tally& tally, Tally& host) {
   struct Buffer {
     SimBatch batch;
     Bytes input, output, grad_input;
   };
   std::vector<Buffer> buffers(static_cast<std::size_t>(schedule.buffers));
   std::optional<Bytes> next_activation, next_gradient;
+  std::optional<Bytes> exchanged;  // an exchange's sent tensor, until its receive is taken
   std::deque<Bytes> sends;
+  const bool post_early = !shape.on_device;
   std::deque<std::pair<int, SimLoss>> losses;
   const bool last = stage + 1 == stages;
   const auto& instructions = schedule.instructions;
@@ -540,13 +604,23 @@ std::uint64_t pipelined_step_peak(SimModule& model, const StepShape& shape,
     if (!pending) post(op, position);
     Bytes received = *pending;
     pending.reset();
-    post(op, position + 1);
+    exchanged.reset();
+    if (post_early) post(op, position + 1);
     return received;
+  };
+  auto send = [&](Bytes& tensor, std::size_t position) {
+    if (!post_early && engine_detail::exchanges_with_next(schedule, position)) {
+      post(instructions[position + 1].op, position + 1);
+      exchanged = tensor;
+    } else {
+      sends.push_back(tensor);
+    }
+    tensor = Bytes();
   };
   for (std::size_t position = 0; position < instructions.size(); ++position) {
     const engine_detail::PipeInstruction& instruction = instructions[position];
     Buffer& buffer = buffers.at(static_cast<std::size_t>(instruction.buffer >= 0 ? instruction.buffer : 0));
-    const Pass pass{tally, instruction.micro_batch, true};
+    const Pass pass{tally, instruction.micro_batch, true, &host};
     switch (instruction.op) {
       case engine_detail::PipeOp::load_micro_batch:
         buffer.batch = load(shape, tally);
@@ -556,15 +630,15 @@ std::uint64_t pipelined_step_peak(SimModule& model, const StepShape& shape,
         buffer.input = take(next_activation, instruction.op, position);
         break;
       case engine_detail::PipeOp::forward:
-        buffer.output = model.forward(buffer.input, pass);
+        buffer.output =
+            model.forward(stage == 0 ? device_inputs(shape, buffer.batch.inputs, tally) : buffer.input, pass);
         if (last)
           losses.emplace_back(instruction.micro_batch,
                               loss_of(shape, buffer.output, buffer.batch.targets, tally));
         buffer.input = Bytes();
         break;
       case engine_detail::PipeOp::send_activation:
-        sends.push_back(buffer.output);
-        buffer.output = Bytes();
+        send(buffer.output, position);
         break;
       case engine_detail::PipeOp::recv_gradient:
         buffer.output = take(next_gradient, instruction.op, position);
@@ -583,8 +657,7 @@ std::uint64_t pipelined_step_peak(SimModule& model, const StepShape& shape,
         break;
       }
       case engine_detail::PipeOp::send_gradient:
-        sends.push_back(buffer.grad_input);
-        buffer.grad_input = Bytes();
+        send(buffer.grad_input, position);
         break;
       case engine_detail::PipeOp::reduce_tied_gradients:
         sends.clear();
@@ -600,7 +673,8 @@ std::uint64_t pipelined_step_peak(SimModule& model, const StepShape& shape,
 
 }  // namespace
 
-ActivationEstimate estimate_activation_memory(const Config& config, int world_size, int pipeline_stage) {
+ActivationEstimate estimate_activation_memory(const Config& config, int world_size, int pipeline_stage,
+                                              DeviceType device) {
   ZT_CHECK_AS(ConfigError, config.model.has_value(),
               "the activation estimate needs the config's \"model\" section (its layers and sizes)");
   const int stages = static_cast<int>(config.pipeline.stage_count());
@@ -616,6 +690,9 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
   shape.micro = static_cast<std::uint64_t>(batch.train_micro_batch_size_per_gpu);
   shape.element = dtype_size(dtype);
   shape.stat = dtype == DType::fp64 ? 8 : 4;  // kernels::stat_dtype
+  shape.on_device = device != DeviceType::host;
+  // nn::ActivationCheckpoint keeps its input on the host only when the engine's device is not.
+  const bool inputs_on_host = shape.on_device && config.activation_checkpointing.cpu_checkpointing;
   std::int64_t layers = 0;
   if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
     shape.gpt = true;
@@ -637,6 +714,7 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
   estimate.micro_batches = batch.gradient_accumulation_steps;
   estimate.pipeline_stage = pipeline_stage;
   estimate.pipeline_stages = stages;
+  estimate.device = device;
   const int m = static_cast<int>(batch.gradient_accumulation_steps);
   const bool gpipe = config.pipeline.schedule == PipelineSchedule::gpipe;
   estimate.schedule = stages == 1 ? "unpipelined" : gpipe ? "gpipe" : "1f1b";
@@ -653,13 +731,14 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
   auto build = [&](std::int64_t interval) -> SimPtr {
     if (stages == 1) {
       if (shape.gpt)
-        return std::make_unique<SimGpt>(widths, std::get<GptModelConfig>(*config.model), interval);
-      return unpipelined_mlp(std::get<MlpModelConfig>(*config.model), widths, interval);
+        return std::make_unique<SimGpt>(widths, std::get<GptModelConfig>(*config.model), interval,
+                                        inputs_on_host);
+      return unpipelined_mlp(std::get<MlpModelConfig>(*config.model), widths, interval, inputs_on_host);
     }
     std::vector<std::vector<SimPtr>> all = layer_specs(*config.model, widths);
     std::vector<std::vector<SimPtr>> mine;
     for (std::int64_t i = first; i < end; ++i) mine.push_back(std::move(all[static_cast<std::size_t>(i)]));
-    return std::make_unique<SimSequence>(checkpointed(std::move(mine), interval));
+    return std::make_unique<SimSequence>(checkpointed(std::move(mine), interval, inputs_on_host));
   };
   // What crosses a stage boundary: [micro, T, d_model] for GPT, [micro, width] for the MLP.
   auto boundary_bytes = [&](std::int64_t layer) -> std::uint64_t {
@@ -668,25 +747,27 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
     return widths.values(sizes[static_cast<std::size_t>(layer / 2 + 1)]);  // linear i is layer 2i
   };
 
-  auto measure = [&](std::int64_t interval, std::uint64_t& kept, std::uint64_t& peak, std::uint64_t* upper) {
+  auto measure = [&](std::int64_t interval, std::uint64_t& kept, std::uint64_t& peak, std::uint64_t* upper,
+                     std::uint64_t* kept_on_host) {
     {  // kept: what one micro-batch's forward leaves in the modules (its input and output not counted)
-      Tally tally;
+      Tally tally, host;
       SimPtr model = build(interval);
       std::optional<Bytes> input;
       if (pipeline_stage == 0) {
-        input = Bytes(tally, shape.gpt ? shape.rows * 4 : shape.rows * shape.input_width * shape.element);
+        input = Bytes(tally, shape.input_bytes());
       } else {
         input = Bytes(tally, boundary_bytes(first - 1));
       }
-      std::optional<Bytes> output = model->forward(*input, {tally, 0, true});
+      std::optional<Bytes> output = model->forward(*input, {tally, 0, true, &host});
       input.reset();
       output.reset();
       kept = tally.current;
+      if (kept_on_host != nullptr) *kept_on_host = host.current;
     }
     if (stages == 1) {
-      Tally tally;
+      Tally tally, host;
       SimPtr model = build(interval);
-      peak = unpipelined_step_peak(*model, shape, m, tally);
+      peak = unpipelined_step_peak(*model, shape, m, tally, host);
       return;
     }
     const engine_detail::PipeSchedule schedule = engine_detail::make_pipe_schedule(
@@ -696,18 +777,18 @@ ActivationEstimate estimate_activation_memory(const Config& config, int world_si
     const std::uint64_t output_bytes = pipeline_stage + 1 == stages ? 0 : boundary_bytes(end - 1);
     for (bool at_once : {true, false}) {
       if (!at_once && upper == nullptr) break;
-      Tally tally;
+      Tally tally, host;
       SimPtr model = build(interval);
       const std::uint64_t value = pipelined_step_peak(*model, shape, schedule, pipeline_stage, stages,
-                                                      input_bytes, output_bytes, at_once, tally);
+                                                      input_bytes, output_bytes, at_once, tally, host);
       (at_once ? peak : *upper) = value;
     }
   };
   std::uint64_t upper = 0;
   measure(estimate.checkpoint_interval, estimate.kept_per_micro_batch, estimate.peak,
-          stages > 1 ? &upper : nullptr);
+          stages > 1 ? &upper : nullptr, &estimate.kept_on_host_per_micro_batch);
   estimate.peak_if_sends_wait = stages > 1 ? upper : estimate.peak;
-  measure(0, estimate.kept_without_checkpointing, estimate.peak_without_checkpointing, nullptr);
+  measure(0, estimate.kept_without_checkpointing, estimate.peak_without_checkpointing, nullptr, nullptr);
   const std::uint64_t in_flight_bytes =
       estimate.kept_per_micro_batch * static_cast<std::uint64_t>(estimate.in_flight);
   estimate.transient = estimate.peak > in_flight_bytes ? estimate.peak - in_flight_bytes : 0;
@@ -723,12 +804,17 @@ std::string ActivationEstimate::table() const {
   out << ", " << in_flight << " in flight, "
       << (checkpoint_interval > 0 ? "checkpoints of " + std::to_string(checkpoint_interval) + " layer(s)"
                                   : std::string("no activation checkpointing"))
+      << (device == DeviceType::host ? ", engine on the host" : ", engine on a device: the device's memory")
       << "\n";
   line(out, "kept / micro-batch", kept_per_micro_batch, "saved between forward and backward");
   line(out, "transient", transient, "peak - kept x in flight (logits + gradient, recompute, data, buffers)");
   line(out, "peak", peak, "kept x " + std::to_string(in_flight) + " + transient");
   if (pipeline_stages > 1)
     line(out, "peak, sends wait", peak_if_sends_wait, "sends held until the stage's blocking flushes");
+  if (kept_on_host_per_micro_batch > 0) {
+    line(out, "host, pinned", kept_on_host_per_micro_batch * static_cast<std::uint64_t>(in_flight),
+         "cpu_checkpointing: the checkpoints' inputs x " + std::to_string(in_flight) + " in flight");
+  }
   if (checkpoint_interval > 0) {
     line(out, "kept, no ckpt", kept_without_checkpointing, "without activation checkpointing");
     line(out, "peak, no ckpt", peak_without_checkpointing, "without activation checkpointing");

@@ -38,7 +38,8 @@ std::int64_t model_largest_parameter(const Config& config) {
 }
 
 MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
-                                           std::int64_t parameters_count, int pipeline_stage) {
+                                           std::int64_t parameters_count, int pipeline_stage,
+                                           DeviceType activations_device) {
   ZT_CHECK_AS(ConfigError, world_size >= 1, "--world-size must be at least 1, got ", world_size);
   const int stages = static_cast<int>(config.pipeline.stage_count());
   ZT_CHECK_AS(ConfigError, world_size % stages == 0, "--world-size ", world_size,
@@ -174,7 +175,7 @@ MemoryEstimate estimate_model_state_memory(const Config& config, int world_size,
   }
   estimate.bucket_buffers = plan.bucket_bytes();
   if (parameters_count == 0 && config.model.has_value()) {
-    estimate.activations = estimate_activation_memory(config, world_size, pipeline_stage);
+    estimate.activations = estimate_activation_memory(config, world_size, pipeline_stage, activations_device);
   }
   return estimate;
 }
