@@ -48,10 +48,15 @@ const char* forced_bf16_gemm_name() {
   return text;
 }
 
-void require_bf16_gemm_compiled(Bf16GemmPath path, std::string_view what) {
-  ZT_CHECK(path != Bf16GemmPath::bf16 || bf16_gemm_compiled(), what,
+void require_bf16_gemm_runnable(Bf16GemmPath path, std::string_view what) {
+  if (path != Bf16GemmPath::bf16) return;
+  ZT_CHECK(bf16_gemm_compiled(), what,
            " asks for the native bf16 GEMM, which this build does not have: it was built without oneDNN "
            "(configure with ZT_WITH_ONEDNN=ON; Debian: libdnnl-dev); use fp32 or auto");
+  ZT_CHECK(bf16_gemm_runnable(), what,
+           " asks for the native bf16 GEMM, but oneDNN builds no bf16 matmul on this CPU (its bf16 matmuls "
+           "need AVX-512 at least: native on AVX512-BF16 or AMX-BF16, emulated on plain AVX-512); use fp32 "
+           "or auto");
 }
 
 Bf16GemmPath initial_bf16_gemm_path() {
@@ -64,7 +69,7 @@ Bf16GemmPath initial_bf16_gemm_path() {
   ZT_CHECK(name == "bf16" || name == "fp32", what, ": unknown bf16 GEMM path '", name,
            "'; expected bf16, fp32 or auto");
   const Bf16GemmPath path = name == "bf16" ? Bf16GemmPath::bf16 : Bf16GemmPath::fp32;
-  require_bf16_gemm_compiled(path, what);
+  require_bf16_gemm_runnable(path, what);
   return path;
 }
 
@@ -98,12 +103,31 @@ bool cpu_has_native_bf16_gemm() {
 #endif
 }
 
+bool bf16_gemm_runnable() {
+#if ZT_HAVE_ONEDNN
+  // Probed once on a 1 x 1 x 1 matmul: oneDNN says at primitive creation whether it has a kernel.
+  static const bool runs = [] {
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const dnnl::memory::desc one({1, 1}, dnnl::memory::data_type::bf16, dnnl::memory::dims{1, 1});
+      const dnnl::matmul::primitive_desc description(dnnl::matmul::desc(one, one, one), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return runs;
+#else
+  return false;
+#endif
+}
+
 Bf16GemmPath bf16_gemm_path() {
   return static_cast<Bf16GemmPath>(current_bf16_gemm_path().load(std::memory_order_relaxed));
 }
 
 void set_bf16_gemm_path(Bf16GemmPath path) {
-  require_bf16_gemm_compiled(path, std::string("set_bf16_gemm_path(") + bf16_gemm_path_name(path) + ")");
+  require_bf16_gemm_runnable(path, std::string("set_bf16_gemm_path(") + bf16_gemm_path_name(path) + ")");
   current_bf16_gemm_path().store(static_cast<int>(path), std::memory_order_relaxed);
 }
 

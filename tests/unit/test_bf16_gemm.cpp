@@ -40,11 +40,43 @@ class PathGuard {
   Bf16GemmPath saved_;
 };
 
-#define ZT_REQUIRE_NATIVE_BF16_GEMM()                                                            \
-  do {                                                                                           \
-    if (!zt::kernels::bf16_gemm_compiled())                                                      \
-      GTEST_SKIP() << "built without oneDNN (ZT_WITH_ONEDNN): no native bf16 GEMM path to test"; \
+#define ZT_REQUIRE_NATIVE_BF16_GEMM()                                                                     \
+  do {                                                                                                    \
+    if (!zt::kernels::bf16_gemm_compiled())                                                               \
+      GTEST_SKIP() << "built without oneDNN (ZT_WITH_ONEDNN): no native bf16 GEMM path to test";          \
+    if (!zt::kernels::bf16_gemm_runnable())                                                               \
+      GTEST_SKIP() << "oneDNN builds no bf16 matmul on this CPU (it needs AVX-512): no native bf16 GEMM " \
+                      "path to test";                                                                     \
   } while (0)
+
+/// ZT_BF16_GEMM=bf16 (ctest's unit.bf16_gemm_forced_bf16) on a CPU where the path cannot run: the
+/// first bf16 GEMM must refuse with that reason, and every test of the forced path is skipped.
+bool forced_native_path() {
+  const char* forced = std::getenv("ZT_BF16_GEMM");
+  return forced != nullptr && std::string(forced) == "bf16";
+}
+class ForcedPathThatCannotRun : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!forced_native_path() || !zt::kernels::bf16_gemm_compiled() || zt::kernels::bf16_gemm_runnable())
+      return;
+    std::string message = "no error";
+    try {
+      (void)zt::kernels::bf16_gemm_path();
+    } catch (const zt::Error& error) {
+      message = error.what();
+    }
+    if (message.find("ZT_BF16_GEMM=bf16 asks for the native bf16 GEMM, but oneDNN builds no bf16 matmul on "
+                     "this CPU") == std::string::npos) {
+      ADD_FAILURE() << "ZT_BF16_GEMM=bf16 on a CPU without oneDNN bf16 matmuls: " << message;
+      return;
+    }
+    std::printf("ZT_BF16_GEMM=bf16 cannot run on this CPU, as its error says: %s\n", message.c_str());
+    GTEST_SKIP() << "ZT_BF16_GEMM=bf16 cannot run on this CPU (refused as expected)";
+  }
+};
+const ::testing::Environment* const kForcedPathThatCannotRun =
+    ::testing::AddGlobalTestEnvironment(new ForcedPathThatCannotRun);  // NOLINT: gtest takes ownership
 
 /// Deterministic bf16 values in [-1, 1) with some exact zeros.
 std::vector<bf16> bf16_values(std::size_t count, std::uint32_t seed) {
@@ -174,13 +206,26 @@ TEST(Bf16GemmPath, ChoiceFollowsTheCpuAndTheBuildOrZtBf16Gemm) {
     } catch (const zt::Error& error) {
       EXPECT_NE(std::string(error.what()).find("without oneDNN"), std::string::npos) << error.what();
     }
+  } else if (!zt::kernels::bf16_gemm_runnable()) {
+    // A CPU without AVX-512 (oneDNN has no bf16 matmul there): the auto choice is fp32, forcing
+    // bf16 is refused with the reason.
+    EXPECT_FALSE(zt::kernels::cpu_has_native_bf16_gemm());
+    PathGuard guard;
+    try {
+      zt::kernels::set_bf16_gemm_path(Bf16GemmPath::bf16);
+      FAIL() << "set_bf16_gemm_path(bf16) succeeded where oneDNN has no bf16 matmul";
+    } catch (const zt::Error& error) {
+      EXPECT_NE(std::string(error.what()).find("oneDNN builds no bf16 matmul on this CPU"), std::string::npos)
+          << error.what();
+    }
+    EXPECT_EQ(zt::kernels::bf16_gemm_path(), Bf16GemmPath::fp32) << "a refused switch changes nothing";
   }
 }
 
 TEST(Bf16Gemm, BothPathsMatchTheExactProductAtOddShapes) {
   PathGuard guard;
   std::vector<Bf16GemmPath> paths{Bf16GemmPath::fp32};
-  if (zt::kernels::bf16_gemm_compiled()) paths.push_back(Bf16GemmPath::bf16);
+  if (zt::kernels::bf16_gemm_runnable()) paths.push_back(Bf16GemmPath::bf16);
   std::uint32_t seed = 1;
   for (const GemmCase& c : odd_cases()) {
     const GemmOperands o = operands(c, seed += 3);
@@ -193,6 +238,8 @@ TEST(Bf16Gemm, BothPathsMatchTheExactProductAtOddShapes) {
   }
   if (!zt::kernels::bf16_gemm_compiled())
     GTEST_SKIP() << "built without oneDNN: only the fp32 path was checked";
+  if (!zt::kernels::bf16_gemm_runnable())
+    GTEST_SKIP() << "oneDNN builds no bf16 matmul on this CPU: only the fp32 path was checked";
 }
 
 TEST(Bf16Gemm, NativePathIsDeterministicAndIndependentOfTheThreadCount) {
