@@ -32,6 +32,11 @@ const CudaStatus& cuda_status() {
   return status;
 }
 
+DeviceMemoryInfo device_memory_info(Device device) {
+  if (!device.is_cuda()) return {};
+  return detail::cuda_memory_info(device.index);
+}
+
 std::string Device::str() const {
   switch (type) {
     case DeviceType::host:

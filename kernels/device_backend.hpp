@@ -30,6 +30,8 @@ void cuda_event_synchronize(void* event);
 bool cuda_event_query(void* event);
 void cuda_set_device(int device_index);
 CudaStatus query_cuda_status();
+/// cudaMemGetInfo on `device_index`: {free, total} bytes.
+DeviceMemoryInfo cuda_memory_info(int device_index);
 /// The PCI bus id of CUDA device `device_index` ("0000:3b:00.0"), empty when it cannot be read.
 std::string cuda_device_pci_bus_id(int device_index) noexcept;
 /// Bytes the stream-ordered device pools hold from the GPUs (live buffers, cached blocks, kernels'

@@ -60,6 +60,9 @@ std::string cuda_device_pci_bus_id(int) noexcept {
 std::size_t cuda_reserved_device_bytes() noexcept {
   return 0;
 }
+DeviceMemoryInfo cuda_memory_info(int) {
+  no_cuda("reading a CUDA device's memory");
+}
 std::size_t cuda_cached_pinned_bytes() noexcept {
   return 0;
 }

@@ -52,6 +52,16 @@ struct CudaStatus {
 };
 const CudaStatus& cuda_status();
 
+/// A device's memory as its driver reports it now (cudaMemGetInfo): `free` for new allocations
+/// (what other processes, and this process's pools, hold is not), `total` the device's size. Both 0
+/// where no size is known: the host and the emulated device. Throws for a CUDA device that is not
+/// usable.
+struct DeviceMemoryInfo {
+  std::uint64_t free = 0;
+  std::uint64_t total = 0;
+};
+DeviceMemoryInfo device_memory_info(Device device);
+
 /// Make `device` current for this thread (cudaSetDevice); a no-op for the host and the emulated device.
 void set_current_device(Device device);
 

@@ -171,10 +171,30 @@ HostMemory host_memory(int ranks_on_node);
 /// allocated: `ranks_on_node` ranks of `world_size` each need at least their model states (the
 /// estimate of estimate_model_state_memory for the model's parameter count, over its pipeline
 /// stages and data-parallel ranks) and, for a GPT, one micro-batch's attention qkv of one layer or
-/// its logits, whichever is larger. The message names the config keys that drive the size and the memory
-/// limit that decides. O(1) in the model's sizes, so `zerotrain train` runs it first. Nothing without a
-/// "model" section.
-void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host);
+/// its logits, whichever is larger. With the engine on a device (`engine_device` not the host) the
+/// host holds less: the stage's model as zt::build_model makes it there before the engine moves it
+/// (its parameters in the compute dtype), or, when more, the model states offload keeps on the host;
+/// the activations are the device's (check_fits_device_memory). The message names the config keys
+/// that drive the size and the memory limit that decides. O(1) in the model's sizes, so
+/// `zerotrain train` runs it first. Nothing without a "model" section.
+void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host,
+                            DeviceType engine_device = DeviceType::host);
+
+/// The memory each rank may use on its device, and where the number comes from ("11.2 GiB free on
+/// the GPU with the least (cudaMemGetInfo over the job's 8 ranks)").
+struct DeviceMemory {
+  std::uint64_t bytes = 0;
+  std::string what;
+};
+
+/// Refuses (ConfigError) a config whose built-in model cannot fit in the memory of the ranks'
+/// devices, before anything is allocated there: each rank of the largest pipeline stage needs at
+/// least what the estimate puts on its device, its model states (MemoryEstimate::
+/// device_bytes_with_cuda: offload moves states to the host), the gradient-reduction buckets and the
+/// step's activation peak on a device (estimate_activation_memory); stage 3's gathered parameters
+/// and the kernels' workspaces come on top. The message names the sizes, the config keys of the
+/// larger part and what to change. Nothing without a "model" section or with device.bytes 0.
+void check_fits_device_memory(const Config& config, int world_size, const DeviceMemory& device);
 
 /// Number of parameters of the config's "model" section (without building it).
 std::int64_t model_parameter_count(const Config& config);

@@ -429,6 +429,14 @@ void cuda_set_device(int device_index) {
   ZT_CHECK_CUDA(cudaSetDevice(device_index));
 }
 
+DeviceMemoryInfo cuda_memory_info(int device_index) {
+  require_usable("reading a CUDA device's memory");
+  ZT_CHECK_CUDA(cudaSetDevice(device_index));
+  std::size_t free = 0, total = 0;
+  ZT_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+  return {free, total};
+}
+
 CudaStatus query_cuda_status() {
   CudaStatus status;
   status.compiled = true;

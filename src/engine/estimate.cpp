@@ -217,7 +217,7 @@ std::string MemoryEstimate::table() const {
     line(out, "with CUDA: device", device_bytes_with_cuda, params ? "gradients" : "parameters + gradients");
     line(out, "with CUDA: host", host_bytes_with_cuda,
          std::string("optimizer states") + (params ? " + parameter pieces" : "") +
-             " (this build trains on the host)");
+             " (with the engine on a GPU)");
   }
   if (param_offload_device != OffloadDevice::none) {
     out << "offload_param: " << to_string(param_offload_device) << "\n";
@@ -229,7 +229,7 @@ std::string MemoryEstimate::table() const {
       line(out, "params on NVMe", parameters_nvme, "swap file per rank");
     if (offload_device == OffloadDevice::none) {
       line(out, "with CUDA: device", device_bytes_with_cuda, "gradients + optimizer states");
-      line(out, "with CUDA: host", host_bytes_with_cuda, "parameter pieces (this build trains on the host)");
+      line(out, "with CUDA: host", host_bytes_with_cuda, "parameter pieces (with the engine on a GPU)");
     }
   }
   line(out, "DeepSpeed GPU", deepspeed_gpu_bytes,
@@ -313,7 +313,8 @@ HostMemory host_memory(int ranks_on_node) {
   return host;
 }
 
-void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host) {
+void check_fits_host_memory(const Config& config, int world_size, int ranks_on_node, const HostMemory& host,
+                            DeviceType engine_device) {
   if (!config.model.has_value() || host.node_bytes == 0 || world_size < 1) return;
   const int stages = static_cast<int>(std::max<std::int64_t>(1, config.pipeline.stage_count()));
   const int data_parallel = std::max(1, world_size / stages);
@@ -328,17 +329,20 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
   // The largest stage holds at least the average.
   const double stage_parameters = parameters / stages;
   const double element = static_cast<double>(dtype_size(compute_dtype_of(config)));
+  const bool on_device = engine_device != DeviceType::host;
   // Model states: the engine's own estimate for that many parameters, where the numbers cannot
   // overflow; beyond that (far beyond any host), the gradients alone (element x Ψ / N at least).
-  double states = element * stage_parameters / data_parallel;
+  // With the engine on a device: the stage's model as built here before the engine moves it, or
+  // what offload keeps here, whichever is larger.
+  double states = on_device ? element * stage_parameters : element * stage_parameters / data_parallel;
   if (stage_parameters < 1e15) {
     Config one_stage = config;
     one_stage.pipeline.stages = std::nullopt;
     try {
-      states = static_cast<double>(
-          estimate_model_state_memory(one_stage, data_parallel,
-                                      std::max<std::int64_t>(1, std::llround(stage_parameters)))
-              .resident());
+      const MemoryEstimate estimate = estimate_model_state_memory(
+          one_stage, data_parallel, std::max<std::int64_t>(1, std::llround(stage_parameters)));
+      states = on_device ? std::max(states, static_cast<double>(estimate.host_bytes_with_cuda))
+                         : static_cast<double>(estimate.resident());
     } catch (const ConfigError&) {
       // A config the engine refuses for other reasons: it says why, with its own message.
     }
@@ -348,7 +352,8 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
   // [T, T] probabilities (its rows' log-sum-exps only), so nothing here grows as seq_len^2.
   double activations = 0.0;
   std::string activation_keys;
-  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
+  const auto* gpt = std::get_if<GptModelConfig>(&*config.model);
+  if (gpt != nullptr && !on_device) {
     Config batch_config = config;
     double micro = 1.0;
     try {
@@ -376,11 +381,92 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
           << " together), but the node has " << host.what << ". Model states " << gib_text(states) << ": "
           << count << " parameters, most from " << largest->keys << ", ZeRO stage "
           << config.zero_optimization.stage << " over " << data_parallel << " data-parallel rank(s)"
-          << (stages > 1 ? " per pipeline stage" : "");
+          << (stages > 1 ? " per pipeline stage" : "")
+          << (on_device ? " (with the engine on a device: the model as built on the host before it moves, "
+                          "or the states offload keeps on the host)"
+                        : "");
   if (activations > 0.0)
     message << "; activations at least " << gib_text(activations) << ": " << activation_keys;
   message << ". Reduce " << (states >= activations ? largest->keys : activation_keys)
           << ", or spread the model over more ranks or nodes (a higher zero_optimization.stage, offload)";
+  ZT_THROW_AS(ConfigError, message.str());
+}
+
+void check_fits_device_memory(const Config& config, int world_size, const DeviceMemory& device) {
+  if (!config.model.has_value() || device.bytes == 0 || world_size < 1) return;
+  const int stages = static_cast<int>(std::max<std::int64_t>(1, config.pipeline.stage_count()));
+  // The largest stage's need decides: every rank computes every stage's, so all decide alike.
+  struct Need {
+    int stage = 0;
+    MemoryEstimate estimate;
+    std::uint64_t states = 0, buckets = 0, activations = 0;
+    std::uint64_t total() const { return states + buckets + activations; }
+  };
+  // The exact estimates replay every layer; beyond this many (far beyond real models) the model
+  // states of the stage's parameter count as one tensor, without activations, are the lower bound.
+  constexpr std::int64_t kExactLayers = 20000;
+  std::int64_t layers = 0;
+  if (const auto* gpt = std::get_if<GptModelConfig>(&*config.model)) {
+    layers = gpt->n_layer;
+  } else {
+    layers = static_cast<std::int64_t>(std::get<MlpModelConfig>(*config.model).sizes.size());
+  }
+  const bool exact = layers <= kExactLayers;
+  std::optional<Need> largest;
+  for (int stage = 0; stage < (exact ? stages : 1); ++stage) {
+    Need need;
+    need.stage = stage;
+    try {
+      if (exact) {
+        need.estimate = estimate_model_state_memory(config, world_size, 0, stage, DeviceType::cuda);
+      } else {
+        Config one_stage = config;
+        one_stage.pipeline.stages = std::nullopt;
+        double parameters = 0.0;
+        for (const auto& term : engine_detail::parameter_count_terms_of_config(config))
+          parameters += term.count;
+        parameters /= stages;
+        if (parameters >= 1e15) return;  // the host check has refused it already (its build alone)
+        need.estimate = estimate_model_state_memory(one_stage, world_size / stages,
+                                                    std::max<std::int64_t>(1, std::llround(parameters)));
+      }
+    } catch (const ConfigError&) {
+      return;  // a config the engine refuses for other reasons: it says why, with its own message
+    }
+    need.states = need.estimate.device_bytes_with_cuda;
+    need.buckets = need.estimate.bucket_buffers;
+    need.activations = need.estimate.activations ? need.estimate.activations->peak : 0;
+    if (!largest || need.total() > largest->total()) largest = std::move(need);
+  }
+  if (!largest || largest->total() <= device.bytes) return;
+  const MemoryEstimate& estimate = largest->estimate;
+  const double states = static_cast<double>(largest->states);
+  const double activations = static_cast<double>(largest->activations);
+  std::ostringstream message;
+  message << "the model cannot fit in the device's memory: each rank"
+          << (stages > 1 ? " of pipeline stage " + std::to_string(largest->stage) : std::string())
+          << " needs at least " << gib_text(static_cast<double>(largest->total())) << " on its device, but "
+          << device.what << ". Model states there " << gib_text(states) << ": " << estimate.parameters_count
+          << " parameters at ZeRO stage " << estimate.zero_stage << " over " << estimate.world_size
+          << " data-parallel rank(s)";
+  if (estimate.offload_device != OffloadDevice::none || estimate.param_offload_device != OffloadDevice::none)
+    message << " (with the offloaded states on the host)";
+  message << "; gradient buckets " << gib_text(static_cast<double>(largest->buckets)) << "; activations "
+          << gib_text(activations) << " (the step's peak at train_micro_batch_size_per_gpu "
+          << (estimate.activations ? estimate.activations->micro_batch_size : 0) << ")";
+  message << ". Reduce ";
+  if (activations > states) {
+    message << "train_micro_batch_size_per_gpu (or model.seq_len), or checkpoint activations "
+               "(pipeline.activation_checkpoint_interval, activation_checkpointing.cpu_checkpointing)";
+  } else {
+    const std::vector<engine_detail::ParameterCountTerm> terms =
+        engine_detail::parameter_count_terms_of_config(config);
+    const auto term = std::max_element(terms.begin(), terms.end(),
+                                       [](const auto& a, const auto& b) { return a.count < b.count; });
+    message << (term != terms.end() ? term->keys : std::string("the model"))
+            << ", or raise zero_optimization.stage, offload (zero_optimization.offload_optimizer, "
+               "offload_param), or spread the model over more GPUs";
+  }
   ZT_THROW_AS(ConfigError, message.str());
 }
 

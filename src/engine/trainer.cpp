@@ -75,9 +75,9 @@ nlohmann::json memory_max_over_ranks(Communicator& world, const MemorySnapshot& 
     devices.by_category[i].peak += emulated.by_category[i].peak;
   }
   devices.total.peak += emulated.total.peak;
-  constexpr MemoryCategory kReported[] = {MemoryCategory::parameters, MemoryCategory::gradients,
+  constexpr MemoryCategory kReported[] = {MemoryCategory::parameters,       MemoryCategory::gradients,
                                           MemoryCategory::optimizer_states, MemoryCategory::activations,
-                                          MemoryCategory::comm_buffers, MemoryCategory::workspace};
+                                          MemoryCategory::comm_buffers,     MemoryCategory::workspace};
   constexpr MemoryCategory kModelStates[] = {MemoryCategory::parameters, MemoryCategory::gradients,
                                              MemoryCategory::optimizer_states};
   constexpr std::size_t kPeak = std::size(kReported);
@@ -397,6 +397,20 @@ int stop_scope_depth = 0;
 struct sigaction previous_term = {};
 struct sigaction previous_usr1 = {};
 
+/// What each rank may allocate on its GPU: the smallest free memory over the job's ranks
+/// (cudaMemGetInfo, before the model), so that every rank decides check_fits_device_memory alike.
+DeviceMemory job_device_memory(Runtime& runtime, Device device) {
+  // The smallest over the ranks, as the largest of the negated values (the reductions have no min).
+  std::int64_t negated = -static_cast<std::int64_t>(device_memory_info(device).free);
+  runtime.world().all_reduce(&negated, &negated, 1, DType::int64, ReduceOp::max);
+  const std::int64_t free_bytes = -negated;
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "%.1f GiB is free on the GPU with the least (cudaMemGetInfo over the job's %d rank(s))",
+                static_cast<double>(free_bytes) / (1024.0 * 1024.0 * 1024.0), runtime.world_size());
+  return {static_cast<std::uint64_t>(std::max<std::int64_t>(free_bytes, 0)), text};
+}
+
 }  // namespace
 
 StopSignalScope::StopSignalScope() : outermost_(stop_scope_depth++ == 0) {
@@ -455,7 +469,9 @@ TrainSummary train(Runtime& runtime, Config config, const TrainOptions& options)
   // Sizes that cannot fit fail here, naming their keys, not as "out of host memory" after the
   // allocations have run for a while.
   check_fits_host_memory(config, runtime.world_size(), runtime.local_size(),
-                         host_memory(runtime.local_size()));
+                         host_memory(runtime.local_size()), device.type);
+  if (device.is_cuda())
+    check_fits_device_memory(config, runtime.world_size(), job_device_memory(runtime, device));
   // Device memory counts too, from whatever this process held before the model.
   MemorySnapshot before_model = memory_snapshot(DeviceType::host);
   for (std::size_t i = 0; i < kMemoryCategoryCount; ++i) {

@@ -3,7 +3,8 @@
 // with offload_optimizer "cpu" (the host optimizer over pinned buffers, DeviceOffloadedUpdate), and
 // stages 1-3 with offload_optimizer "nvme" (sub-groups from the swap file updated by the host
 // optimizer, gradients and parameters through the same pinned pipeline), and stage 3 with the
-// parameters on NVMe as well (offload_param "nvme"), and pipeline stages on the GPUs. The
+// parameters on NVMe as well (offload_param "nvme"), pipeline stages on the GPUs, and activation
+// checkpoints with their inputs on the device or the host. The
 // device communicators are NCCL, ordered with the engine's compute stream (docs/gpu.md, "NCCL in
 // the engine").
 //
@@ -40,14 +41,14 @@ constexpr int kGlobalBatch = 8;
 /// Stage `stage` with small buckets (several per backward, reduced while backward runs) and
 /// stage 3's prefetch on; `zero_extra` goes into the zero section, `precision` at the top level.
 zt::Config config_of(int stage, const std::string& zero_extra, const std::string& precision,
-                     const char* optimizer = kSgd) {
+                     const char* optimizer = kSgd, const char* model = kGptModel) {
   const int world = zt::testing::runtime().world_size();
   return parse(gpt_config(kGlobalBatch / world / 2, 2,
                           R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +
                               R"(, "reduce_bucket_size": 3000, "allgather_bucket_size": 3000,)"
                               R"( "overlap_comm": true, "stage3_prefetch_bucket_size": 3000)" +
                               zero_extra + "}" + precision,
-                          optimizer));
+                          optimizer, model));
 }
 
 constexpr const char* kBf16 = R"(, "bf16": {"enabled": true})";
@@ -222,6 +223,58 @@ TEST(CudaTraining, OffloadsTheParametersToNvme) {
       expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
     }
   }
+}
+
+/// Activation checkpoints on the GPU: every block of a 4-block GPT with dropout in its own checkpoint
+/// (the recompute must draw the forward's masks again), the inputs kept on the device or, with
+/// cpu_checkpointing, in pinned host memory: copied down on the transfer stream during the
+/// checkpoint's forward and uploaded again on it by the backward of the checkpoint after it, which
+/// only the checkpoint's own recompute waits for (nn::ActivationCheckpoint). A copy ordered wrongly
+/// on the device (a recompute reading an input not yet uploaded, a pinned copy reused too early)
+/// shows here as a run far from the host's; the emulated device, whose streams run at once, cannot.
+TEST(CudaTraining, CheckpointsActivationsOnTheDeviceOrTheHost) {
+  ZT_SKIP_WITHOUT_GPU_PER_RANK();
+  const char* model =
+      R"({"type": "gpt", "n_layer": 4, "n_head": 2, "d_model": 32, "seq_len": 16, "vocab_size": 256, "dropout": 0.1})";
+  for (int stage : {0, 3}) {
+    for (const char* keep : {"", R"(, "activation_checkpointing": {"cpu_checkpointing": true})"}) {
+      for (const char* precision : {"", kBf16}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + keep + precision);
+        const zt::Config config = config_of(
+            stage, "",
+            std::string(R"(, "pipeline": {"activation_checkpoint_interval": 1})") + keep + precision, kSgd,
+            model);
+        const TrainingRun host = train_on(zt::Device::host(), config);
+        const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+        const bool bf16 = *precision != '\0';
+        expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-4, 1e-3});
+      }
+    }
+  }
+}
+
+/// A model beyond the GPU's memory (about 12e9 parameters: 48 GB in fp32 as built on the host, 16 B
+/// each as fp32 AdamW states on the device at stage 0, beyond an H200's 141 GB) is refused by
+/// zt::train before the model is built, with the device's free memory as cudaMemGetInfo reports it,
+/// not by an out-of-memory error partway through the allocations.
+TEST(CudaTraining, AModelBeyondTheGpuIsRefusedBeforeItsAllocation) {
+  ZT_SKIP_WITHOUT_GPU_PER_RANK();
+  const zt::Config config = parse(gpt_config(
+      2, 1, "", kAdamW,
+      R"({"type": "gpt", "n_layer": 60, "n_head": 32, "d_model": 4096, "seq_len": 64, "vocab_size": 256})"));
+  zt::TrainOptions options;
+  options.steps = 1;
+  options.device = zt::testing::gpu_of_this_rank();
+  std::string message = "no ConfigError";
+  try {
+    (void)zt::train(zt::testing::runtime(), config, options);
+  } catch (const zt::ConfigError& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("the model cannot fit in the device's memory: each rank needs at least"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("(cudaMemGetInfo over the job's"), std::string::npos) << message;
 }
 
 }  // namespace

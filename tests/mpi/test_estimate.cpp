@@ -216,6 +216,87 @@ TEST(Estimate, HostMemoryCheckNamesTheKeys) {
   EXPECT_NE(here.what.find("GiB"), std::string::npos) << here.what;
 }
 
+/// With the engine on a device the host holds the model as built before the engine moves it (or
+/// what offload keeps there), not the model states and activations: a model refused on the host
+/// passes, a far larger one is still refused, saying why.
+TEST(Estimate, HostMemoryCheckWithTheEngineOnADevice) {
+  const zt::HostMemory host{.node_bytes = 8ull << 30, .what = "8.0 GiB (a test's limit)"};
+  // About 0.5e9 parameters in fp32 with AdamW at stage 0: 16 B each as model states per rank on the
+  // host, 4 B each as the model built before it moves to the device; 2 ranks share the 8 GiB.
+  const zt::Config mid = parse(gpt_config(
+      2, 1, "", kAdamW,
+      R"({"type": "gpt", "n_layer": 40, "n_head": 8, "d_model": 1024, "seq_len": 64, "vocab_size": 256})"));
+  EXPECT_THROW(zt::check_fits_host_memory(mid, 2, 2, host), zt::ConfigError);
+  EXPECT_NO_THROW(zt::check_fits_host_memory(mid, 2, 2, host, zt::DeviceType::cuda));
+  const zt::Config huge = parse(gpt_config(
+      2, 1, "", kAdamW,
+      R"({"type": "gpt", "n_layer": 1000000, "n_head": 4, "d_model": 128, "seq_len": 64, "vocab_size": 256})"));
+  std::string message;
+  try {
+    zt::check_fits_host_memory(huge, 2, 2, host, zt::DeviceType::cuda);
+  } catch (const zt::ConfigError& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("the model cannot fit in this host's memory"), std::string::npos) << message;
+  EXPECT_NE(message.find("with the engine on a device: the model as built on the host before it moves"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("activations"), std::string::npos)
+      << "the activations are the device's: " << message;
+}
+
+/// On a GPU each rank needs the model states the estimate puts on the device, the buckets and the
+/// step's activation peak there: a config beyond the device's memory is refused before anything is
+/// allocated, naming the sizes and the keys of the larger part; offload makes it fit.
+TEST(Estimate, DeviceMemoryCheckNamesTheSizesAndTheKeys) {
+  const zt::DeviceMemory device{.bytes = 8ull << 30, .what = "8.0 GiB is free (a test's limit)"};
+  const auto refusal = [&](const zt::Config& config) {
+    try {
+      zt::check_fits_device_memory(config, 2, device);
+    } catch (const zt::ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no ConfigError");
+  };
+  EXPECT_NO_THROW(zt::check_fits_device_memory(parse(gpt_config(2, 1, "", kAdamW, kGptModel)), 2, device));
+  // States: about 0.5e9 parameters, fp32 AdamW at stage 0 (16 B each on the device).
+  const char* mid_model =
+      R"({"type": "gpt", "n_layer": 40, "n_head": 8, "d_model": 1024, "seq_len": 64, "vocab_size": 256})";
+  const std::string states = refusal(parse(gpt_config(2, 1, "", kAdamW, mid_model)));
+  EXPECT_NE(states.find("the model cannot fit in the device's memory: each rank needs at least"),
+            std::string::npos)
+      << states;
+  EXPECT_NE(states.find("but 8.0 GiB is free (a test's limit)"), std::string::npos) << states;
+  EXPECT_NE(states.find("at ZeRO stage 0 over 2 data-parallel rank(s)"), std::string::npos) << states;
+  EXPECT_NE(states.find("Reduce model.n_layer x 12 model.d_model^2"), std::string::npos) << states;
+  EXPECT_NE(states.find("offload (zero_optimization.offload_optimizer"), std::string::npos) << states;
+  // The same model with the optimizer states on the host (offload_optimizer cpu): 4 + 4 B on the device.
+  EXPECT_NO_THROW(zt::check_fits_device_memory(
+      parse(gpt_config(2, 1, R"(, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+                       kAdamW, mid_model)),
+      2, device));
+  // Activations: a long sequence of a small model, without checkpoints.
+  const std::string activations = refusal(parse(gpt_config(
+      8, 1, "", kAdamW,
+      R"({"type": "gpt", "n_layer": 4, "n_head": 4, "d_model": 256, "seq_len": 65536, "vocab_size": 256})")));
+  EXPECT_NE(activations.find("activations "), std::string::npos) << activations;
+  EXPECT_NE(activations.find("(the step's peak at train_micro_batch_size_per_gpu 8)"), std::string::npos)
+      << activations;
+  EXPECT_NE(
+      activations.find("Reduce train_micro_batch_size_per_gpu (or model.seq_len), or checkpoint activations"),
+      std::string::npos)
+      << activations;
+  // Pipelined: the largest stage decides, on every rank alike.
+  const std::string pipelined = refusal(parse(gpt_config(
+      2, 4, R"(, "pipeline": {"stages": 2})", kAdamW,
+      R"({"type": "gpt", "n_layer": 120, "n_head": 8, "d_model": 1024, "seq_len": 64, "vocab_size": 256})")));
+  EXPECT_NE(pipelined.find("each rank of pipeline stage "), std::string::npos) << pipelined;
+  // No size known (the host, the emulated device): nothing to check.
+  EXPECT_NO_THROW(zt::check_fits_device_memory(parse(gpt_config(2, 1, "", kAdamW, mid_model)), 2, {}));
+  EXPECT_EQ(zt::device_memory_info(zt::Device::host()).total, 0u);
+  EXPECT_EQ(zt::device_memory_info(zt::Device::emulated()).free, 0u);
+}
+
 /// Each pipeline stage's plan, made without building it, is the built stage's: same names, shapes
 /// and order, a tied copy of the embedding included (GPT tied and untied, MLP; every partition
 /// method, one to four stages).
