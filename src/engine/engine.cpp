@@ -309,7 +309,8 @@ Engine::Impl::Impl(Runtime& runtime, nn::Module& model, Config config, EngineOpt
       frozen_(parameters_where(model.parameters(), is_frozen_, true)),
       plan_(engine_detail::planned_parameters(parameters_),
             engine_detail::plan_settings(config_, parallel_.data().size(), parallel_.data().rank(),
-                                         parallel_.tensor().size(), parallel_.tensor().rank())) {
+                                         parallel_.tensor().size(), parallel_.tensor().rank(),
+                                         !execution_.device().is_host())) {
   stage_model_ = dynamic_cast<nn::PipelineStage*>(&model);
   // A pipeline of one stage is the whole model: it trains as any other.
   if (stage_model_ != nullptr && stage_model_->stages() == 1) stage_model_ = nullptr;

@@ -67,14 +67,14 @@ void fp32_on_host(const ExecutionContext& execution, const std::byte* source, DT
 
 /// The device <-> host update pipeline of an engine on a device whose optimizer states are in host
 /// memory or in the swap file: chunks of at most `largest_run` elements (one run's count), through
-/// offload_optimizer.buffer_count pinned buffers. With offload_param "nvme" the parameters are in the
-/// parameter store's host buffers (update_target): the pipeline writes them there.
+/// offload_optimizer.buffer_count pinned buffers. With the parameters in the parameter store's host
+/// memory (offload_param "nvme", or "cpu" on a device: update_target) the pipeline writes them there.
 std::unique_ptr<DeviceOffloadedUpdate> make_device_offloaded_update(const OffloadOptimizerConfig& offload,
                                                                     const PartitionPlan& plan, Device device,
                                                                     DType dtype, std::int64_t largest_run) {
   DeviceOffloadedUpdateOptions options;
   options.device = device;
-  options.parameters_on_host = plan.parameters_on_nvme();
+  options.parameters_on_host = plan.parameters_in_host_store();
   options.gradient_dtype = dtype;
   options.parameter_dtype = dtype;
   options.buffer_count = std::max<std::size_t>(1, static_cast<std::size_t>(offload.buffer_count));
@@ -90,8 +90,8 @@ void add_timing(OffloadTiming& timing, const DeviceOffloadedUpdateStats& stats) 
   timing.stalled_seconds += stats.wait_in_seconds + stats.wait_out_seconds;
 }
 
-// Committing the ranges the device pipeline updates. With offload_param "nvme" the new parameters
-// are in the parameter store's host buffers as soon as queue() returns (the host optimizer wrote
+// Committing the ranges the device pipeline updates. With the parameters in the host store the new
+// parameters are in the parameter store's host memory as soon as queue() returns (the host optimizer wrote
 // them there): a range is committed when its last part is queued, so that its buffer starts its
 // write to NVMe and frees up for the next range (the pool may hold fewer pieces than there are
 // ranges). On the device they are complete only after wait_for_parameters(): every range is
@@ -99,10 +99,10 @@ void add_timing(OffloadTiming& timing, const DeviceOffloadedUpdateStats& stats) 
 void commit_if_updated_in_host_memory(const PartitionPlan& plan, ZeroStrategy& strategy, std::size_t index,
                                       std::int64_t end) {
   const OwnedRange& range = plan.owned()[index];
-  if (plan.parameters_on_nvme() && end == range.shard_begin + range.count) strategy.commit(index);
+  if (plan.parameters_in_host_store() && end == range.shard_begin + range.count) strategy.commit(index);
 }
 void commit_updated_on_device(const PartitionPlan& plan, ZeroStrategy& strategy) {
-  if (plan.parameters_on_nvme()) return;
+  if (plan.parameters_in_host_store()) return;
   for (std::size_t i = 0; i < plan.size(); ++i) strategy.commit(i);
 }
 
@@ -446,12 +446,12 @@ std::unique_ptr<OptimizerStates> make_optimizer_states(const PartitionPlan& plan
                                                        const ExecutionContext& execution) {
   if (plan.optimizer_states_on_nvme()) return std::make_unique<NvmeStates>(plan, strategy, config, execution);
   // The host and the emulated device keep offloaded states in their own memory, which the host
-  // optimizer reads there; a GPU's memory it cannot read. With the parameters on NVMe their new
-  // values go to the parameter store's host buffers, which only the host optimizer writes: the
-  // emulated device takes the GPU's path then (the master and states on the host).
+  // optimizer reads there; a GPU's memory it cannot read. With the parameters in the host store
+  // their new values go to the parameter store's host memory, which only the host optimizer writes:
+  // the emulated device takes the GPU's path then (the master and states on the host).
   const Device device = execution.device();
   if (plan.settings().optimizer_offload == OffloadDevice::cpu &&
-      (device.is_cuda() || (device.is_emulated() && plan.parameters_on_nvme())))
+      (device.is_cuda() || (device.is_emulated() && plan.parameters_in_host_store())))
     return std::make_unique<HostOffloadedStates>(plan, strategy, config, execution);
   return std::make_unique<InMemoryStates>(plan, strategy, config, execution);
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "base/seconds_since.hpp"
 #include "zerotrain/error.hpp"
@@ -30,7 +31,8 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
       engine_(engine),
       dtype_(options.dtype),
       pieces_(layout.size()) {
-  ZT_CHECK(options.swap.has_value(), "ParameterStore: the NVMe store needs swap options");
+  ZT_CHECK(options.swap.has_value() || options.max_in_cpu == std::numeric_limits<std::int64_t>::max(),
+           "ParameterStore: without swap options every piece must be kept in host memory");
   ZT_CHECK_AS(ConfigError, options.buffer_count >= 1, "zero_optimization.offload_param.buffer_count is ",
               options.buffer_count, "; expected >= 1 (pieces read from NVMe at once)");
   ZT_CHECK_AS(ConfigError, options.max_in_cpu >= 0, "zero_optimization.offload_param.max_in_cpu is ",
@@ -60,8 +62,8 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
                 " (or keep more parameters in host memory with max_in_cpu)");
   }
   // The swap file exists even when every piece fits in host memory: a bad nvme_path fails now,
-  // not when the model grows.
-  swap_ = std::make_unique<SwapEngine>(*options.swap);
+  // not when the model grows. Without swap options (offload_param "cpu" on a device) there is none.
+  if (options.swap) swap_ = std::make_unique<SwapEngine>(*options.swap);
   if (host_elements_ > 0) {
     host_ =
         execution_.allocate(static_cast<std::size_t>(host_elements_) * element, MemoryCategory::parameters);
@@ -78,7 +80,7 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
     }
   }
   // One reservation for all: a disk too small fails now, with the size the whole file needs.
-  swap_->register_tensors(swapped_pieces);
+  if (swap_) swap_->register_tensors(swapped_pieces);
   if (swapped > 0) {
     const std::size_t buffer_bytes = pieces_[largest_swapped].bytes;
     pool_.resize(std::min(options.buffer_count, swapped));

@@ -1,12 +1,13 @@
 // ZeRO-3's parameter shard: this rank's piece of every parameter, in the compute dtype. Internal
 // to the engine (docs/offload.md, "Parameters on NVMe").
 //
-// In memory (no offload_param, or device "cpu"), the store wraps the engine's contiguous shard on
-// the engine's device. With offload_param "nvme" the pieces live in the rank's parameter swap
-// file, except those kept in host memory up to offload_param.max_in_cpu elements (whole pieces,
-// in layout order, as DeepSpeed keeps its first max_in_cpu elements on the host).
-// Swapped pieces pass through a pool of offload_param.buffer_count buffers, each the size of the
-// largest swapped piece (at most offload_param.buffer_size elements):
+// In memory (no offload_param, or device "cpu" with the engine on the host), the store wraps the
+// engine's contiguous shard on the engine's device. offload_param "cpu" with the engine on a device
+// keeps every piece in host memory instead (no swap file: the options' swap unset), as below. With
+// offload_param "nvme" the pieces live in the rank's parameter swap file, except those kept in host memory up
+// to offload_param.max_in_cpu elements (whole pieces, in layout order, as DeepSpeed keeps its first
+// max_in_cpu elements on the host). Swapped pieces pass through a pool of offload_param.buffer_count buffers,
+// each the size of the largest swapped piece (at most offload_param.buffer_size elements):
 //   - gathering reads a piece (acquire/release); prefetch() starts the reads of pieces the
 //     gatherer will need next, so that they overlap the modules computing before them;
 //   - the optimizer step writes new pieces (update_target/commit): a piece is only written, never
@@ -38,7 +39,8 @@ namespace zt::engine_detail {
 
 struct ParameterStoreOptions {
   DType dtype = DType::fp32;
-  /// offload_param "nvme": the swap file's settings. Unset: every piece in host memory.
+  /// offload_param "nvme": the swap file's settings. Unset (offload_param "cpu" with the engine on a
+  /// device): no swap file, every piece in host memory (max_in_cpu must then be the int64 maximum).
   std::optional<SwapOptions> swap;
   std::int64_t max_in_cpu = 1'000'000'000;     // offload_param.max_in_cpu (elements)
   std::int64_t buffer_elements = 100'000'000;  // offload_param.buffer_size

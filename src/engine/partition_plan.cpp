@@ -15,7 +15,7 @@ namespace zt::engine_detail {
 using base::round_up;
 
 PlanSettings plan_settings(const Config& config, int data_size, int data_rank, int tensor_size,
-                           int tensor_rank) {
+                           int tensor_rank, bool engine_on_device) {
   const ZeroConfig& zero = config.zero_optimization;
   PlanSettings settings;
   settings.stage = zero.stage;
@@ -42,6 +42,7 @@ PlanSettings plan_settings(const Config& config, int data_size, int data_rank, i
   settings.max_in_cpu = zero.offload_param.max_in_cpu;
   settings.parameter_buffer_elements = zero.offload_param.buffer_size;
   settings.parameter_buffer_count = zero.offload_param.buffer_count;
+  settings.engine_on_device = engine_on_device;
   return settings;
 }
 
@@ -143,8 +144,13 @@ bool PartitionPlan::parameters_on_nvme() const {
   return partitioning_.parameters && settings_.parameter_offload == OffloadDevice::nvme;
 }
 
+bool PartitionPlan::parameters_in_host_store() const {
+  return parameters_on_nvme() || (partitioning_.parameters && settings_.engine_on_device &&
+                                  settings_.parameter_offload == OffloadDevice::cpu);
+}
+
 bool PartitionPlan::separate_master() const {
-  return settings_.compute_dtype != DType::fp32 || parameters_on_nvme();
+  return settings_.compute_dtype != DType::fp32 || parameters_in_host_store();
 }
 
 bool PartitionPlan::optimizer_states_on_nvme() const {

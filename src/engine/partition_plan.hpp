@@ -80,12 +80,15 @@ struct PlanSettings {
   std::int64_t parameter_buffer_elements = 100'000'000;
   std::int64_t parameter_buffer_count = 5;
   std::size_t io_alignment = 4096;  // bytes: the swap files' O_DIRECT alignment
+  /// The engine computes on a device (a GPU, the emulated device): offload_param "cpu" then moves
+  /// the pieces off it, into host memory (on the host they are in host memory already).
+  bool engine_on_device = false;
 };
 
 /// The settings of a config on `data_size` data-parallel ranks (rank `data_rank`), tensor group
 /// of `tensor_size`. The single place where the config's ZeRO keys become plan settings.
 PlanSettings plan_settings(const Config& config, int data_size, int data_rank, int tensor_size = 1,
-                           int tensor_rank = 0);
+                           int tensor_rank = 0, bool engine_on_device = false);
 
 /// This rank's part of one parameter as the optimizer sees it (element offsets).
 struct OwnedRange {
@@ -138,9 +141,15 @@ class PartitionPlan {
   /// The gradient buffer: flat at stages 0-1, the reduced shard at stages 2-3.
   std::int64_t gradient_buffer_elements() const;
   /// The optimizer updates an fp32 master apart from the parameters: in bf16/fp16 training and with
-  /// the parameters on NVMe (the update cannot write the swap file in place).
+  /// the parameters in the host store (the update cannot write the swap file in place, and the
+  /// master of a device run stays with the host optimizer).
   bool separate_master() const;
   bool parameters_on_nvme() const;
+  /// Stage 3's pieces live in the parameter store's host memory, not in a shard on the engine's
+  /// device: on NVMe (offload_param "nvme", with the pieces within max_in_cpu in host memory), or
+  /// all in host memory (offload_param "cpu" with the engine on a device). Gathers copy them to the
+  /// device; the host optimizer writes their new values.
+  bool parameters_in_host_store() const;
   /// The master (when separate) and the optimizer's arrays live in the optimizer's swap file.
   bool optimizer_states_on_nvme() const;
   bool master_in_swap() const { return optimizer_states_on_nvme() && separate_master(); }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "kernels/nn_kernels.hpp"
 #include "src/engine/swap_options_from_config.hpp"
@@ -13,16 +14,16 @@ namespace zt::engine_detail {
 
 ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrategy(inputs) {
   const std::size_t element = element_size();
-  // On a device the pieces on NVMe are updated where they are, in the store's host buffers: only the
-  // host optimizer writes there (the device's kernels write device memory), so its master and
+  // On a device the pieces in the host store are updated where they are, in its host memory: only
+  // the host optimizer writes there (the device's kernels write device memory), so its master and
   // states must be on the host too.
   ZT_CHECK_AS(ConfigError,
-              !plan_.parameters_on_nvme() || execution_.device().is_host() ||
+              !plan_.parameters_in_host_store() || execution_.device().is_host() ||
                   plan_.settings().optimizer_offload != OffloadDevice::none,
-              "zero_optimization.offload_param.device \"nvme\" with the engine on ",
-              execution_.device().str(),
+              "zero_optimization.offload_param.device \"", to_string(plan_.settings().parameter_offload),
+              "\" with the engine on ", execution_.device().str(),
               " needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\": the new parameters are "
-              "written into the parameter store's host buffers by the host optimizer, which needs the master "
+              "written into the parameter store's host memory by the host optimizer, which needs the master "
               "and optimizer states on the host (set offload_optimizer.device to \"cpu\" or \"nvme\", or "
               "train on the host)");
   shard_ = execution_.allocate(static_cast<std::size_t>(plan_.parameter_buffer_elements()) * element,
@@ -42,17 +43,22 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
   }
 
   const ZeroConfig& zero = inputs.config.zero_optimization;
-  if (!plan_.parameters_on_nvme()) {
+  if (!plan_.parameters_in_host_store()) {
     store_ = std::make_unique<ParameterStore>(plan_.layout(), dtype_, shard_.as<std::byte>(), execution_);
   } else {
     const OffloadParamConfig& offload = zero.offload_param;
-    ZT_CHECK_AS(ConfigError, offload.nvme_path.has_value(),
-                "zero_optimization.offload_param.nvme_path: required when device is \"nvme\"");
     ParameterStoreOptions options;
     options.dtype = dtype_;
-    options.swap = swap_options_from_config(inputs.config.aio, *offload.nvme_path);
-    options.swap->pin_memory = offload.pin_memory;
-    options.max_in_cpu = offload.max_in_cpu;
+    if (plan_.parameters_on_nvme()) {
+      ZT_CHECK_AS(ConfigError, offload.nvme_path.has_value(),
+                  "zero_optimization.offload_param.nvme_path: required when device is \"nvme\"");
+      options.swap = swap_options_from_config(inputs.config.aio, *offload.nvme_path);
+      options.swap->pin_memory = offload.pin_memory;
+      options.max_in_cpu = offload.max_in_cpu;
+    } else {
+      // offload_param "cpu" on a device: every piece in host memory, no swap file.
+      options.max_in_cpu = std::numeric_limits<std::int64_t>::max();
+    }
     options.buffer_elements = offload.buffer_size;
     options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
     store_ =
@@ -87,7 +93,7 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
 ShardedParameters::~ShardedParameters() = default;
 
 void ShardedParameters::drop_initial_shard() {
-  if (plan_.parameters_on_nvme()) shard_ = Buffer();
+  if (plan_.parameters_in_host_store()) shard_ = Buffer();
 }
 
 void ShardedParameters::begin_forward(bool training) {
@@ -116,21 +122,21 @@ void ShardedParameters::end_of_backward() {
 }
 
 std::byte* ShardedParameters::parameters(std::size_t index) {
-  if (shard_.empty()) return nullptr;  // the pieces live in the parameter store's swap file
+  if (shard_.empty()) return nullptr;  // the pieces live in the parameter store's host memory or swap file
   return shard_.as<std::byte>() +
          static_cast<std::size_t>(plan_.owned()[index].parameter_offset) * element_size();
 }
 
 std::byte* ShardedParameters::update_target(std::size_t index) {
-  return plan_.parameters_on_nvme() ? store_->update_target(index) : parameters(index);
+  return plan_.parameters_in_host_store() ? store_->update_target(index) : parameters(index);
 }
 
 void ShardedParameters::commit(std::size_t index) {
-  if (plan_.parameters_on_nvme()) store_->commit(index);
+  if (plan_.parameters_in_host_store()) store_->commit(index);
 }
 
 void ShardedParameters::after_update() {
-  if (plan_.parameters_on_nvme()) store_->finish_updates();
+  if (plan_.parameters_in_host_store()) store_->finish_updates();
   gatherer_->refresh_persistent();
 }
 

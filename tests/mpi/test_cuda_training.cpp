@@ -196,8 +196,9 @@ TEST(CudaTraining, OffloadsTheOptimizerToNvme) {
 }
 
 /// Stage 3 with the parameters on NVMe too (every piece, through 2 pinned buffers): each gather
-/// copies its pieces from the parameter store's buffers to the device, the host optimizer (states on
-/// NVMe or in host memory) writes the new pieces into them.
+/// copies its pieces from the parameter store's buffers to the device (on the transfer stream, which
+/// the all-gather waits for), the host optimizer (states on NVMe or in host memory) writes the new
+/// pieces into them.
 TEST(CudaTraining, OffloadsTheParametersToNvme) {
   ZT_SKIP_WITHOUT_GPU_PER_RANK();
   zt::testing::JobDirectory directory("zt-cuda-param-nvme", "ZT_TEST_SWAP_DIR");
@@ -222,6 +223,23 @@ TEST(CudaTraining, OffloadsTheParametersToNvme) {
       const bool bf16 = *precision != '\0';
       expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
     }
+  }
+}
+
+/// Stage 3 with offload_param "cpu": every piece in host memory, none on the GPU; each gather copies
+/// its pieces to the device, the host optimizer (offload_optimizer "cpu") writes their new values.
+TEST(CudaTraining, OffloadsTheParametersToHostMemory) {
+  ZT_SKIP_WITHOUT_GPU_PER_RANK();
+  for (const char* precision : {"", kBf16}) {
+    SCOPED_TRACE(std::string("offload_param cpu") + precision);
+    const zt::Config config = config_of(
+        3,
+        R"(, "offload_param": {"device": "cpu", "pin_memory": true}, "offload_optimizer": {"device": "cpu", "pin_memory": true})",
+        precision);
+    const TrainingRun host = train_on(zt::Device::host(), config);
+    const TrainingRun gpu = train_on(zt::testing::gpu_of_this_rank(), config);
+    const bool bf16 = *precision != '\0';
+    expect_close(gpu, host, bf16 ? Tolerance{2e-2, 0.1} : Tolerance{1e-3, 1e-3});
   }
 }
 

@@ -19,6 +19,7 @@
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "offload_configs.hpp"
+#include "test_helpers.hpp"
 #include "zerotrain/checkpoint.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/trainer.hpp"
@@ -98,6 +99,60 @@ TEST(EmulatedParamOffload, TrainsBitwiseAsTheHost) {
       EXPECT_GT(emulated.device_parameters, 0u) << "persistent parameters on the device";
     }
   }
+  expect_no_files_left(directory);
+}
+
+/// offload_param "cpu" with the engine on a device moves the pieces off it, into host memory (on the
+/// host engine it changes nothing): every gather copies them to the device, the host optimizer
+/// writes their new values there, no swap file is made, and the run is bitwise the host's with the
+/// same config, with the optimizer in host memory or on NVMe; between steps the device holds no
+/// piece of the shard. Without offload_optimizer the engine says which keys to set.
+TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
+  zt::testing::JobDirectory directory("zt-emulated-param-cpu", "ZT_TEST_SWAP_DIR");
+  const std::string path = directory.path();
+  struct CpuCase {
+    const char* name;
+    const char* optimizer;
+    const char* precision;
+    std::string optimizer_offload;
+    std::string zero;
+  };
+  const CpuCase cases[] = {
+      {"fp32 sgd, optimizer cpu", kSgd, "", offload_section("cpu", ""), ""},
+      {"bf16 adamw, optimizer on nvme", kAdamW, kBf16, offload_section("nvme", path), ""},
+      {"bf16 adamw, optimizer cpu, small prefetch window, persistent parameters", kAdamW, kBf16,
+       offload_section("cpu", ""),
+       R"(, "stage3_prefetch_bucket_size": 3000, "stage3_max_live_parameters": 20000, )"
+       R"("stage3_param_persistence_threshold": 100)"},
+  };
+  for (const CpuCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const zt::Config config =
+        config_for(3, param_section("cpu") + ", " + c.optimizer_offload, c.optimizer, c.precision, c.zero);
+    const ParamOffloadRun host = param_offload_run_on(zt::Device::host(), config);
+    const ParamOffloadRun emulated = param_offload_run_on(zt::Device::emulated(), config);
+    expect_same_run(host.result, emulated.result, std::string(c.name) + ": host vs emulated");
+    EXPECT_LT(host.result.losses.back(), host.result.losses.front());
+    EXPECT_EQ(emulated.placement.device, zt::OffloadDevice::cpu);
+    EXPECT_EQ(emulated.placement.nvme_elements, 0);
+    EXPECT_GT(emulated.placement.host_elements, 0);
+    EXPECT_TRUE(emulated.placement.swap_file.empty()) << emulated.placement.swap_file;
+    EXPECT_EQ(emulated.last_offload.parameter_bytes_read, 0u) << "nothing read from NVMe";
+    if (c.zero.find("persistence") == std::string::npos) {
+      EXPECT_EQ(emulated.device_parameters, 0u) << "parameter bytes left on the device";
+    } else {
+      EXPECT_GT(emulated.device_parameters, 0u) << "persistent parameters on the device";
+    }
+  }
+  // Without the host optimizer: a clear error, as with "nvme".
+  const zt::Config alone = config_for(3, param_section("cpu"));
+  auto model = zt::build_model(alone);
+  const std::string message = zt::testing::error_of(
+      [&] { zt::Engine engine(zt::testing::runtime(), *model, alone, {.device = zt::Device::emulated()}); });
+  EXPECT_NE(message.find("zero_optimization.offload_param.device \"cpu\" with the engine on emulated:0 "
+                         "needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\""),
+            std::string::npos)
+      << message;
   expect_no_files_left(directory);
 }
 
