@@ -106,7 +106,8 @@ TEST(EmulatedParamOffload, TrainsBitwiseAsTheHost) {
 /// host engine it changes nothing): every gather copies them to the device, the host optimizer
 /// writes their new values there, no swap file is made, and the run is bitwise the host's with the
 /// same config, with the optimizer in host memory or on NVMe; between steps the device holds no
-/// piece of the shard. Without offload_optimizer the engine says which keys to set.
+/// piece of the shard; checkpoints move between it and the host. Without offload_optimizer the
+/// engine says which keys to set.
 TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
   zt::testing::JobDirectory directory("zt-emulated-param-cpu", "ZT_TEST_SWAP_DIR");
   const std::string path = directory.path();
@@ -154,6 +155,34 @@ TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
             std::string::npos)
       << message;
   expect_no_files_left(directory);
+
+  // Checkpoints move between it and the host in memory, resuming bitwise (the pieces are written
+  // through the store on the load, read from it for the gathers after it).
+  zt::testing::JobDirectory checkpoints("zt-emulated-param-cpu-checkpoint");
+  constexpr int kSaveAt = 3;  // after the first update that moves the parameters
+  const zt::Config cpu = config_for(3, param_section("cpu") + ", " + offload_section("cpu", ""), kSgd);
+  const zt::Config in_memory = config_for(3, "", kSgd);
+  const RunResult uninterrupted = param_offload_run_on(zt::Device::emulated(), cpu).result;
+  struct Direction {
+    const char* name;
+    const zt::Config& saver;
+    zt::Device saver_device;
+    const zt::Config& loader;
+    zt::Device loader_device;
+  };
+  const Direction directions[] = {
+      {"emulated cpu -> emulated cpu", cpu, zt::Device::emulated(), cpu, zt::Device::emulated()},
+      {"emulated cpu -> host in memory", cpu, zt::Device::emulated(), in_memory, zt::Device::host()},
+      {"host in memory -> emulated cpu", in_memory, zt::Device::host(), cpu, zt::Device::emulated()},
+  };
+  for (std::size_t d = 0; d < std::size(directions); ++d) {
+    const Direction& direction = directions[d];
+    expect_same_run(uninterrupted,
+                    run_through_checkpoint(direction.saver, direction.loader, kSaveAt, kSteps - kSaveAt,
+                                           checkpoints.path() + "/" + std::to_string(d),
+                                           direction.saver_device, direction.loader_device),
+                    direction.name);
+  }
 }
 
 /// A checkpoint of the emulated engine with its parameters (and optimizer) on NVMe: resumed on the
