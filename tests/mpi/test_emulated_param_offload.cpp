@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "engine_runs.hpp"
@@ -55,6 +56,30 @@ ParamOffloadRun param_offload_run_on(zt::Device device, const zt::Config& config
                           before[zt::MemoryCategory::parameters].current;
   run.result.master = real_master_parameters(engine);
   return run;
+}
+
+/// One way a checkpoint travels: saved by `saver` on its device, loaded by `loader` on its.
+struct CheckpointDirection {
+  const char* name;
+  const zt::Config& saver;
+  zt::Device saver_device;
+  const zt::Config& loader;
+  zt::Device loader_device;
+};
+
+/// Each direction's checkpoint, saved after `save_at` steps under `base`-<its index> and resumed to
+/// kSteps, gives the uninterrupted run bit for bit.
+void expect_every_direction_resumes(const RunResult& uninterrupted,
+                                    std::span<const CheckpointDirection> directions, int save_at,
+                                    const std::string& base) {
+  for (std::size_t d = 0; d < directions.size(); ++d) {
+    const CheckpointDirection& direction = directions[d];
+    expect_same_run(uninterrupted,
+                    run_through_checkpoint(direction.saver, direction.loader, save_at, kSteps - save_at,
+                                           base + "-" + std::to_string(d), direction.saver_device,
+                                           direction.loader_device),
+                    direction.name);
+  }
 }
 
 /// The same config on the host and on the emulated device: fp32 (the engine keeps a separate fp32
@@ -163,26 +188,12 @@ TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
   const zt::Config cpu = config_for(3, param_section("cpu") + ", " + offload_section("cpu", ""), kSgd);
   const zt::Config in_memory = config_for(3, "", kSgd);
   const RunResult uninterrupted = param_offload_run_on(zt::Device::emulated(), cpu).result;
-  struct Direction {
-    const char* name;
-    const zt::Config& saver;
-    zt::Device saver_device;
-    const zt::Config& loader;
-    zt::Device loader_device;
-  };
-  const Direction directions[] = {
+  const CheckpointDirection directions[] = {
       {"emulated cpu -> emulated cpu", cpu, zt::Device::emulated(), cpu, zt::Device::emulated()},
       {"emulated cpu -> host in memory", cpu, zt::Device::emulated(), in_memory, zt::Device::host()},
       {"host in memory -> emulated cpu", in_memory, zt::Device::host(), cpu, zt::Device::emulated()},
   };
-  for (std::size_t d = 0; d < std::size(directions); ++d) {
-    const Direction& direction = directions[d];
-    expect_same_run(uninterrupted,
-                    run_through_checkpoint(direction.saver, direction.loader, kSaveAt, kSteps - kSaveAt,
-                                           checkpoints.path() + "/" + std::to_string(d),
-                                           direction.saver_device, direction.loader_device),
-                    direction.name);
-  }
+  expect_every_direction_resumes(uninterrupted, directions, kSaveAt, checkpoints.path() + "/cpu");
 }
 
 /// A checkpoint of the emulated engine with its parameters (and optimizer) on NVMe: resumed on the
@@ -209,27 +220,13 @@ TEST(EmulatedParamOffload, CheckpointsMoveBetweenTheDeviceTheHostAndWorldSizes) 
     const std::string base = directory.path() + (*precision ? "/bf16" : "/fp32");
 
     const RunResult uninterrupted = param_offload_run_on(emulated, nvme).result;
-    struct Direction {
-      const char* name;
-      const zt::Config& saver;
-      zt::Device saver_device;
-      const zt::Config& loader;
-      zt::Device loader_device;
-    };
-    const Direction directions[] = {
+    const CheckpointDirection directions[] = {
         {"emulated nvme -> emulated nvme", nvme, emulated, nvme, emulated},
         {"emulated nvme -> host nvme", nvme, emulated, nvme, host},
         {"emulated nvme -> host in memory", nvme, emulated, in_memory, host},
         {"host in memory -> emulated nvme", in_memory, host, nvme, emulated},
     };
-    for (std::size_t d = 0; d < std::size(directions); ++d) {
-      const Direction& direction = directions[d];
-      expect_same_run(uninterrupted,
-                      run_through_checkpoint(direction.saver, direction.loader, kSaveAt, kSteps - kSaveAt,
-                                             base + "-" + std::to_string(d), direction.saver_device,
-                                             direction.loader_device),
-                      direction.name);
-    }
+    expect_every_direction_resumes(uninterrupted, directions, kSaveAt, base);
 
     // The emulated NVMe checkpoint of step kSaveAt (saved by run_through_checkpoint above) loaded by
     // one rank on the emulated device with its parameters on NVMe, and by the host in memory.
