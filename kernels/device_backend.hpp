@@ -29,6 +29,20 @@ void cuda_event_record(void* event, void* stream);
 void cuda_event_synchronize(void* event);
 bool cuda_event_query(void* event);
 void cuda_set_device(int device_index);
+/// Makes CUDA device `device_index` current on the calling thread for the scope, restoring the
+/// previous one: kernel launches and the libraries' handles follow the thread's current device, and a
+/// thread starts on device 0 whatever device its rank was bound to. Errors are ignored (it also runs in
+/// noexcept frees; a failing device shows at the next checked call). Does nothing without CUDA.
+class CudaDeviceScope {
+ public:
+  explicit CudaDeviceScope(int device_index) noexcept;
+  ~CudaDeviceScope();
+  CudaDeviceScope(const CudaDeviceScope&) = delete;
+  CudaDeviceScope& operator=(const CudaDeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;  // the device to restore; -1: none
+};
 CudaStatus query_cuda_status();
 /// cudaMemGetInfo on `device_index`: {free, total} bytes.
 DeviceMemoryInfo cuda_memory_info(int device_index);

@@ -54,6 +54,8 @@ bool cuda_event_query(void*) {
 void cuda_set_device(int) {
   no_cuda("selecting a CUDA device");
 }
+CudaDeviceScope::CudaDeviceScope(int) noexcept {}
+CudaDeviceScope::~CudaDeviceScope() = default;
 std::string cuda_device_pci_bus_id(int) noexcept {
   return {};
 }

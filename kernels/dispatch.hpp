@@ -12,14 +12,15 @@
 //     with the CUDA lambda inside #if ZT_HAVE_CUDA, and no_cuda_kernel in its place otherwise.
 // By device: the host runs the host kernel; the emulated device runs the host kernel inside the
 // device API's access (its memory is readable only there, kernels/emulated_device.hpp); CUDA runs
-// the CUDA kernel on the stream. Adding the CUDA version later changes the family's .cpp, never its
-// callers. Until a family has one, pass no_cuda_kernel and a call on a CUDA device raises a clear
-// error naming the kernel.
+// the CUDA kernel on the stream, with the stream's device made current on the calling thread. Adding
+// the CUDA version later changes the family's .cpp, never its callers. Until a family has one, pass
+// no_cuda_kernel and a call on a CUDA device raises a clear error naming the kernel.
 #pragma once
 
 #include <type_traits>
 #include <utility>
 
+#include "kernels/device_backend.hpp"
 #include "kernels/emulated_device.hpp"
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
@@ -47,6 +48,8 @@ decltype(auto) dispatch(const Stream& stream, const char* kernel_name, HostKerne
                   ": zerotrain was built without CUDA");
     }
   } else {
+    // On the stream's device, whichever thread calls (a launch on another device's stream fails).
+    const detail::CudaDeviceScope current(device.index);
     return std::forward<CudaKernel>(cuda_kernel)(stream.native());
   }
 }

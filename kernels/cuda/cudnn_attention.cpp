@@ -63,6 +63,7 @@
 
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/cudnn_library.hpp"
+#include "kernels/cuda/never_destroyed.hpp"
 #include "kernels/cuda/stream_scratch.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
@@ -77,6 +78,9 @@ enum class Direction { forward, backward };
 /// results; up to 9.15: a padding mask added when T is not a multiple of 128).
 constexpr std::size_t kOldestForwardVersion = 90000;
 constexpr std::size_t kOldestBackwardVersion = 91600;
+/// cudnn-frontend refuses 16-bit attention, both directions, on these (known bugs).
+constexpr std::size_t kFirstBrokenVersion = 91000;
+constexpr std::size_t kFirstFixedVersion = 91002;
 
 /// Plans wanting more workspace than this are refused (the deterministic backward's dP workspace is
 /// about B H T^2 2 bytes: 200 MB for GPT-2 small at batch 8, T 1024).
@@ -596,8 +600,10 @@ void build_backward(GraphBuilder& graph, const Layouts& layouts, cudnnDataType_t
       graph.pointwise({.mode = CUDNN_POINTWISE_MUL, .x = unscaled, .b = t.scale}, layouts.scores);
   graph.matmul(graph.reshape(grad_scores, layouts.scores_transposed, io), t.q, grad_k);
 
-  // dQ = dS K, written by the matmul itself (the deterministic graph; see the top).
-  graph.matmul(grad_scores, graph.reshape(t.k_transposed, layouts.qkv, io), grad_q);
+  // dQ = dS K, written by the matmul itself (the deterministic graph; see the top). K's view is a
+  // virtual tensor of the intermediate type, fp32, as cudnn-frontend's "reshape_k" (its type unset,
+  // filled from the context); only the views feeding dV and dK are declared in the I/O type.
+  graph.matmul(grad_scores, graph.reshape(t.k_transposed, layouts.qkv, CUDNN_DATA_FLOAT), grad_q);
 }
 
 // ---- handles and the plan cache -----------------------------------------------------------------
@@ -617,9 +623,9 @@ struct DeviceContext {
 
 DeviceContext& device_context(int device) {
   static std::mutex mutex;
-  static std::map<int, std::unique_ptr<DeviceContext>> contexts;
+  static NeverDestroyed<std::map<int, std::unique_ptr<DeviceContext>>> contexts;
   const std::lock_guard lock(mutex);
-  std::unique_ptr<DeviceContext>& context = contexts[device];
+  std::unique_ptr<DeviceContext>& context = (*contexts)[device];
   if (!context) {
     context = std::make_unique<DeviceContext>();
     ZT_CHECK_CUDA(cudaDeviceGetAttribute(&context->compute_major, cudaDevAttrComputeCapabilityMajor, device));
@@ -648,10 +654,10 @@ struct PlanKey {
 /// The plan for `key`, made on first use; null (remembered) when cuDNN refuses the key.
 const Plan* find_plan(const PlanKey& key, const AttentionShape& shape, cudnnHandle_t handle) {
   static std::mutex mutex;
-  static std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  static NeverDestroyed<std::map<PlanKey, std::unique_ptr<Plan>>> plans;
   const std::lock_guard lock(mutex);
-  const auto found = plans.find(key);
-  if (found != plans.end()) return found->second.get();
+  const auto found = plans->find(key);
+  if (found != plans->end()) return found->second.get();
   std::unique_ptr<Plan> plan;
   try {
     GraphBuilder graph(handle);
@@ -669,7 +675,7 @@ const Plan* find_plan(const PlanKey& key, const AttentionShape& shape, cudnnHand
                                   refusal.reason));
     plan.reset();
   }
-  return plans.emplace(key, std::move(plan)).first->second.get();
+  return plans->emplace(key, std::move(plan)).first->second.get();
 }
 
 /// One tensor the variant pack binds: its uid and address.
@@ -683,15 +689,19 @@ struct Binding {
   ZT_THROW_AS(CudaError, describe(direction, dtype, shape), ": ", call, " failed: ", status_text(status));
 }
 
+/// Whether cuDNN `version` (0: not loaded) is taken for `direction` at all.
+bool version_takes(Direction direction, std::size_t version) {
+  if (version == 0) return false;
+  if (version < (direction == Direction::forward ? kOldestForwardVersion : kOldestBackwardVersion))
+    return false;
+  return version < kFirstBrokenVersion || version >= kFirstFixedVersion;
+}
+
 /// Runs a call that call_supported() accepted through cuDNN when it takes it; false (nothing written)
 /// otherwise. `bindings` are the call's tensors, without the scalars and the workspace's softmax_sum.
 bool run(Direction direction, DType dtype, const AttentionShape& shape, std::vector<Binding> bindings,
          void* native_stream) {
-  if (!enabled_by_environment()) return false;
-  const std::size_t version = loaded_version();
-  if (version == 0) return false;
-  if (version < (direction == Direction::forward ? kOldestForwardVersion : kOldestBackwardVersion))
-    return false;
+  if (!enabled_by_environment() || !version_takes(direction, loaded_version())) return false;
   for (const Binding& binding : bindings)
     if (!aligned(binding.data)) return false;
 
@@ -703,6 +713,9 @@ bool run(Direction direction, DType dtype, const AttentionShape& shape, std::vec
   // Blackwell: no deterministic backward without cudnn-frontend's engine pinning (see the top).
   if (direction == Direction::backward && (context.compute_major == 10 || context.compute_major == 11))
     return false;
+  // The handle is one thread's at a time (cuDNN's rule): the plan's finalization below uses it too.
+  // Lock order: the context's, then the plan cache's.
+  const std::lock_guard lock(context.mutex);
   const PlanKey key{device, dtype, shape.batch, shape.seq_len, shape.n_head, shape.head_dim, direction};
   const Plan* plan = find_plan(key, shape, context.handle.get());
   if (plan == nullptr) return false;
@@ -746,7 +759,6 @@ bool run(Direction direction, DType dtype, const AttentionShape& shape, std::vec
   if (status != CUDNN_STATUS_SUCCESS)
     throw_execution_error(direction, dtype, shape, "cudnnBackendFinalize (variant pack)", status);
 
-  const std::lock_guard lock(context.mutex);
   status = dnn::cudnnSetStream(context.handle.get(), stream);
   if (status != CUDNN_STATUS_SUCCESS)
     throw_execution_error(direction, dtype, shape, "cudnnSetStream", status);
@@ -794,6 +806,12 @@ bool attention_backward(DType dtype, const void* grad_output, const void* qkv, c
              stream);
 }
 
+TakenDirections taken_directions() {
+  if (!dnn::loaded() || !enabled_by_environment()) return {};
+  const std::size_t version = loaded_version();
+  return {version_takes(Direction::forward, version), version_takes(Direction::backward, version)};
+}
+
 std::string attention_status() {
   if (!dnn::loaded()) return "not used: " + dnn::load_error() + "; our own attention kernel runs";
   const std::size_t version = loaded_version();
@@ -807,6 +825,10 @@ std::string attention_status() {
   if (!enabled) return text + ": fused attention off (ZT_CUDNN_ATTENTION=0); our own attention kernel runs";
   if (version < kOldestForwardVersion)
     return text + ": older than " + version_text(kOldestForwardVersion) + "; our own attention kernel runs";
+  if (version >= kFirstBrokenVersion && version < kFirstFixedVersion)
+    return text + ": known wrong 16-bit attention (cudnn-frontend refuses " +
+           version_text(kFirstBrokenVersion) + " and " + version_text(kFirstBrokenVersion + 1) +
+           "); our own attention kernel runs";
   text += ": fused attention for bf16/fp16, head_dim a multiple of 8 up to 128 (forward";
   text +=
       version < kOldestBackwardVersion
@@ -830,6 +852,9 @@ bool attention_forward(DType, const void*, void*, void*, const AttentionShape&, 
 bool attention_backward(DType, const void*, const void*, const void*, const void*, void*,
                         const AttentionShape&, void*) {
   return false;
+}
+TakenDirections taken_directions() {
+  return {};
 }
 std::string attention_status() {
   return "not compiled: no cuDNN headers (cudnn_graph.h) when zerotrain was built; our own attention kernel "

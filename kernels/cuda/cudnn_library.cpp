@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "kernels/cuda/never_destroyed.hpp"
 #include "kernels/cuda/shared_library.hpp"
 
 namespace zt::kernels::cuda::dnn {
@@ -14,9 +15,11 @@ namespace {
 /// within a major version). It loads its sub-libraries (libcudnn_graph, libcudnn_engines_*, ...) from
 /// its own directory.
 const SharedLibrary& library() {
-  static const SharedLibrary cudnn("libcudnn.so." + std::to_string(CUDNN_MAJOR),
-                                   "the cuDNN fused attention (our own attention kernel runs without it)");
-  return cudnn;
+  // Never closed: the cuDNN handles and plans, never destroyed either, live in it.
+  static NeverDestroyed<const SharedLibrary> cudnn(
+      "libcudnn.so." + std::to_string(CUDNN_MAJOR),
+      "the cuDNN fused attention (our own attention kernel runs without it)");
+  return *cudnn;
 }
 
 }  // namespace

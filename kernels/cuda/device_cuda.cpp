@@ -15,35 +15,21 @@
 
 #include "kernels/block_cache.hpp"
 #include "kernels/cuda/cuda_common.hpp"
+#include "kernels/cuda/never_destroyed.hpp"
 #include "kernels/device_backend.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::detail {
 namespace {
 using kernels::cuda::as_cuda_stream;
+using kernels::cuda::NeverDestroyed;
 
 void require_usable(const char* what) {
   const CudaStatus& status = cuda_status();
   if (!status.usable()) ZT_THROW_AS(CudaError, what, ": no usable CUDA device (", status.reason, ")");
 }
 
-/// Makes `index` the current device for a scope and restores the previous one; errors are ignored
-/// (it also runs in noexcept frees, and a failing device shows at the next checked call).
-class DeviceScope {
- public:
-  explicit DeviceScope(int index) noexcept {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != index) cudaSetDevice(index);
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = -1;
-};
+using DeviceScope = CudaDeviceScope;
 
 std::uint64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attribute) noexcept {
   std::uint64_t value = 0;
@@ -80,7 +66,7 @@ class LiveStreams {
 };
 /// Never destroyed: buffers may be freed during static destruction.
 LiveStreams& live_streams() {
-  static auto* streams = new LiveStreams();
+  static NeverDestroyed<LiveStreams> streams;
   return *streams;
 }
 
@@ -174,7 +160,7 @@ struct DeviceAllocators {
 };
 /// Never destroyed: buffers may be freed during static destruction.
 DeviceAllocators& device_allocators() {
-  static auto* allocators = new DeviceAllocators();
+  static NeverDestroyed<DeviceAllocators> allocators;
   return *allocators;
 }
 
@@ -312,7 +298,7 @@ class CudaPinnedAllocator final : public Allocator {
 
 /// Never destroyed: pinned buffers may be freed during static destruction.
 CudaPinnedAllocator& pinned_allocator() {
-  static auto* allocator = new CudaPinnedAllocator();
+  static NeverDestroyed<CudaPinnedAllocator> allocator;
   return *allocator;
 }
 
@@ -422,6 +408,16 @@ bool cuda_event_query(void* event) {
   if (status == cudaErrorNotReady) return false;
   ZT_CHECK_CUDA(status);
   return true;
+}
+
+CudaDeviceScope::CudaDeviceScope(int device_index) noexcept {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current == device_index) return;
+  if (cudaSetDevice(device_index) == cudaSuccess) previous_ = current;
+}
+
+CudaDeviceScope::~CudaDeviceScope() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
 }
 
 void cuda_set_device(int device_index) {

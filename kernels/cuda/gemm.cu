@@ -36,6 +36,7 @@
 #include "kernels/cuda/cublaslt_library.hpp"
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/never_destroyed.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
 
@@ -119,9 +120,9 @@ class StreamDeviceScope : public CurrentDeviceScope {
 
 cublasLtHandle_t lt_handle(int device, const GemmContext& gemm) {
   static std::mutex mutex;
-  static std::map<int, LtHandle> handles;
+  static NeverDestroyed<std::map<int, LtHandle>> handles;
   const std::lock_guard lock(mutex);
-  LtHandle& handle = handles[device];
+  LtHandle& handle = (*handles)[device];
   if (!handle) {
     cublasLtHandle_t created = nullptr;
     ZT_CHECK_CUBLAS(lt::cublasLtCreate(&created), gemm);
@@ -135,9 +136,9 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
 void* stream_workspace(int device, cudaStream_t stream) {
   static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, DeviceMemory> workspaces;
+  static NeverDestroyed<std::map<std::pair<int, cudaStream_t>, DeviceMemory>> workspaces;
   const std::lock_guard lock(mutex);
-  DeviceMemory& workspace = workspaces[{device, stream}];
+  DeviceMemory& workspace = (*workspaces)[{device, stream}];
   if (!workspace) {
     void* allocated = nullptr;
     const cudaError_t status = cudaMalloc(&allocated, kWorkspaceBytes);
@@ -300,11 +301,11 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, const void* bias, cublas
 /// Finds or makes the plan; null (remembered too) when cuBLASLt has no algorithm for the key.
 GemmPlan* find_plan(const GemmKey& key, const void* bias, cublasLtHandle_t handle, const GemmContext& gemm) {
   static std::mutex mutex;
-  static std::map<GemmKey, std::unique_ptr<GemmPlan>> plans;
+  static NeverDestroyed<std::map<GemmKey, std::unique_ptr<GemmPlan>>> plans;
   const std::lock_guard lock(mutex);
-  const auto found = plans.find(key);
-  if (found != plans.end()) return found->second.get();
-  return plans.emplace(key, make_plan(key, bias, handle, gemm)).first->second.get();
+  const auto found = plans->find(key);
+  if (found != plans->end()) return found->second.get();
+  return plans->emplace(key, make_plan(key, bias, handle, gemm)).first->second.get();
 }
 
 /// Enqueues the GEMM on the stream. Returns false, having done nothing, when cuBLASLt has no algorithm

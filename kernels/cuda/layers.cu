@@ -329,7 +329,9 @@ __global__ void __launch_bounds__(kRowThreads)
     C max_value = C(-infinity()), sum = 0;
     for (std::int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
       const C x = load_float(&row[v]);
-      if (x > max_value) {
+      // Written so that a NaN takes this branch: it makes the sum NaN for good, as on the host
+      // (x > max_value would skip a NaN seen first and report a finite loss).
+      if (!(x <= max_value)) {
         sum = sum * exp(max_value - x) + C(1);
         max_value = x;
       } else if (max_value != C(-infinity())) {
