@@ -338,6 +338,9 @@ tests, build, source, mpiexec = json.load(open(sys.argv[1]))["tests"], sys.argv[
 def rewrite(arg):
     return "@MPIEXEC@" if arg == mpiexec else arg.replace(build + "/bin", "@BIN@").replace(source, "@SRC@")
 problems = []
+# The training comparisons last: the longest, so that the deadline for the tests cuts them, not the
+# kernel and NCCL tests (a stable sort keeps ctest's order otherwise).
+tests.sort(key=lambda test: test["name"].startswith("mpi.cuda_training"))
 for test in tests:
     properties = {p["name"]: p["value"] for p in test.get("properties", [])}
     if not test.get("command"):

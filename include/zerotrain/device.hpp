@@ -254,13 +254,15 @@ class Event {
 };
 
 /// Copy bytes between any two devices; asynchronous on `stream` when a CUDA device is involved
-/// (synchronous without a stream). Emulated memory is copied inside the device API's access; a copy
+/// (without one: synchronous, after the work queued on the CUDA device's every stream, as
+/// Tensor::item_as_double). Emulated memory is copied inside the device API's access; a copy
 /// between a CUDA device and the emulated device is an error.
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream = nullptr);
 
 /// Set `bytes` bytes at `destination` on `device` to zero; asynchronous on `stream` on a CUDA device
-/// (cudaMemsetAsync; synchronous without a stream).
+/// (cudaMemsetAsync; without a stream: synchronous, after the work queued on the device's every
+/// stream).
 void zero_bytes(void* destination, Device device, std::size_t bytes, const Stream* stream = nullptr);
 
 }  // namespace zt

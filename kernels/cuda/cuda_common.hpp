@@ -57,6 +57,15 @@ inline int stream_device(cudaStream_t stream) {
   return device;
 }
 
+/// cudaEventQuery, with a "not ready" answer kept out of the thread's last error, which the next
+/// ZT_CHECK_LAUNCH reads (HIP records it there, as PyTorch notes; clearing costs nothing where CUDA
+/// does not, and every launch is checked at once, so no other error is lost).
+inline cudaError_t query_event(cudaEvent_t event) {
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaErrorNotReady) (void)cudaGetLastError();
+  return status;
+}
+
 /// Makes `device` current for the scope, restoring the caller's on exit: kernel launches, library
 /// handles (cuBLASLt, cuDNN), their heuristics and plans follow the current device.
 class CurrentDeviceScope {

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -30,6 +31,19 @@ void require_usable(const char* what) {
 }
 
 using DeviceScope = CudaDeviceScope;
+
+/// The device cuda_set_device bound this process to (the runtime's, one GPU per rank), -1 before:
+/// what a free without a stream waits for, from whichever thread it runs.
+std::atomic<int> bound_device{-1};
+
+/// cudaDeviceSynchronize on the bound device (the current one before any binding): every stream's
+/// work, the non-blocking ones too, which the legacy default stream does not wait for.
+cudaError_t synchronize_bound_device() noexcept {
+  const int device = bound_device.load();
+  const std::optional<CudaDeviceScope> scope =
+      device >= 0 ? std::optional<CudaDeviceScope>(std::in_place, device) : std::nullopt;
+  return cudaDeviceSynchronize();
+}
 
 std::uint64_t pool_attribute(cudaMemPool_t pool, cudaMemPoolAttr attribute) noexcept {
   std::uint64_t value = 0;
@@ -205,7 +219,9 @@ class CudaPinnedAllocator final : public Allocator {
   }
 
   void deallocate(void* pointer, std::size_t bytes) noexcept override {
-    cudaDeviceSynchronize();  // copies from or to the block are done (one GPU per process)
+    // Copies from or to the block are done: on the process's GPU (one per rank), which need not be
+    // the calling thread's current device (a thread starts on device 0).
+    synchronize_bound_device();
     keep({pointer, pinned_size_class(bytes), nullptr});
   }
 
@@ -233,7 +249,7 @@ class CudaPinnedAllocator final : public Allocator {
 
  private:
   static bool event_reached(void* event) {
-    return cudaEventQuery(static_cast<cudaEvent_t>(event)) == cudaSuccess;
+    return kernels::cuda::query_event(static_cast<cudaEvent_t>(event)) == cudaSuccess;
   }
 
   static std::size_t default_capacity() {
@@ -372,12 +388,18 @@ void cuda_stream_wait_event(void* stream, void* event) {
 
 void cuda_zero(void* destination, std::size_t bytes, void* stream) {
   require_usable("zeroing CUDA device memory");
+  // Without a stream: after the work queued on every stream, finished on return (as item_as_double).
+  if (stream == nullptr) ZT_CHECK_CUDA(synchronize_bound_device());
   ZT_CHECK_CUDA(cudaMemsetAsync(destination, 0, bytes, static_cast<cudaStream_t>(stream)));
   if (stream == nullptr) ZT_CHECK_CUDA(cudaStreamSynchronize(nullptr));
 }
 
 void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream) {
   require_usable("copying to or from a CUDA device");
+  // Without a stream: after the work queued on every stream (the legacy default stream alone does not
+  // wait for the non-blocking ones, so a clone() could read a kernel's output half written), finished
+  // on return.
+  if (stream == nullptr) ZT_CHECK_CUDA(synchronize_bound_device());
   ZT_CHECK_CUDA(
       cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
   if (stream == nullptr) ZT_CHECK_CUDA(cudaStreamSynchronize(nullptr));
@@ -404,7 +426,7 @@ void cuda_event_synchronize(void* event) {
 }
 
 bool cuda_event_query(void* event) {
-  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  const cudaError_t status = kernels::cuda::query_event(static_cast<cudaEvent_t>(event));
   if (status == cudaErrorNotReady) return false;
   ZT_CHECK_CUDA(status);
   return true;
@@ -423,11 +445,12 @@ CudaDeviceScope::~CudaDeviceScope() {
 void cuda_set_device(int device_index) {
   require_usable("selecting a CUDA device");
   ZT_CHECK_CUDA(cudaSetDevice(device_index));
+  bound_device.store(device_index);
 }
 
 DeviceMemoryInfo cuda_memory_info(int device_index) {
   require_usable("reading a CUDA device's memory");
-  ZT_CHECK_CUDA(cudaSetDevice(device_index));
+  const kernels::cuda::CurrentDeviceScope scope(device_index);  // checked: a bad index throws
   std::size_t free = 0, total = 0;
   ZT_CHECK_CUDA(cudaMemGetInfo(&free, &total));
   return {free, total};

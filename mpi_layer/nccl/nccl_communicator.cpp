@@ -30,6 +30,14 @@ namespace {
 using base::Clock;
 using base::seconds_since;
 
+/// cudaEventQuery, with a "not ready" answer kept out of the thread's last error, which a later
+/// kernel launch's check reads (as kernels/cuda's query_event; HIP records it there).
+cudaError_t query_event(cudaEvent_t event) {
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaErrorNotReady) (void)cudaGetLastError();
+  return status;
+}
+
 std::byte* at(void* pointer, std::size_t bytes) {
   return static_cast<std::byte*>(pointer) + bytes;
 }
@@ -311,8 +319,8 @@ class NcclCommunicator final : public Communicator {
       }
     }  // the host may wait long below: the watchdog's abort must not wait for that
     const cudaError_t error = cudaStreamSynchronize(stream());
+    stop_if_aborted();  // an aborted operation's wait may return success with nothing done
     if (error != cudaSuccess) {
-      if (aborted_.load()) wait_for_the_job_to_end();
       check_async_error();
       raise_cuda(__FILE__, __LINE__,
                  std::string("cudaStreamSynchronize after ") + std::string(comm_op_name(op)), name(), error);
@@ -353,7 +361,7 @@ class NcclCommunicator final : public Communicator {
   /// stream: they complete in order). Callers have made the device current.
   void retire_completed() {
     const std::lock_guard lock(pending_mutex_);
-    while (!pending_.empty() && cudaEventQuery(pending_.front().done->get()) == cudaSuccess) {
+    while (!pending_.empty() && query_event(pending_.front().done->get()) == cudaSuccess) {
       in_flight_list().finish(pending_.front().token);
       pending_.pop_front();
     }
@@ -400,6 +408,12 @@ class NcclCommunicator final : public Communicator {
   /// sees its operation fail) waits for the end instead of running on with unfinished results.
   [[noreturn]] void wait_for_the_job_to_end() const {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+
+  /// After the watchdog's abort: never run on with what the aborted operations left (a wait for
+  /// them may return success).
+  void stop_if_aborted() const {
+    if (aborted_.load()) wait_for_the_job_to_end();
   }
 
   void check_async_error() const {
@@ -511,17 +525,19 @@ class NcclCommunicator::Event final : public Work::State {
       comm_.check_async_error();
     } else {
       const cudaError_t error = cudaEventSynchronize(event_->get());
+      comm_.stop_if_aborted();
       if (error != cudaSuccess) fail(error);
     }
     comm_.record(op_, payload_bytes_, seconds_since(start_));
   }
 
   bool test() override {
-    const cudaError_t error = cudaEventQuery(event_->get());
+    const cudaError_t error = query_event(event_->get());
     if (error == cudaErrorNotReady) {
       comm_.check_async_error();  // a stuck operation may be a failed one
       return false;
     }
+    comm_.stop_if_aborted();
     if (error != cudaSuccess) fail(error);
     comm_.record(op_, payload_bytes_, seconds_since(start_));
     return true;

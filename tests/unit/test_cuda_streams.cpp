@@ -74,6 +74,9 @@ TEST(CudaStreams, CheckpointInputsKeptOnTheHostGiveTheSameBits) {
     gpt.run_backward(second_loss.gradient(0.5), {.execution = &context, .micro_batch = 1});
     const zt::Loss first_loss = zt::cross_entropy_loss(first, tokens, context);
     gpt.run_backward(first_loss.gradient(0.5), {.execution = &context, .micro_batch = 0});
+    // The clones below copy on the legacy default stream, which does not wait for the compute stream
+    // (non-blocking): the backward's last gradients must be written first.
+    context.synchronize();
     EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host)[MemoryCategory::activations].current, host_before);
     logits.push_back(first.clone());
     losses.push_back(second_loss.value.clone());
