@@ -101,9 +101,10 @@ struct StepReport {
 /// Where this rank's fp32 master weights (bf16/fp16 training) and optimizer states live
 /// (zero_optimization.offload_optimizer; docs/offload.md).
 struct OptimizerStatesPlacement {
-  /// none and cpu: host memory (this build trains on the host, so both are the same place); nvme:
-  /// the rank's swap file, streamed through `buffer_bytes` of host memory one sub-group at a time.
+  /// none: the engine's device (`memory`); cpu: host memory; nvme: the rank's swap file, streamed
+  /// through `buffer_bytes` of host memory one sub-group at a time.
   OffloadDevice device = OffloadDevice::none;
+  Device memory = Device::host();  // where the states are without a swap file
   bool master_in_swap = false;     // nvme in 16-bit training: the fp32 master is swapped with the states
   std::string swap_file;           // nvme: this rank's swap file
   std::string swap_backend;        // nvme: io_uring, libaio or posix
@@ -121,17 +122,22 @@ struct OptimizerStatesPlacement {
 /// Where this rank's stage-3 parameter pieces live (zero_optimization.offload_param;
 /// docs/offload.md, "Parameters on NVMe"). Stages 0-2: device none, everything in host memory.
 struct ParametersPlacement {
-  /// none and cpu: host memory (this build trains on the host, so both are the same place); nvme:
-  /// the rank's parameter swap file, except the pieces kept in host memory within max_in_cpu.
+  /// none: the engine's device (`memory`); cpu: host memory; nvme: the rank's parameter swap file,
+  /// except the pieces kept in host memory within max_in_cpu.
   OffloadDevice device = OffloadDevice::none;
-  std::int64_t host_elements = 0;  // pieces in host memory (the whole shard unless nvme)
+  Device memory = Device::host();  // where the pieces of host_elements are
+  /// cpu and nvme with the engine on a device: the pieces in host memory are page-locked
+  /// (offload_param.pin_memory), copied to the device asynchronously.
+  bool host_pinned = false;
+  std::int64_t host_elements = 0;  // pieces in memory (`memory`; the whole shard unless nvme)
   std::int64_t nvme_elements = 0;  // pieces in the swap file
   std::string swap_file;           // nvme: this rank's parameter swap file
   std::string swap_backend;        // nvme: io_uring, libaio or posix
   std::uint64_t swap_bytes = 0;    // reserved in the swap file
   std::uint64_t buffer_bytes = 0;  // host memory of the read/write buffers
   std::int64_t buffer_count = 0;
-  /// "host memory" or "nvme <file> (<backend>): <n> elements on NVMe, <m> in host memory, ...".
+  /// "host memory", "cuda:0 memory", "host memory (offload_param: cpu, page-locked)" or
+  /// "nvme <file> (<backend>): <n> elements on NVMe, <m> in host memory, ...".
   std::string describe() const;
 };
 

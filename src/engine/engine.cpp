@@ -1202,18 +1202,26 @@ ParametersPlacement Engine::parameters_placement() const {
   return impl_->strategy_->parameters_placement();
 }
 
+namespace {
+std::string memory_name(Device memory) {
+  return memory.is_host() ? std::string("host memory") : memory.str() + " memory";
+}
+}  // namespace
+
 std::string ParametersPlacement::describe() const {
+  const char* pinned = host_pinned ? ", page-locked" : "";
   if (swap_file.empty()) {
-    return device == OffloadDevice::cpu ? "host memory (offload_param: cpu)" : "host memory";
+    return device == OffloadDevice::cpu ? detail::concat("host memory (offload_param: cpu", pinned, ")")
+                                        : memory_name(memory);
   }
   if (nvme_elements == 0) {
-    return detail::concat("host memory: all ", host_elements,
+    return detail::concat("host memory", host_pinned ? " (page-locked)" : "", ": all ", host_elements,
                           " elements fit in offload_param.max_in_cpu, none go to the nvme swap file ",
                           swap_file, " (lower max_in_cpu, e.g. to 0, to move parameters to NVMe)");
   }
   return detail::concat("nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes,
                         " bytes): ", nvme_elements, " elements on NVMe, ", host_elements,
-                        " in host memory (offload_param.max_in_cpu), read through ", buffer_count,
+                        " in host memory (offload_param.max_in_cpu", pinned, "), read through ", buffer_count,
                         " buffer(s) of ", buffer_bytes, " bytes in all",
                         buffer_bytes > swap_bytes
                             ? " (more than the pieces on NVMe: each buffer holds the largest piece; lower "
@@ -1223,7 +1231,7 @@ std::string ParametersPlacement::describe() const {
 
 std::string OptimizerStatesPlacement::describe() const {
   if (swap_file.empty()) {
-    return device == OffloadDevice::cpu ? "host memory (offload_optimizer: cpu)" : "host memory";
+    return device == OffloadDevice::cpu ? "host memory (offload_optimizer: cpu)" : memory_name(memory);
   }
   return detail::concat(
       "nvme swap file ", swap_file, " (", swap_backend, ", ", swap_bytes, " bytes",

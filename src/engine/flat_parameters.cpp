@@ -109,6 +109,7 @@ void FlatParameters::after_load() {
 
 ParametersPlacement FlatParameters::parameters_placement() const {
   ParametersPlacement placement;
+  placement.memory = execution_.device();
   placement.host_elements = plan_.parameter_buffer_elements();
   return placement;
 }

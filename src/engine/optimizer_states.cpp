@@ -148,6 +148,7 @@ class InMemoryStates final : public OptimizerStates {
   OptimizerStatesPlacement placement() const override {
     OptimizerStatesPlacement placement;
     placement.device = plan_.settings().optimizer_offload;
+    placement.memory = execution_.device();
     return placement;
   }
 

@@ -2,6 +2,7 @@
 #include "src/engine/parameter_store.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -65,8 +66,23 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
   // not when the model grows. Without swap options (offload_param "cpu" on a device) there is none.
   if (options.swap) swap_ = std::make_unique<SwapEngine>(*options.swap);
   if (host_elements_ > 0) {
-    host_ =
-        execution_.allocate(static_cast<std::size_t>(host_elements_) * element, MemoryCategory::parameters);
+    const std::size_t bytes = static_cast<std::size_t>(host_elements_) * element;
+    if (options.pin_memory && engine_.device() != execution_.device()) {
+      // As DeepSpeed's pinned parameter partitions. The whole shard may be more than the system lets
+      // a process lock (ulimit -l, a container's limit): then pageable memory, copied synchronously.
+      try {
+        host_ = engine_.allocate_pinned_host(bytes, MemoryCategory::parameters);
+        kept_pinned_ = true;
+      } catch (const CudaError& error) {
+        std::fprintf(stderr,
+                     "zerotrain: warning: offload_param.pin_memory: %zu bytes of parameter pieces could not "
+                     "be page-locked (%s); they stay in pageable memory, copied to the device synchronously "
+                     "(raise the locked-memory limit, ulimit -l, or set pin_memory false)\n",
+                     bytes, error.what());
+      }
+    }
+    if (!kept_pinned_) host_ = execution_.allocate(bytes, MemoryCategory::parameters);
+    kept_copied_ = Event(engine_.device());
   }
   std::size_t host_offset = 0;
   std::vector<std::pair<std::string, std::size_t>> swapped_pieces;
@@ -102,7 +118,12 @@ ParameterStore::ParameterStore(const std::vector<FlatParameter>& layout, const P
 }
 
 ParameterStore::~ParameterStore() {
-  // The pool's buffers must not be freed under requests or device copies still in flight.
+  // The kept pieces and the pool's buffers must not be freed under requests or device copies still
+  // in flight.
+  try {
+    wait_for_kept_copies();
+  } catch (const std::exception&) {  // an error nobody waited for: the run is over anyway
+  }
   if (!swap_) return;
   try {
     for (PoolBuffer& buffer : pool_) wait_for_device_copy(buffer);
@@ -174,6 +195,14 @@ ParameterStore::PoolBuffer& ParameterStore::take_buffer() {
   chosen->used = false;
   wait_for_device_copy(*chosen);  // every caller puts new bytes into it
   return *chosen;
+}
+
+void ParameterStore::wait_for_kept_copies() {
+  if (!kept_copy_pending_) return;
+  const auto started = Clock::now();
+  kept_copied_.synchronize();
+  stats_.copy_wait_seconds += seconds_since(started);
+  kept_copy_pending_ = false;
 }
 
 void ParameterStore::wait_for_device_copy(PoolBuffer& buffer) {
@@ -259,9 +288,16 @@ bool ParameterStore::copy_to_device(std::size_t index, void* destination) {
     buffer->copied.record(engine_.transfer());
     buffer->copy_pending = true;
     on_transfer_stream = true;
+  } else if (kept_pinned_) {
+    // A page-locked kept piece: the same, the event keeping its bytes until the copy is done (the
+    // last copy's event covers every earlier one: one stream).
+    engine_.from_host_async(destination, source, pieces_[index].bytes);
+    kept_copied_.record(engine_.transfer());
+    kept_copy_pending_ = true;
+    on_transfer_stream = true;
   } else {
-    // Kept pieces are pageable memory (the optimizer step writes them from the host at any time):
-    // read at once, ordered on the compute stream.
+    // Pageable kept pieces (the optimizer step writes them from the host at any time): read at
+    // once, ordered on the compute stream.
     engine_.from_host(destination, source, pieces_[index].bytes);
   }
   release(index);
@@ -279,7 +315,10 @@ void ParameterStore::release(std::size_t index) {
 
 std::byte* ParameterStore::update_target(std::size_t index) {
   check_index(index, "update_target");
-  if (!on_nvme(index)) return pieces_[index].host;
+  if (!on_nvme(index)) {
+    wait_for_kept_copies();  // a gather may still be copying the old value to the device
+    return pieces_[index].host;
+  }
   PoolBuffer* buffer = buffer_of(index);
   if (buffer != nullptr && buffer->state == BufferState::held) return buffer->memory.as<std::byte>();
   if (buffer != nullptr) {

@@ -16,10 +16,13 @@
 //     persistent parameters after a step reads pieces the step has just written).
 // Reads never pass writes of the same piece: a piece being written is served from its buffer.
 // With the engine on a device (CUDA, the emulated device) the swapped and kept pieces are still in
-// host memory: gathers take them to the device with copy_to_device() (from a pool buffer on the
-// engine's transfer stream, which only the gather's collective waits for; kept pieces on its
-// compute stream), and a buffer whose piece is on its way there takes no new bytes (a read, new
-// values) before that copy is done (an event, waited for only then).
+// host memory: gathers take them to the device with copy_to_device(), on the engine's transfer
+// stream, which only the gather's collective waits for: from a pool buffer, or from the kept pieces
+// when they are page-locked (offload_param.pin_memory, DeepSpeed's default; pageable kept pieces,
+// pin_memory false or a page-locked allocation refused, are copied at once on its compute stream).
+// A buffer whose piece is on its way there takes no new bytes (a read, new values) before that copy
+// is done, nor does a page-locked kept piece (an event, waited for only then: the optimizer step
+// comes long after the gathers).
 #pragma once
 
 #include <cstddef>
@@ -45,6 +48,9 @@ struct ParameterStoreOptions {
   std::int64_t max_in_cpu = 1'000'000'000;     // offload_param.max_in_cpu (elements)
   std::int64_t buffer_elements = 100'000'000;  // offload_param.buffer_size
   std::size_t buffer_count = 5;                // offload_param.buffer_count
+  /// offload_param.pin_memory: with the engine on a device, the kept pieces are page-locked (the
+  /// pool's buffers follow swap->pin_memory), so that gathers copy them asynchronously.
+  bool pin_memory = false;
 };
 
 /// Counters of the NVMe traffic (zero in host memory).
@@ -76,6 +82,9 @@ class ParameterStore {
 
   bool on_nvme(std::size_t index) const { return pieces_[index].host == nullptr; }
   std::int64_t host_elements() const { return host_elements_; }
+  /// The kept pieces are page-locked host memory, copied to the engine's device on its transfer
+  /// stream (pin_memory with the engine on a device, unless the allocation was refused).
+  bool kept_pieces_pinned() const { return kept_pinned_; }
   std::int64_t nvme_elements() const { return nvme_elements_; }
   /// Where acquire(), update_target() and read()/write() pointers are: the engine's device in
   /// memory, the host with offload_param "nvme".
@@ -99,11 +108,11 @@ class ParameterStore {
   void release(std::size_t index);
   /// Piece `index` into `destination`, in the memory of the engine's device (a gather's staging,
   /// allocated in its compute stream's order): acquire, a copy, release. No host wait beyond
-  /// acquire's for the read. A piece in a pool buffer goes on the engine's transfer stream
-  /// (from_host_async: after the compute work queued so far) and true is returned: whatever reads
-  /// `destination` next waits for engine.transfers_queued() (the gather's collective:
-  /// Communicator::order_after); the buffer keeps the piece's bytes until the copy is done. Other
-  /// pieces are copied on the compute stream (false).
+  /// acquire's for the read. A piece in a pool buffer, or kept in page-locked memory, goes on the
+  /// engine's transfer stream (from_host_async: after the compute work queued so far) and true is
+  /// returned: whatever reads `destination` next waits for engine.transfers_queued() (the gather's
+  /// collective: Communicator::order_after); the piece's bytes stay as they are until the copy is
+  /// done. Other pieces are copied on the compute stream (false).
   [[nodiscard]] bool copy_to_device(std::size_t index, void* destination);
 
   // ---- writing (optimizer step, checkpoint load) --------------------------------------------
@@ -143,6 +152,8 @@ class ParameterStore {
   PoolBuffer& take_buffer();
   /// Before new bytes go into `buffer` (a read, new values): its copy to the device is done.
   void wait_for_device_copy(PoolBuffer& buffer);
+  /// Before new values go into a page-locked kept piece: the copies to the device from them are done.
+  void wait_for_kept_copies();
   void set_state(PoolBuffer& buffer, BufferState state);
   void check_index(std::size_t index, const char* what) const;
 
@@ -151,7 +162,10 @@ class ParameterStore {
   const ExecutionContext& engine_;     // the engine's: copy_to_device's destination and stream
   DType dtype_;
   std::vector<Piece> pieces_;
-  Buffer host_;  // NVMe mode: the pieces kept in host memory
+  Buffer host_;  // the pieces kept in host memory (offload_param), pinned when kept_pinned_
+  bool kept_pinned_ = false;
+  Event kept_copied_;               // on the engine's transfer stream, after the last kept piece's copy
+  bool kept_copy_pending_ = false;  // ... which may still read host_
   std::unique_ptr<SwapEngine> swap_;
   std::vector<PoolBuffer> pool_;
   std::int64_t host_elements_ = 0;

@@ -61,6 +61,7 @@ ShardedParameters::ShardedParameters(const StrategyInputs& inputs) : ZeroStrateg
     }
     options.buffer_elements = offload.buffer_size;
     options.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+    options.pin_memory = offload.pin_memory;
     store_ =
         std::make_unique<ParameterStore>(plan_.layout(), options, shard_.as<const std::byte>(), execution_);
   }
@@ -175,8 +176,10 @@ OffloadTiming ShardedParameters::parameter_swap_counters() const {
 ParametersPlacement ShardedParameters::parameters_placement() const {
   ParametersPlacement placement;
   placement.device = plan_.settings().parameter_offload;
+  placement.memory = plan_.parameters_in_host_store() ? Device::host() : execution_.device();
   placement.host_elements = store_->host_elements();
   placement.nvme_elements = store_->nvme_elements();
+  placement.host_pinned = store_->kept_pieces_pinned();
   if (const SwapEngine* swap = store_->swap()) {
     placement.swap_file = swap->file_path().string();
     placement.swap_backend = std::string(to_string(swap->backend()));

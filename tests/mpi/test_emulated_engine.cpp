@@ -44,6 +44,7 @@ struct DeviceRun {
   std::vector<float> master;
   std::uint64_t held[3] = {};        // model-state bytes on the engine's device after training
   std::uint64_t host_grown[3] = {};  // ... and what the host gained meanwhile
+  std::string parameters_where, states_where;  // the placements' describe()
 };
 
 DeviceRun train_on(zt::Device device, const zt::Config& config) {
@@ -60,6 +61,8 @@ DeviceRun train_on(zt::Device device, const zt::Config& config) {
     run.norms.push_back(engine.last_step().grad_norm);
   }
   run.master = real_master_parameters(engine);
+  run.parameters_where = engine.parameters_placement().describe();
+  run.states_where = engine.optimizer_states_placement().describe();
   const zt::MemorySnapshot host_after = zt::memory_snapshot(zt::DeviceType::host);
   const zt::MemorySnapshot device_after = zt::memory_snapshot(device.type);
   for (std::size_t k = 0; k < 3; ++k) {
@@ -89,6 +92,10 @@ TEST(EmulatedEngine, TrainsBitwiseAsTheHost) {
       }
       EXPECT_EQ(emulated.master, host.master);
       EXPECT_LT(host.losses.back(), host.losses.front());
+      EXPECT_EQ(host.parameters_where, "host memory");
+      EXPECT_EQ(host.states_where, "host memory");
+      EXPECT_EQ(emulated.parameters_where, "emulated:0 memory");
+      EXPECT_EQ(emulated.states_where, "emulated:0 memory");
       // The model states are on the device, exactly the estimate's; the host keeps none of them.
       const zt::MemoryEstimate estimate = zt::estimate_model_state_memory(config, world);
       EXPECT_EQ(emulated.held[0], estimate.parameters_host);

@@ -142,6 +142,7 @@ TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
     const char* precision;
     std::string optimizer_offload;
     std::string zero;
+    bool pin_memory = true;  // offload_param.pin_memory (the default)
   };
   const CpuCase cases[] = {
       {"fp32 sgd, optimizer cpu", kSgd, "", offload_section("cpu", ""), ""},
@@ -150,11 +151,14 @@ TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
        offload_section("cpu", ""),
        R"(, "stage3_prefetch_bucket_size": 3000, "stage3_max_live_parameters": 20000, )"
        R"("stage3_param_persistence_threshold": 100)"},
+      {"bf16 adamw, optimizer cpu, pageable parameters", kAdamW, kBf16, offload_section("cpu", ""), "",
+       false},
   };
   for (const CpuCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const zt::Config config =
-        config_for(3, param_section("cpu") + ", " + c.optimizer_offload, c.optimizer, c.precision, c.zero);
+    const std::string pin = c.pin_memory ? "" : R"(, "pin_memory": false)";
+    const zt::Config config = config_for(3, param_section("cpu", "", pin) + ", " + c.optimizer_offload,
+                                         c.optimizer, c.precision, c.zero);
     const ParamOffloadRun host = param_offload_run_on(zt::Device::host(), config);
     const ParamOffloadRun emulated = param_offload_run_on(zt::Device::emulated(), config);
     expect_same_run(host.result, emulated.result, std::string(c.name) + ": host vs emulated");
@@ -163,6 +167,12 @@ TEST(EmulatedParamOffload, CpuKeepsThePiecesInHostMemoryOffTheDevice) {
     EXPECT_EQ(emulated.placement.nvme_elements, 0);
     EXPECT_GT(emulated.placement.host_elements, 0);
     EXPECT_TRUE(emulated.placement.swap_file.empty()) << emulated.placement.swap_file;
+    // With pin_memory the pieces are page-locked host memory, copied to the device on its transfer
+    // stream (on the host engine nothing is copied, nothing pinned).
+    EXPECT_EQ(emulated.placement.host_pinned, c.pin_memory);
+    EXPECT_FALSE(host.placement.host_pinned);
+    EXPECT_EQ(emulated.placement.describe(), c.pin_memory ? "host memory (offload_param: cpu, page-locked)"
+                                                          : "host memory (offload_param: cpu)");
     EXPECT_EQ(emulated.last_offload.parameter_bytes_read, 0u) << "nothing read from NVMe";
     if (c.zero.find("persistence") == std::string::npos) {
       EXPECT_EQ(emulated.device_parameters, 0u) << "parameter bytes left on the device";

@@ -180,8 +180,9 @@ TEST(ParameterStore, SpeculativeReadsLeaveABufferAndPiecesAreReadOnce) {
 
 /// The engine on the emulated device (memory only the device API may touch): the first values come
 /// from the shard on the device, copy_to_device() brings every piece (on NVMe, through the transfer
-/// stream, or kept in host memory) into device memory, and after new values are written (update_target,
-/// commit) it brings those, with 1 and 2 buffers.
+/// stream, or kept in host memory: page-locked with pin_memory, through the transfer stream too) into
+/// device memory, and after new values are written (update_target, commit) it brings those, with 1
+/// and 2 buffers.
 TEST(ParameterStore, CopiesPiecesToTheEngineDevice) {
   const std::vector<zt::FlatParameter> layout = shard_layout();
   const zt::ExecutionContext device(zt::Device::emulated());
@@ -191,40 +192,46 @@ TEST(ParameterStore, CopiesPiecesToTheEngineDevice) {
   std::mt19937 generator(7);
   for (std::size_t buffers : {1u, 2u}) {
     for (std::int64_t max_in_cpu : {std::int64_t{0}, std::int64_t{3000}}) {
-      SCOPED_TRACE(std::to_string(buffers) + " buffer(s), max_in_cpu " + std::to_string(max_in_cpu));
-      zt::testing::TestDirectory directory;
-      const std::vector<float> initial = random_piece(generator, shard_elements);
-      zt::Buffer device_shard = device.allocate(shard_bytes);
-      device.from_host(device_shard.data(), initial.data(), shard_bytes);
-      ParameterStore store(layout, nvme_options(directory.path(), buffers, max_in_cpu),
-                           device_shard.as<const std::byte>(), device);
-      EXPECT_EQ(store.device(), zt::Device::host());
-      EXPECT_EQ(store.host_elements() > 0, max_in_cpu > 0);
-      // Every piece into one device buffer, then back to the host to compare: the initial values.
-      zt::Buffer copied = device.allocate(shard_bytes);
-      auto copy_all = [&] {
+      for (bool pin_memory : {false, true}) {
+        SCOPED_TRACE(std::to_string(buffers) + " buffer(s), max_in_cpu " + std::to_string(max_in_cpu) +
+                     (pin_memory ? ", pin_memory" : ""));
+        zt::testing::TestDirectory directory;
+        const std::vector<float> initial = random_piece(generator, shard_elements);
+        zt::Buffer device_shard = device.allocate(shard_bytes);
+        device.from_host(device_shard.data(), initial.data(), shard_bytes);
+        ParameterStoreOptions options = nvme_options(directory.path(), buffers, max_in_cpu);
+        options.pin_memory = pin_memory;
+        ParameterStore store(layout, options, device_shard.as<const std::byte>(), device);
+        EXPECT_EQ(store.device(), zt::Device::host());
+        EXPECT_EQ(store.host_elements() > 0, max_in_cpu > 0);
+        EXPECT_EQ(store.kept_pieces_pinned(), pin_memory && max_in_cpu > 0);
+        // Every piece into one device buffer, then back to the host to compare: the initial values.
+        zt::Buffer copied = device.allocate(shard_bytes);
+        auto copy_all = [&] {
+          for (std::size_t i = 0; i < layout.size(); ++i) {
+            store.prefetch(i);
+            // Swapped pieces come from a pool buffer on the transfer stream; kept pieces too when they
+            // are page-locked, else on the compute stream.
+            EXPECT_EQ(store.copy_to_device(i, copied.as<float>() + layout[i].shard_offset),
+                      store.on_nvme(i) || pin_memory)
+                << layout[i].name;
+          }
+          device.compute_waits_for_transfers();  // what reads them next waits for the transfers
+          std::vector<float> values(static_cast<std::size_t>(shard_elements));
+          device.to_host(values.data(), copied.data(), shard_bytes);
+          return values;
+        };
+        EXPECT_EQ(copy_all(), initial);
+        // New values of every piece, as the host optimizer writes them.
+        std::vector<float> updated = random_piece(generator, shard_elements);
         for (std::size_t i = 0; i < layout.size(); ++i) {
-          store.prefetch(i);
-          // Swapped pieces come from a pool buffer on the transfer stream; kept pieces on the compute
-          // stream.
-          EXPECT_EQ(store.copy_to_device(i, copied.as<float>() + layout[i].shard_offset), store.on_nvme(i))
-              << layout[i].name;
+          std::memcpy(store.update_target(i), updated.data() + layout[i].shard_offset,
+                      static_cast<std::size_t>(layout[i].piece_numel) * sizeof(float));
+          store.commit(i);
         }
-        device.compute_waits_for_transfers();  // what reads them next waits for the transfers
-        std::vector<float> values(static_cast<std::size_t>(shard_elements));
-        device.to_host(values.data(), copied.data(), shard_bytes);
-        return values;
-      };
-      EXPECT_EQ(copy_all(), initial);
-      // New values of every piece, as the host optimizer writes them.
-      std::vector<float> updated = random_piece(generator, shard_elements);
-      for (std::size_t i = 0; i < layout.size(); ++i) {
-        std::memcpy(store.update_target(i), updated.data() + layout[i].shard_offset,
-                    static_cast<std::size_t>(layout[i].piece_numel) * sizeof(float));
-        store.commit(i);
+        store.finish_updates();
+        EXPECT_EQ(copy_all(), updated);
       }
-      store.finish_updates();
-      EXPECT_EQ(copy_all(), updated);
     }
   }
 }
