@@ -141,7 +141,7 @@ say "## GPU tests"
 direct_io_dir() {
   local dir probe
   for dir in "${ZT_TEST_SWAP_DIR:-}" "${TMPDIR:-/tmp}" "$source_dir" "${HOME:-}"; do
-    [ -n "$dir" ] && [ -d "$dir" ] && [ -w "$dir" ] || continue
+    if [ -z "$dir" ] || [ ! -d "$dir" ] || [ ! -w "$dir" ]; then continue; fi
     probe="$dir/.zt-direct-io-probe.$$"
     if dd if=/dev/zero of="$probe" bs=4096 count=1 oflag=direct status=none 2>/dev/null; then
       rm -f "$probe"

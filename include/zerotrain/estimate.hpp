@@ -190,10 +190,12 @@ struct DeviceMemory {
 /// Refuses (ConfigError) a config whose built-in model cannot fit in the memory of the ranks'
 /// devices, before anything is allocated there: each rank of the largest pipeline stage needs at
 /// least what the estimate puts on its device, its model states (MemoryEstimate::
-/// device_bytes_with_cuda: offload moves states to the host), the gradient-reduction buckets and the
-/// step's activation peak on a device (estimate_activation_memory); stage 3's gathered parameters
-/// and the kernels' workspaces come on top. The message names the sizes, the config keys of the
-/// larger part and what to change. Nothing without a "model" section or with device.bytes 0.
+/// device_bytes_with_cuda: offload moves states to the host), the gradient-reduction buckets, the
+/// step's activation peak on a device (estimate_activation_memory) and, at stages 2-3, the largest
+/// parameter whole during its backward (its full gradient; at stage 3 its gathered value too, unless
+/// persistent); the rest of the running layer, stage 3's prefetch window and the kernels' workspaces
+/// come on top. The message names the sizes, the config keys of the larger part and what to change.
+/// Nothing without a "model" section or with device.bytes 0.
 void check_fits_device_memory(const Config& config, int world_size, const DeviceMemory& device);
 
 /// Number of parameters of the config's "model" section (without building it).

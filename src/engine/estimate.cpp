@@ -392,6 +392,22 @@ void check_fits_host_memory(const Config& config, int world_size, int ranks_on_n
   ZT_THROW_AS(ConfigError, message.str());
 }
 
+namespace {
+/// Bytes the step certainly holds on the device beyond the resident states, for its largest
+/// (trainable) parameter: at stages 2-3 its full gradient while its layer's backward runs (the
+/// partitioned gradient is what stays), and at stage 3 its gathered value then (unless it is
+/// persistent, and so counted in the states). A lower bound: the rest of the layer and the gatherer's
+/// prefetch window (predict_step_memory's upper reading) come on top.
+std::uint64_t largest_parameter_in_step(const MemoryEstimate& estimate, const ZeroConfig& zero) {
+  const auto whole =
+      static_cast<std::uint64_t>(estimate.largest_parameter) * dtype_size(estimate.compute_dtype);
+  std::uint64_t bytes = estimate.zero_stage >= 2 ? whole : 0;
+  if (estimate.zero_stage == 3 && estimate.largest_parameter > zero.stage3_param_persistence_threshold)
+    bytes += whole;
+  return bytes;
+}
+}  // namespace
+
 void check_fits_device_memory(const Config& config, int world_size, const DeviceMemory& device) {
   if (!config.model.has_value() || device.bytes == 0 || world_size < 1) return;
   const int stages = static_cast<int>(std::max<std::int64_t>(1, config.pipeline.stage_count()));
@@ -399,8 +415,8 @@ void check_fits_device_memory(const Config& config, int world_size, const Device
   struct Need {
     int stage = 0;
     MemoryEstimate estimate;
-    std::uint64_t states = 0, buckets = 0, activations = 0;
-    std::uint64_t total() const { return states + buckets + activations; }
+    std::uint64_t states = 0, buckets = 0, activations = 0, transient = 0;
+    std::uint64_t total() const { return states + buckets + activations + transient; }
   };
   // The exact estimates replay every layer; beyond this many (far beyond real models) the model
   // states of the stage's parameter count as one tensor, without activations, are the lower bound.
@@ -436,6 +452,7 @@ void check_fits_device_memory(const Config& config, int world_size, const Device
     need.states = need.estimate.device_bytes_with_cuda;
     need.buckets = need.estimate.bucket_buffers;
     need.activations = need.estimate.activations ? need.estimate.activations->peak : 0;
+    need.transient = largest_parameter_in_step(need.estimate, config.zero_optimization);
     if (!largest || need.total() > largest->total()) largest = std::move(need);
   }
   if (!largest || largest->total() <= device.bytes) return;
@@ -451,8 +468,13 @@ void check_fits_device_memory(const Config& config, int world_size, const Device
           << " data-parallel rank(s)";
   if (estimate.offload_device != OffloadDevice::none || estimate.param_offload_device != OffloadDevice::none)
     message << " (with the offloaded states on the host)";
-  message << "; gradient buckets " << gib_text(static_cast<double>(largest->buckets)) << "; activations "
-          << gib_text(activations) << " (the step's peak at train_micro_batch_size_per_gpu "
+  message << "; gradient buckets " << gib_text(static_cast<double>(largest->buckets));
+  if (largest->transient > 0)
+    message << "; the largest parameter whole during its backward (its full gradient"
+            << (estimate.zero_stage == 3 ? " and its gathered value" : "") << ") "
+            << gib_text(static_cast<double>(largest->transient));
+  message << "; activations " << gib_text(activations)
+          << " (the step's peak at train_micro_batch_size_per_gpu "
           << (estimate.activations ? estimate.activations->micro_batch_size : 0) << ")";
   message << ". Reduce ";
   if (activations > states) {

@@ -291,6 +291,39 @@ TEST(Estimate, DeviceMemoryCheckNamesTheSizesAndTheKeys) {
       2, 4, R"(, "pipeline": {"stages": 2})", kAdamW,
       R"({"type": "gpt", "n_layer": 120, "n_head": 8, "d_model": 1024, "seq_len": 64, "vocab_size": 256})")));
   EXPECT_NE(pipelined.find("each rank of pipeline stage "), std::string::npos) << pipelined;
+  // Stages 2-3: the largest parameter whole during its backward comes on top (its full gradient; at
+  // stage 3 its gathered value too, unless persistent). The exact sum fits; a byte less is refused
+  // and names it.
+  for (const int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const zt::Config config =
+        parse(gpt_config(2, 1,
+                         R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": )" +
+                             std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0})",
+                         kAdamW, mid_model));
+    const zt::MemoryEstimate estimate =
+        zt::estimate_model_state_memory(config, 2, 0, 0, zt::DeviceType::cuda);
+    ASSERT_TRUE(estimate.activations.has_value());
+    ASSERT_GT(estimate.largest_parameter, 0);
+    const std::uint64_t whole = static_cast<std::uint64_t>(estimate.largest_parameter) * 2;  // bf16
+    const std::uint64_t need = estimate.device_bytes_with_cuda + estimate.bucket_buffers +
+                               estimate.activations->peak + (stage == 3 ? 2 : 1) * whole;
+    EXPECT_NO_THROW(zt::check_fits_device_memory(config, 2, {.bytes = need, .what = "exactly enough"}));
+    const std::string transient = [&] {
+      try {
+        zt::check_fits_device_memory(config, 2, {.bytes = need - 1, .what = "a byte too little"});
+      } catch (const zt::ConfigError& error) {
+        return std::string(error.what());
+      }
+      return std::string("no ConfigError");
+    }();
+    EXPECT_NE(
+        transient.find(stage == 3 ? "the largest parameter whole during its backward (its full gradient "
+                                    "and its gathered value)"
+                                  : "the largest parameter whole during its backward (its full gradient)"),
+        std::string::npos)
+        << transient;
+  }
   // No size known (the host, the emulated device): nothing to check.
   EXPECT_NO_THROW(zt::check_fits_device_memory(parse(gpt_config(2, 1, "", kAdamW, mid_model)), 2, {}));
   EXPECT_EQ(zt::device_memory_info(zt::Device::host()).total, 0u);
