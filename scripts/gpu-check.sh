@@ -58,7 +58,7 @@ archive=${ZT_GPU_BUNDLE:-.gpu-bundle/zt-gpu-bundle.tar.xz}
 work=${TMPDIR:-/tmp}/zt-gpu-check
 bundle=""
 if [ -d "$archive" ] && [ -f "$archive/MANIFEST" ]; then
-  bundle=$archive
+  bundle=$(cd "$archive" && pwd) # absolute: the benchmarks below run from other directories
 elif [ -f "$archive" ]; then
   rm -rf "$work"
   mkdir -p "$work"
@@ -257,6 +257,8 @@ EOF
   if [ -n "${zt_tokens:-}" ] && [ -n "$torch_tokens" ]; then
     say "zerotrain / pytorch: $(awk -v a="$zt_tokens" -v b="$torch_tokens" 'BEGIN { printf "%.3f", a / b }')"
   fi
+else
+  say "anchor: not run ($(elapsed) s used of the 8 minutes, or no PyTorch with CUDA here)"
 fi
 shopt -s nullglob
 for bench in "$bundle"/bin/zt_bench_cuda_* "$bundle"/bin/zt_bench_gpu_*; do
