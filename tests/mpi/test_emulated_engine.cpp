@@ -42,8 +42,8 @@ struct DeviceRun {
   std::vector<double> losses;
   std::vector<double> norms;
   std::vector<float> master;
-  std::uint64_t held[3] = {};        // model-state bytes on the engine's device after training
-  std::uint64_t host_grown[3] = {};  // ... and what the host gained meanwhile
+  std::uint64_t held[3] = {};                  // model-state bytes on the engine's device after training
+  std::uint64_t host_grown[3] = {};            // ... and what the host gained meanwhile
   std::string parameters_where, states_where;  // the placements' describe()
 };
 
