@@ -6,17 +6,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
+#include "base/never_destroyed.hpp"
 #include "kernels/block_cache.hpp"
 #include "kernels/device_backend.hpp"
 #include "kernels/emulated_device.hpp"
@@ -213,7 +217,7 @@ class CachingHostAllocator final : public Allocator {
 
 /// The one activation cache. Never destroyed: buffers may be released during static destruction.
 CachingHostAllocator& activation_cache() {
-  static auto* activations = new CachingHostAllocator();
+  static base::NeverDestroyed<CachingHostAllocator> activations;
   return *activations;
 }
 
@@ -315,7 +319,10 @@ void reset_memory_peaks() {
 
 Allocator& allocator_for(Device device, HostMemoryKind kind) {
   if (device.is_host()) {
-    if (kind == HostMemoryKind::pinned && cuda_status().usable()) return detail::cuda_pinned_host_allocator();
+    if (kind == HostMemoryKind::pinned) {
+      if (cuda_status().usable()) return detail::cuda_pinned_host_allocator();
+      return detail::page_locked_stand_in_allocator();  // what the emulated device's copies see as pinned
+    }
     static HostAllocator host;
     return host;
   }
@@ -327,7 +334,13 @@ namespace {
 /// Pageable host activations of a size worth caching go through the caching allocator; host workspace
 /// takes no huge pages (kernels/host_memory.hpp).
 Allocator& buffer_allocator(Device device, std::size_t bytes, MemoryCategory category, std::size_t alignment,
-                            HostMemoryKind kind) {
+                            HostMemoryKind kind, const Stream* stream) {
+  if (stream != nullptr && stream->device().is_emulated()) {
+    ZT_CHECK(!device.is_cuda(), "a buffer on ", device.str(), " ordered on a ", stream->device().str(),
+             " stream; expected a stream of its own device");
+    // Freed in the emulated stream's order, which CUDA's pinned cache cannot follow.
+    if (device.is_host() && kind == HostMemoryKind::pinned) return detail::page_locked_stand_in_allocator();
+  }
   if (device.is_host() && kind == HostMemoryKind::pageable && category == MemoryCategory::activations &&
       CachingHostAllocator::caches(bytes, alignment)) {
     return activation_cache();
@@ -340,13 +353,23 @@ Allocator& buffer_allocator(Device device, std::size_t bytes, MemoryCategory cat
 }
 }  // namespace
 
+namespace {
+/// What a stream-ordered free is ordered by: the cudaStream_t, or an emulated stream's queue.
+void* stream_handle(const Stream* stream) {
+  if (stream == nullptr) return nullptr;
+  if (stream->device().is_emulated())
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(detail::emulated_queue_of(*stream)));
+  return stream->native();
+}
+}  // namespace
+
 Buffer::Buffer(Device device, std::size_t bytes, MemoryCategory category, std::size_t alignment,
                HostMemoryKind kind, const Stream* stream)
     : bytes_(bytes),
       device_(device),
       category_(category),
-      allocator_(&buffer_allocator(device, bytes, category, alignment, kind)),
-      stream_(stream != nullptr ? stream->native() : nullptr) {
+      allocator_(&buffer_allocator(device, bytes, category, alignment, kind, stream)),
+      stream_(stream_handle(stream)) {
   data_ = stream_ != nullptr ? allocator_->allocate_on(bytes, alignment, stream_)
                              : allocator_->allocate(bytes, alignment);
   count_allocation(device_.type, category_, bytes_);
@@ -393,31 +416,50 @@ void Buffer::release() noexcept {
 
 Stream::Stream(Device device) : device_(device) {
   if (device.is_cuda()) native_ = detail::cuda_stream_create(device.index);
+  if (device.is_emulated()) emulated_queue_ = detail::emulated_queue_create();
 }
 
 Stream::Stream(Stream&& other) noexcept
-    : device_(other.device_), native_(std::exchange(other.native_, nullptr)) {}
+    : device_(other.device_),
+      native_(std::exchange(other.native_, nullptr)),
+      emulated_queue_(std::exchange(other.emulated_queue_, 0)) {}
 
 Stream& Stream::operator=(Stream&& other) noexcept {
   if (this != &other) {
     if (native_ != nullptr) detail::cuda_stream_destroy(native_);
+    detail::emulated_queue_destroy(emulated_queue_);
     device_ = other.device_;
     native_ = std::exchange(other.native_, nullptr);
+    emulated_queue_ = std::exchange(other.emulated_queue_, 0);
   }
   return *this;
 }
 
 Stream::~Stream() {
   if (native_ != nullptr) detail::cuda_stream_destroy(native_);
+  detail::emulated_queue_destroy(emulated_queue_);
 }
 
 void Stream::synchronize() const {
   // A CUDA device's default stream has no handle of its own: nullptr is the legacy default stream.
   if (native_ != nullptr || device_.is_cuda()) detail::cuda_stream_synchronize(native_);
+  if (emulated_queue_ != 0)
+    detail::emulated_run_until(emulated_queue_, detail::emulated_queue_position(emulated_queue_));
 }
 
 void Stream::wait(const Event& event) const {
-  if (event.native() == nullptr) return;  // a host or emulated event is always reached
+  if (event.emulated_queue_ != 0) {
+    const std::uint64_t queue = event.emulated_queue_, position = event.emulated_position_;
+    if (queue == emulated_queue_) return;  // this stream's own earlier work: in order already
+    if (emulated_queue_ == 0) {
+      detail::emulated_run_until(queue, position);  // a stream that runs work at once: wait now
+    } else {
+      detail::emulated_enqueue(emulated_queue_,
+                               [queue, position] { detail::emulated_run_until(queue, position); });
+    }
+    return;
+  }
+  if (event.native() == nullptr) return;  // a host event is always reached
   if (device_.is_cuda()) {
     detail::cuda_stream_wait_event(native_, event.native());
   } else {
@@ -440,13 +482,18 @@ Event::Event(Device device) : device_(device) {
 }
 
 Event::Event(Event&& other) noexcept
-    : device_(other.device_), native_(std::exchange(other.native_, nullptr)) {}
+    : device_(other.device_),
+      native_(std::exchange(other.native_, nullptr)),
+      emulated_queue_(std::exchange(other.emulated_queue_, 0)),
+      emulated_position_(std::exchange(other.emulated_position_, 0)) {}
 
 Event& Event::operator=(Event&& other) noexcept {
   if (this != &other) {
     if (native_ != nullptr) detail::cuda_event_destroy(native_);
     device_ = other.device_;
     native_ = std::exchange(other.native_, nullptr);
+    emulated_queue_ = std::exchange(other.emulated_queue_, 0);
+    emulated_position_ = std::exchange(other.emulated_position_, 0);
   }
   return *this;
 }
@@ -456,18 +503,62 @@ Event::~Event() {
 }
 
 void Event::record(const Stream& stream) {
-  ZT_CHECK(native_ != nullptr || stream.native() == nullptr, "Event::record: a host event on a ",
-           stream.device().str(), " stream; make the event with Event(", stream.device().str(), ")");
+  const std::uint64_t queue = detail::emulated_queue_of(stream);
+  ZT_CHECK((native_ != nullptr || stream.native() == nullptr) && (queue == 0 || device_.is_emulated()),
+           "Event::record: a ", device_.str(), " event on a ", stream.device().str(),
+           " stream; make the event with Event(", stream.device().str(), ")");
   if (native_ != nullptr) detail::cuda_event_record(native_, stream.native());
+  emulated_queue_ = queue;
+  emulated_position_ = detail::emulated_queue_position(queue);
 }
 
 void Event::synchronize() const {
   if (native_ != nullptr) detail::cuda_event_synchronize(native_);
+  detail::emulated_run_until(emulated_queue_, emulated_position_);
 }
 
 bool Event::ready() const {
+  if (emulated_queue_ != 0) return detail::emulated_reached(emulated_queue_, emulated_position_);
   return native_ == nullptr || detail::cuda_event_query(native_);
 }
+
+namespace {
+
+/// copy_bytes with the emulated device on one side, as cudaMemcpyAsync behaves (see
+/// kernels/emulated_device.hpp): without a stream after the whole device's work; from pageable host
+/// memory the source read now; into pageable host memory done when it returns; else queued.
+void copy_on_emulated_stream(void* destination, Device destination_device, const void* source,
+                             Device source_device, std::size_t bytes, const Stream* stream) {
+  const std::uint64_t queue = stream != nullptr ? detail::emulated_queue_of(*stream) : 0;
+  const auto copy_now = [&] {
+    const detail::EmulatedDeviceAccess access;
+    std::memcpy(destination, source, bytes);
+  };
+  if (queue == 0) {  // no stream or the default stream: after every stream's work
+    detail::emulated_run_all();
+    return copy_now();
+  }
+  if (destination_device.is_host() && !detail::is_page_locked_stand_in(destination)) {
+    detail::emulated_run_until(queue, detail::emulated_queue_position(queue));
+    return copy_now();
+  }
+  if (source_device.is_host() && !detail::is_page_locked_stand_in(source)) {
+    // Staged at the call: the caller may reuse its pageable buffer once this returns.
+    auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(source),
+                                                           static_cast<const std::byte*>(source) + bytes);
+    detail::emulated_enqueue(queue, [destination, staged] {
+      const detail::EmulatedDeviceAccess access;
+      std::memcpy(destination, staged->data(), staged->size());
+    });
+    return;
+  }
+  detail::emulated_enqueue(queue, [destination, source, bytes] {
+    const detail::EmulatedDeviceAccess access;
+    std::memcpy(destination, source, bytes);
+  });
+}
+
+}  // namespace
 
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream) {
@@ -482,8 +573,7 @@ void copy_bytes(void* destination, Device destination_device, const void* source
     return;
   }
   if (destination_device.is_emulated() || source_device.is_emulated()) {
-    const detail::EmulatedDeviceAccess access;
-    std::memcpy(destination, source, bytes);
+    copy_on_emulated_stream(destination, destination_device, source, source_device, bytes, stream);
     return;
   }
   std::memcpy(destination, source, bytes);
@@ -498,8 +588,11 @@ void zero_bytes(void* destination, Device device, std::size_t bytes, const Strea
       std::memset(destination, 0, bytes);
       return;
     case DeviceType::emulated: {
-      const detail::EmulatedDeviceAccess access;
-      std::memset(destination, 0, bytes);
+      detail::emulated_enqueue(stream != nullptr ? detail::emulated_queue_of(*stream) : 0,
+                               [destination, bytes] {
+                                 const detail::EmulatedDeviceAccess access;
+                                 std::memset(destination, 0, bytes);
+                               });
       return;
     }
     case DeviceType::cuda:

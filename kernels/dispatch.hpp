@@ -7,16 +7,19 @@
 //   - kernels/cuda/<family>.cu  defines   namespace zt::kernels::cuda {
 //                                           void adam_step(const AdamStepArgs&, void* stream); }
 //     (only when CUDA is built)
-//   - the entry point calls  dispatch(stream, "adam_step", [&] { host::adam_step(args); },
+//   - the entry point calls  dispatch(stream, "adam_step", [=] { host::adam_step(args); },
 //                                     [&](void* native) { cuda::adam_step(args, native); });
 //     with the CUDA lambda inside #if ZT_HAVE_CUDA, and no_cuda_kernel in its place otherwise.
-// By device: the host runs the host kernel; the emulated device runs the host kernel inside the
-// device API's access (its memory is readable only there, kernels/emulated_device.hpp); CUDA runs
+// By device: the host runs the host kernel; the emulated device queues the host kernel on the stream
+// and runs it inside the device API's access (its memory is readable only there,
+// kernels/emulated_device.hpp), so the host lambda captures by value ([=]: it runs after the entry
+// point has returned; a kernel with a result runs at once, after the stream's work); CUDA runs
 // the CUDA kernel on the stream, with the stream's device made current on the calling thread. Adding
 // the CUDA version later changes the family's .cpp, never its callers. Until a family has one, pass
 // no_cuda_kernel and a call on a CUDA device raises a clear error naming the kernel.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -37,6 +40,24 @@ decltype(auto) dispatch(const Stream& stream, const char* kernel_name, HostKerne
   const Device device = stream.device();
   if (device.is_host()) return std::forward<HostKernel>(host_kernel)();
   if (device.is_emulated()) {
+    const std::uint64_t queue = detail::emulated_queue_of(stream);
+    if constexpr (std::is_void_v<std::invoke_result_t<HostKernel&>>) {
+      if (queue != 0) {
+        // Queued as a GPU queues a launch (kernels/emulated_device.hpp): the kernel holds copies of
+        // its arguments, so the host lambdas capture by value.
+        detail::emulated_enqueue(queue, [kernel = std::decay_t<HostKernel>(host_kernel)]() mutable {
+          const detail::EmulatedDeviceAccess access;
+          kernel();
+        });
+        return;
+      }
+      detail::emulated_run_all();  // the default stream: after every stream's work
+    } else if (queue == 0) {
+      detail::emulated_run_all();
+    } else {
+      // A result for the host: after the stream's queued work, as the CUDA kernel's copy back.
+      detail::emulated_run_until(queue, detail::emulated_queue_position(queue));
+    }
     const detail::EmulatedDeviceAccess access;
     return std::forward<HostKernel>(host_kernel)();
   }

@@ -195,8 +195,22 @@ class EmulatedDeviceAllocator final : public Allocator {
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     return EmulatedMemory::instance().allocate(bytes, alignment);
   }
+  /// Without a stream after every emulated stream's work, as cudaFree waits for the device.
   void deallocate(void* pointer, std::size_t) noexcept override {
+    emulated_run_all_noexcept();
     EmulatedMemory::instance().deallocate(pointer);
+  }
+  /// In the stream's order (`stream`: an emulated queue's id, kernels/device.cpp): unmapped once the
+  /// work queued on it before the free has run, so work of other streams not ordered before the free
+  /// faults, as it would read reused memory on a GPU.
+  void deallocate_on(void* pointer, std::size_t bytes, void* stream) noexcept override {
+    const auto queue = reinterpret_cast<std::uintptr_t>(stream);
+    if (queue == 0) return deallocate(pointer, bytes);
+    try {
+      emulated_enqueue(queue, [pointer] { EmulatedMemory::instance().deallocate(pointer); });
+    } catch (...) {  // the queue could not take it: free after the whole device instead
+      deallocate(pointer, bytes);
+    }
   }
   Device device() const override { return Device::emulated(index_); }
 

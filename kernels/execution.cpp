@@ -69,11 +69,12 @@ void ExecutionContext::move(void* destination, const void* source, std::size_t b
     case DeviceType::host:
       std::memmove(destination, source, bytes);
       return;
-    case DeviceType::emulated: {
-      const detail::EmulatedDeviceAccess access;
-      std::memmove(destination, source, bytes);
+    case DeviceType::emulated:
+      detail::emulated_enqueue(detail::emulated_queue_of(compute_), [destination, source, bytes] {
+        const detail::EmulatedDeviceAccess access;
+        std::memmove(destination, source, bytes);
+      });
       return;
-    }
     case DeviceType::cuda: {
       // A device copy must not overlap itself: through a scratch buffer, both copies on the compute
       // stream. The scratch is allocated and freed in that stream's order (allocate()), so it is

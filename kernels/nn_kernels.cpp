@@ -19,7 +19,7 @@ void convert(const Stream& stream, const void* source, DType source_dtype, void*
              DType destination_dtype, std::int64_t count) {
   dispatch(
       stream, "convert",
-      [&] { return host::convert(source, source_dtype, destination, destination_dtype, count); },
+      [=] { return host::convert(source, source_dtype, destination, destination_dtype, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) {
         cuda::convert(source, source_dtype, destination, destination_dtype, count, native);
@@ -32,7 +32,7 @@ void convert(const Stream& stream, const void* source, DType source_dtype, void*
 
 void fill(const Stream& stream, DType dtype, void* data, std::int64_t count, double value) {
   dispatch(
-      stream, "fill", [&] { return host::fill(dtype, data, count, value); },
+      stream, "fill", [=] { return host::fill(dtype, data, count, value); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::fill(dtype, data, count, value, native); }
 #else
@@ -44,7 +44,7 @@ void fill(const Stream& stream, DType dtype, void* data, std::int64_t count, dou
 void fill_normal(const Stream& stream, DType dtype, void* data, std::int64_t count, double mean,
                  double stddev, std::uint64_t seed) {
   dispatch(
-      stream, "fill_normal", [&] { return host::fill_normal(dtype, data, count, mean, stddev, seed); },
+      stream, "fill_normal", [=] { return host::fill_normal(dtype, data, count, mean, stddev, seed); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::fill_normal(dtype, data, count, mean, stddev, seed, native); }
 #else
@@ -55,7 +55,7 @@ void fill_normal(const Stream& stream, DType dtype, void* data, std::int64_t cou
 
 void add(const Stream& stream, DType dtype, const void* a, const void* b, void* output, std::int64_t count) {
   dispatch(
-      stream, "add", [&] { return host::add(dtype, a, b, output, count); },
+      stream, "add", [=] { return host::add(dtype, a, b, output, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::add(dtype, a, b, output, count, native); }
 #else
@@ -66,7 +66,7 @@ void add(const Stream& stream, DType dtype, const void* a, const void* b, void* 
 
 void accumulate(const Stream& stream, DType dtype, void* target, const void* source, std::int64_t count) {
   dispatch(
-      stream, "accumulate", [&] { return host::accumulate(dtype, target, source, count); },
+      stream, "accumulate", [=] { return host::accumulate(dtype, target, source, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::accumulate(dtype, target, source, count, native); }
 #else
@@ -79,7 +79,7 @@ void matmul_forward(const Stream& stream, DType dtype, const void* input, const 
                     const void* bias, void* output, const MatmulShape& shape) {
   dispatch(
       stream, "matmul_forward",
-      [&] { return host::matmul_forward(dtype, input, weight, bias, output, shape); },
+      [=] { return host::matmul_forward(dtype, input, weight, bias, output, shape); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::matmul_forward(dtype, input, weight, bias, output, shape, native); });
 #else
@@ -92,7 +92,7 @@ void matmul_backward(const Stream& stream, DType dtype, const void* grad_output,
                      const MatmulShape& shape) {
   dispatch(
       stream, "matmul_backward",
-      [&] {
+      [=] {
         return host::matmul_backward(dtype, grad_output, input, weight, grad_input, grad_weight, grad_bias,
                                      shape);
       },
@@ -111,7 +111,7 @@ void matmul_weight_grad_rows(const Stream& stream, DType dtype, const void* grad
                              std::int64_t count) {
   dispatch(
       stream, "matmul_weight_grad_rows",
-      [&] {
+      [=] {
         return host::matmul_weight_grad_rows(dtype, grad_output, input, grad_weight_rows, shape, first_out,
                                              count);
       },
@@ -130,7 +130,7 @@ void embedding_backward_rows(const Stream& stream, DType dtype, const std::int32
                              std::int64_t first_row, std::int64_t row_count) {
   dispatch(
       stream, "embedding_backward_rows",
-      [&] {
+      [=] {
         return host::embedding_backward_rows(dtype, tokens, grad_output, grad_rows, shape, first_row,
                                              row_count);
       },
@@ -148,7 +148,7 @@ void embedding_forward(const Stream& stream, DType dtype, const std::int32_t* to
                        const void* position_table, void* output, const EmbeddingShape& shape) {
   dispatch(
       stream, "embedding_forward",
-      [&] { return host::embedding_forward(dtype, tokens, token_table, position_table, output, shape); },
+      [=] { return host::embedding_forward(dtype, tokens, token_table, position_table, output, shape); },
 #if ZT_HAVE_CUDA
       [&](void* native) {
         cuda::embedding_forward(dtype, tokens, token_table, position_table, output, shape, native);
@@ -163,7 +163,7 @@ void embedding_backward(const Stream& stream, DType dtype, const std::int32_t* t
                         const EmbeddingShape& shape) {
   dispatch(
       stream, "embedding_backward",
-      [&] {
+      [=] {
         return host::embedding_backward(dtype, tokens, grad_output, grad_token_table, grad_position_table,
                                         shape);
       },
@@ -182,7 +182,7 @@ void layernorm_forward(const Stream& stream, DType dtype, const void* input, con
                        std::int64_t channels, double eps) {
   dispatch(
       stream, "layernorm_forward",
-      [&] {
+      [=] {
         return host::layernorm_forward(dtype, input, weight, bias, output, mean, rstd, rows, channels, eps);
       },
 #if ZT_HAVE_CUDA
@@ -199,7 +199,7 @@ void layernorm_backward(const Stream& stream, DType dtype, const void* grad_outp
                         void* grad_weight, void* grad_bias, std::int64_t rows, std::int64_t channels) {
   dispatch(
       stream, "layernorm_backward",
-      [&] {
+      [=] {
         return host::layernorm_backward(dtype, grad_output, input, weight, mean, rstd, grad_input,
                                         grad_weight, grad_bias, rows, channels);
       },
@@ -217,7 +217,7 @@ void activation_forward(const Stream& stream, DType dtype, Activation activation
                         void* output, std::int64_t count) {
   dispatch(
       stream, "activation_forward",
-      [&] { return host::activation_forward(dtype, activation, input, output, count); },
+      [=] { return host::activation_forward(dtype, activation, input, output, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::activation_forward(dtype, activation, input, output, count, native); }
 #else
@@ -230,7 +230,7 @@ void activation_backward(const Stream& stream, DType dtype, Activation activatio
                          const void* grad_output, void* grad_input, std::int64_t count) {
   dispatch(
       stream, "activation_backward",
-      [&] { return host::activation_backward(dtype, activation, input, grad_output, grad_input, count); },
+      [=] { return host::activation_backward(dtype, activation, input, grad_output, grad_input, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) {
         cuda::activation_backward(dtype, activation, input, grad_output, grad_input, count, native);
@@ -245,7 +245,7 @@ void dropout_forward(const Stream& stream, DType dtype, const void* input, void*
                      double p, std::uint64_t seed, std::uint64_t mask_stream) {
   dispatch(
       stream, "dropout_forward",
-      [&] { return host::dropout_forward(dtype, input, output, count, p, seed, mask_stream); },
+      [=] { return host::dropout_forward(dtype, input, output, count, p, seed, mask_stream); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::dropout_forward(dtype, input, output, count, p, seed, mask_stream, native); }
 #else
@@ -258,7 +258,7 @@ void dropout_backward(const Stream& stream, DType dtype, const void* grad_output
                       std::int64_t count, double p, std::uint64_t seed, std::uint64_t mask_stream) {
   dispatch(
       stream, "dropout_backward",
-      [&] { return host::dropout_backward(dtype, grad_output, grad_input, count, p, seed, mask_stream); },
+      [=] { return host::dropout_backward(dtype, grad_output, grad_input, count, p, seed, mask_stream); },
 #if ZT_HAVE_CUDA
       [&](void* native) {
         cuda::dropout_backward(dtype, grad_output, grad_input, count, p, seed, mask_stream, native);
@@ -273,7 +273,7 @@ void attention_forward(const Stream& stream, DType dtype, const void* qkv, void*
                        const AttentionShape& shape) {
   dispatch(
       stream, "attention_forward",
-      [&] { return host::attention_forward(dtype, qkv, output, row_logsumexp, shape); },
+      [=] { return host::attention_forward(dtype, qkv, output, row_logsumexp, shape); },
 #if ZT_HAVE_CUDA
       [&](void* native) {
         if (!cuda::cudnn::attention_forward(dtype, qkv, output, row_logsumexp, shape, native))
@@ -289,7 +289,7 @@ void attention_backward(const Stream& stream, DType dtype, const void* grad_outp
                         const AttentionShape& shape) {
   dispatch(
       stream, "attention_backward",
-      [&] {
+      [=] {
         return host::attention_backward(dtype, grad_output, qkv, output, row_logsumexp, grad_qkv, shape);
       },
 #if ZT_HAVE_CUDA
@@ -305,7 +305,7 @@ void attention_backward(const Stream& stream, DType dtype, const void* grad_outp
 
 void scale(const Stream& stream, DType dtype, void* data, std::int64_t count, double factor) {
   dispatch(
-      stream, "scale", [&] { return host::scale(dtype, data, count, factor); },
+      stream, "scale", [=] { return host::scale(dtype, data, count, factor); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::scale(dtype, data, count, factor, native); }
 #else
@@ -320,7 +320,7 @@ void cross_entropy_forward(const Stream& stream, DType dtype, const void* logits
   ZT_CHECK(result != nullptr, "cross_entropy_forward: the result scalars are null");
   dispatch(
       stream, "cross_entropy_forward",
-      [&] {
+      [=] {
         const host::CrossEntropyResult forward =
             host::cross_entropy_forward(dtype, logits, targets, row_logsumexp, rows, vocab, ignore_index);
         result->mean_loss = forward.loss;
@@ -343,7 +343,7 @@ void cross_entropy_backward(const Stream& stream, DType dtype, const void* logit
   ZT_CHECK(forward_result != nullptr, "cross_entropy_backward: the forward's result scalars are null");
   dispatch(
       stream, "cross_entropy_backward",
-      [&] {
+      [=] {
         const double counted = forward_result->counted_rows;
         const double row_scale = counted > 0 ? scale / counted : 0.0;
         return host::cross_entropy_backward(dtype, logits, targets, row_logsumexp, grad_logits, rows, vocab,
@@ -363,7 +363,7 @@ void mse_forward(const Stream& stream, DType dtype, const void* prediction, cons
                  std::int64_t count, double* loss) {
   ZT_CHECK(loss != nullptr, "mse_forward: the loss scalar is null");
   dispatch(
-      stream, "mse_forward", [&] { *loss = host::mse_forward(dtype, prediction, target, count); },
+      stream, "mse_forward", [=] { *loss = host::mse_forward(dtype, prediction, target, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::mse_forward(dtype, prediction, target, count, loss, native); });
 #else
@@ -375,7 +375,7 @@ void mse_backward(const Stream& stream, DType dtype, const void* prediction, con
                   void* grad_prediction, std::int64_t count, double scale) {
   dispatch(
       stream, "mse_backward",
-      [&] { return host::mse_backward(dtype, prediction, target, grad_prediction, count, scale); },
+      [=] { return host::mse_backward(dtype, prediction, target, grad_prediction, count, scale); },
 #if ZT_HAVE_CUDA
       [&](void* native) {
         cuda::mse_backward(dtype, prediction, target, grad_prediction, count, scale, native);

@@ -789,14 +789,18 @@ void MpiCommunicator::do_barrier() {
 // API's access (kernels/emulated_device.hpp), and a non-blocking one completes before it returns,
 // as a stream-ordered device collective looks from the host. Point-to-point follows the device
 // backend's rules (include/zerotrain/nccl_communicator.hpp): operations complete in posting order,
-// so a rank that receives first waits for its peer's send, and the rank itself is no peer.
+// so a rank that receives first waits for its peer's send, and the rank itself is no peer. Ordered
+// with a stream, each operation first runs the work queued on it (kernels/emulated_device.hpp), as
+// NCCL's stream waits for it: the collective reads what that stream's kernels wrote, and nothing
+// that another stream queued without an event recorded before it.
 
 class EmulatedDeviceCommunicator final : public MpiCommunicator {
  public:
   EmulatedDeviceCommunicator(OwnedMpiComm comm, int rank, int size, int tag_upper_bound, std::string name,
-                             detail::CommIdentity identity, Device device)
+                             detail::CommIdentity identity, Device device, const Stream* ordered_with)
       : MpiCommunicator(std::move(comm), rank, size, tag_upper_bound, std::move(name), std::move(identity)),
-        device_(device) {}
+        device_(device),
+        ordered_with_(ordered_with) {}
 
   Device device() const override { return device_; }
 
@@ -840,6 +844,11 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     check_on_device(CommOp::recv, {buffer}, count);
     const detail::EmulatedDeviceAccess access;
     MpiCommunicator::do_recv(buffer, count, type, peer, tag);
+  }
+
+  void do_barrier() override {
+    if (ordered_with_ != nullptr) ordered_with_->synchronize();
+    MpiCommunicator::do_barrier();
   }
 
   Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
@@ -909,8 +918,10 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
                       ") cannot send to or receive from its own rank (copy the buffer instead)");
   }
 
+  /// Every operation's first step: its buffers on the device, then the ordering stream's work.
   void check_on_device(CommOp op, std::initializer_list<const void*> buffers, std::size_t count) const {
     detail::check_device_buffers(*this, op, buffers, count);
+    if (ordered_with_ != nullptr) ordered_with_->synchronize();
   }
 
   static std::size_t total_of(std::span<const std::size_t> counts) {
@@ -920,6 +931,7 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
   }
 
   Device device_;
+  const Stream* ordered_with_;  // the stream whose work each operation follows, or none
 };
 
 // ---- construction ----------------------------------------------------------------------------
@@ -969,13 +981,16 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string n
 }
 
 std::unique_ptr<Communicator> make_emulated_device_communicator(MPI_Comm comm, std::string name,
-                                                                Device device) {
+                                                                Device device, const Stream* ordered_with) {
   ZT_CHECK_AS(CommError, device.is_emulated(), "make_emulated_device_communicator('", name, "'): device ",
               device.str(), "; expected an emulated device (Device::emulated())");
+  ZT_CHECK_AS(CommError, ordered_with == nullptr || ordered_with->device() == device,
+              "make_emulated_device_communicator('", name, "'): ordered with a ",
+              ordered_with->device().str(), " stream; expected a stream of ", device.str());
   DuplicatedComm made = duplicate_for_zerotrain(comm, name, "make_emulated_device_communicator");
   return std::make_unique<EmulatedDeviceCommunicator>(std::move(made.comm), made.rank, made.size,
                                                       made.tag_upper_bound, std::move(name),
-                                                      std::move(made.identity), device);
+                                                      std::move(made.identity), device, ordered_with);
 }
 
 MPI_Comm native_mpi_comm(const Communicator& communicator) {

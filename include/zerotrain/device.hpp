@@ -11,8 +11,10 @@
 // pointer dereference, a memcpy, a Tensor::data<T>() loop) is killed by SIGSEGV, reported as "host
 // access to emulated device memory" with the address: a host-only path in device code cannot go
 // unnoticed. Addresses are never reused, so a stale pointer faults too, and a PROT_NONE page between
-// buffers catches overruns. Kernels run the host kernels; streams and events run work at once, as
-// on the host.
+// buffers catches overruns. Kernels run the host kernels. Its streams queue their work as a GPU's
+// do, and run it only when the host needs it done (a synchronize, a stream waiting for an event, a
+// stream-less copy or free, a collective): work read through another stream without an event
+// between them has not run yet, so a missing wait shows every time (kernels/emulated_device.hpp).
 #pragma once
 
 #include <array>
@@ -118,10 +120,11 @@ void reset_memory_peaks();
 /// The CUDA allocators cache what is freed (docs/gpu.md, "Device memory and device choice"), and a
 /// free never races with kernels still using the memory: without a stream, deallocate() waits for
 /// the device's queued work (as cudaFree and cudaFreeHost do) before the block may be reused; with a
-/// stream (allocate_on/deallocate_on, a cudaStream_t from Stream::native()), the memory is usable by
-/// work queued on that stream after the allocation, and reused only after the work queued on it
-/// before the free (cudaMallocFromPoolAsync/cudaFreeAsync semantics): work on other streams that
-/// uses it must be ordered before the free through events (Stream::wait).
+/// stream (allocate_on/deallocate_on: a cudaStream_t from Stream::native(), or an emulated stream's
+/// queue, which the emulated device's and the page-locked stand-in's allocators follow), the memory is usable
+/// by work queued on that stream after the allocation, and reused only after the work queued on it before the
+/// free (cudaMallocFromPoolAsync/cudaFreeAsync semantics): work on other streams that uses it must be ordered
+/// before the free through events (Stream::wait).
 class Allocator {
  public:
   virtual ~Allocator() = default;
@@ -147,7 +150,7 @@ class Stream;
 class Buffer {
  public:
   Buffer() = default;
-  /// With `stream` (a CUDA stream: device memory, or pinned host memory for copies on it), the
+  /// With `stream` (a CUDA or emulated stream: device memory, or pinned host memory for copies on it), the
   /// buffer is allocated and freed in the stream's order (Allocator::allocate_on): the hot path's
   /// temporaries, without a device-wide wait at the free. The stream must outlive the buffer.
   Buffer(Device device, std::size_t bytes, MemoryCategory category = MemoryCategory::other,
@@ -186,14 +189,20 @@ class Buffer {
 };
 
 class Event;
+class Stream;
+namespace detail {
+std::uint64_t emulated_queue_of(const Stream& stream);  // kernels/emulated_device.hpp
+}
 
-/// An ordered queue of device work (a cudaStream_t); on the host and the emulated device, work runs
-/// at once and synchronize() returns immediately. Move-only; the CUDA stream is destroyed with it.
+/// An ordered queue of device work (a cudaStream_t); on the host work runs at once and synchronize()
+/// returns immediately; on the emulated device work is queued until the host needs it done (see the
+/// top). Move-only; the CUDA stream is destroyed with it, an emulated one runs its work first.
 class Stream {
  public:
   Stream() = default;  // the host stream
   /// A new stream: a non-blocking cudaStream_t on a CUDA device (it does not order against the
-  /// legacy default stream), a stream that runs work at once on the host and the emulated device.
+  /// legacy default stream), a queue on the emulated device, a stream that runs work at once on the
+  /// host.
   explicit Stream(Device device);
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;
@@ -203,8 +212,9 @@ class Stream {
 
   Device device() const { return device_; }
   void synchronize() const;
-  /// Work queued on this stream from now on waits until `event` is reached (cudaStreamWaitEvent);
-  /// the host and emulated streams run work at once, so they block until then instead.
+  /// Work queued on this stream from now on waits until `event` is reached (cudaStreamWaitEvent; on
+  /// the emulated device the event's work runs before this stream's next item); streams that run
+  /// work at once (the host's, default streams of the emulated device) block until then instead.
   void wait(const Event& event) const;
   /// The cudaStream_t as an opaque pointer (nullptr for the host and emulated streams, and for a
   /// CUDA device's legacy default stream).
@@ -212,11 +222,13 @@ class Stream {
 
  private:
   friend const Stream& default_stream(Device device);
+  friend std::uint64_t detail::emulated_queue_of(const Stream& stream);
   struct Unowned {};
   Stream(Device device, Unowned) : device_(device) {}  // a default stream: nothing to create
 
   Device device_{};
   void* native_ = nullptr;
+  std::uint64_t emulated_queue_ = 0;  // an emulated stream's queue; 0: work runs at once
 };
 
 /// The stream for callers without an execution context (tests, benchmarks, conveniences such as
@@ -228,8 +240,9 @@ class Stream {
 const Stream& default_stream(Device device);
 
 /// A point in a stream's work (a cudaEvent_t, without timing): record() marks the work queued so far,
-/// synchronize() waits for it, ready() polls. Work on the host stream runs at once, so a host event
-/// is always reached. Move-only; the CUDA event is destroyed with it.
+/// synchronize() waits for it (on the emulated device: runs it), ready() polls. Work on the host
+/// stream runs at once, so a host event is always reached. Move-only; the CUDA event is destroyed
+/// with it.
 class Event {
  public:
   Event() = default;  // a host event
@@ -249,20 +262,26 @@ class Event {
   void* native() const { return native_; }
 
  private:
+  friend class Stream;
   Device device_{};
   void* native_ = nullptr;
+  std::uint64_t emulated_queue_ = 0;     // where an emulated event was recorded (0: reached)
+  std::uint64_t emulated_position_ = 0;  // how much of that queue's work it marks
 };
 
-/// Copy bytes between any two devices; asynchronous on `stream` when a CUDA device is involved
-/// (without one: synchronous, after the work queued on the CUDA device's every stream, as
-/// Tensor::item_as_double). Emulated memory is copied inside the device API's access; a copy
-/// between a CUDA device and the emulated device is an error.
+/// Copy bytes between any two devices; asynchronous on `stream` when a CUDA or emulated device is
+/// involved (without one, or on the emulated default stream: synchronous, after the work queued on
+/// the device's every stream, as Tensor::item_as_double). As cudaMemcpyAsync, a copy from pageable
+/// host memory reads its source before it returns and one into pageable host memory returns done;
+/// page-locked memory (HostMemoryKind::pinned) is read or written when the stream runs the copy.
+/// Emulated memory is copied inside the device API's access; a copy between a CUDA device and the
+/// emulated device is an error.
 void copy_bytes(void* destination, Device destination_device, const void* source, Device source_device,
                 std::size_t bytes, const Stream* stream = nullptr);
 
-/// Set `bytes` bytes at `destination` on `device` to zero; asynchronous on `stream` on a CUDA device
-/// (cudaMemsetAsync; without a stream: synchronous, after the work queued on the device's every
-/// stream).
+/// Set `bytes` bytes at `destination` on `device` to zero; asynchronous on `stream` on a CUDA or
+/// emulated device (cudaMemsetAsync; without a stream: synchronous, after the work queued on the
+/// device's every stream).
 void zero_bytes(void* destination, Device device, std::size_t bytes, const Stream* stream = nullptr);
 
 }  // namespace zt

@@ -21,9 +21,13 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string n
 /// It behaves as a device backend does (nccl_communicator.hpp): each operation runs inside the
 /// device API's access, a non-blocking one has completed when it returns (its Work is done), a
 /// receive posted before the matching send waits there (order a ring: even ranks send first, odd
-/// ranks receive first), and send/recv with the rank itself is refused with zt::CommError.
+/// ranks receive first), and send/recv with the rank itself is refused with zt::CommError. With
+/// `ordered_with` (a stream of `device`, outliving the communicator: the engine's compute stream)
+/// every operation starts after the work queued on that stream, as NCCL's does (the emulated
+/// device's streams queue their work until it is needed: kernels run lazily, see device.hpp).
 std::unique_ptr<Communicator> make_emulated_device_communicator(MPI_Comm comm, std::string name,
-                                                                Device device = Device::emulated());
+                                                                Device device = Device::emulated(),
+                                                                const Stream* ordered_with = nullptr);
 
 /// The MPI_Comm behind an MPI-backend communicator (throws for other backends).
 MPI_Comm native_mpi_comm(const Communicator& communicator);

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "kernels/cuda/never_destroyed.hpp"
+#include "base/never_destroyed.hpp"
 #include "kernels/cuda/shared_library.hpp"
 
 namespace zt::kernels::cuda::lt {
@@ -12,7 +12,7 @@ namespace {
 /// libcublasLt.so.<CUBLAS_VER_MAJOR> (the cuBLAS major version we compiled against), opened on first use.
 const SharedLibrary& library() {
   // Never closed: the cuBLASLt handles, never destroyed either, may call into it at exit.
-  static NeverDestroyed<const SharedLibrary> cublaslt(
+  static base::NeverDestroyed<const SharedLibrary> cublaslt(
       "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR),
       "the CUDA GEMMs (cuBLASLt is loaded when the first GEMM runs on a GPU)");
   return *cublaslt;

@@ -61,9 +61,9 @@
 #include <utility>
 #include <vector>
 
+#include "base/never_destroyed.hpp"
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/cudnn_library.hpp"
-#include "kernels/cuda/never_destroyed.hpp"
 #include "kernels/cuda/stream_scratch.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
@@ -623,7 +623,7 @@ struct DeviceContext {
 
 DeviceContext& device_context(int device) {
   static std::mutex mutex;
-  static NeverDestroyed<std::map<int, std::unique_ptr<DeviceContext>>> contexts;
+  static base::NeverDestroyed<std::map<int, std::unique_ptr<DeviceContext>>> contexts;
   const std::lock_guard lock(mutex);
   std::unique_ptr<DeviceContext>& context = (*contexts)[device];
   if (!context) {
@@ -654,7 +654,7 @@ struct PlanKey {
 /// The plan for `key`, made on first use; null (remembered) when cuDNN refuses the key.
 const Plan* find_plan(const PlanKey& key, const AttentionShape& shape, cudnnHandle_t handle) {
   static std::mutex mutex;
-  static NeverDestroyed<std::map<PlanKey, std::unique_ptr<Plan>>> plans;
+  static base::NeverDestroyed<std::map<PlanKey, std::unique_ptr<Plan>>> plans;
   const std::lock_guard lock(mutex);
   const auto found = plans->find(key);
   if (found != plans->end()) return found->second.get();

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "kernels/cuda/never_destroyed.hpp"
+#include "base/never_destroyed.hpp"
 #include "kernels/cuda/shared_library.hpp"
 
 namespace zt::kernels::cuda::dnn {
@@ -16,7 +16,7 @@ namespace {
 /// its own directory.
 const SharedLibrary& library() {
   // Never closed: the cuDNN handles and plans, never destroyed either, live in it.
-  static NeverDestroyed<const SharedLibrary> cudnn(
+  static base::NeverDestroyed<const SharedLibrary> cudnn(
       "libcudnn.so." + std::to_string(CUDNN_MAJOR),
       "the cuDNN fused attention (our own attention kernel runs without it)");
   return *cudnn;

@@ -14,16 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "base/never_destroyed.hpp"
 #include "kernels/block_cache.hpp"
 #include "kernels/cuda/cuda_common.hpp"
-#include "kernels/cuda/never_destroyed.hpp"
 #include "kernels/device_backend.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::detail {
 namespace {
 using kernels::cuda::as_cuda_stream;
-using kernels::cuda::NeverDestroyed;
 
 void require_usable(const char* what) {
   const CudaStatus& status = cuda_status();
@@ -80,7 +79,7 @@ class LiveStreams {
 };
 /// Never destroyed: buffers may be freed during static destruction.
 LiveStreams& live_streams() {
-  static NeverDestroyed<LiveStreams> streams;
+  static base::NeverDestroyed<LiveStreams> streams;
   return *streams;
 }
 
@@ -174,7 +173,7 @@ struct DeviceAllocators {
 };
 /// Never destroyed: buffers may be freed during static destruction.
 DeviceAllocators& device_allocators() {
-  static NeverDestroyed<DeviceAllocators> allocators;
+  static base::NeverDestroyed<DeviceAllocators> allocators;
   return *allocators;
 }
 
@@ -314,7 +313,7 @@ class CudaPinnedAllocator final : public Allocator {
 
 /// Never destroyed: pinned buffers may be freed during static destruction.
 CudaPinnedAllocator& pinned_allocator() {
-  static NeverDestroyed<CudaPinnedAllocator> allocator;
+  static base::NeverDestroyed<CudaPinnedAllocator> allocator;
   return *allocator;
 }
 

@@ -33,10 +33,10 @@
 #include <type_traits>
 #include <utility>
 
+#include "base/never_destroyed.hpp"
 #include "kernels/cuda/cublaslt_library.hpp"
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/gemm.hpp"
-#include "kernels/cuda/never_destroyed.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
 
@@ -120,7 +120,7 @@ class StreamDeviceScope : public CurrentDeviceScope {
 
 cublasLtHandle_t lt_handle(int device, const GemmContext& gemm) {
   static std::mutex mutex;
-  static NeverDestroyed<std::map<int, LtHandle>> handles;
+  static base::NeverDestroyed<std::map<int, LtHandle>> handles;
   const std::lock_guard lock(mutex);
   LtHandle& handle = (*handles)[device];
   if (!handle) {
@@ -136,7 +136,7 @@ constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
 void* stream_workspace(int device, cudaStream_t stream) {
   static std::mutex mutex;
-  static NeverDestroyed<std::map<std::pair<int, cudaStream_t>, DeviceMemory>> workspaces;
+  static base::NeverDestroyed<std::map<std::pair<int, cudaStream_t>, DeviceMemory>> workspaces;
   const std::lock_guard lock(mutex);
   DeviceMemory& workspace = (*workspaces)[{device, stream}];
   if (!workspace) {
@@ -301,7 +301,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key, const void* bias, cublas
 /// Finds or makes the plan; null (remembered too) when cuBLASLt has no algorithm for the key.
 GemmPlan* find_plan(const GemmKey& key, const void* bias, cublasLtHandle_t handle, const GemmContext& gemm) {
   static std::mutex mutex;
-  static NeverDestroyed<std::map<GemmKey, std::unique_ptr<GemmPlan>>> plans;
+  static base::NeverDestroyed<std::map<GemmKey, std::unique_ptr<GemmPlan>>> plans;
   const std::lock_guard lock(mutex);
   const auto found = plans->find(key);
   if (found != plans->end()) return found->second.get();

@@ -445,7 +445,7 @@ void adam_step(const Stream& stream, const AdamStepArgs& args) {
   ZT_CHECK(args.step >= 1, "adam_step: step is ", args.step,
            "; expected the 1-based count of updates (>= 1)");
   dispatch(
-      stream, "adam_step", [&] { host::adam_step(args); },
+      stream, "adam_step", [=] { host::adam_step(args); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::adam_step(args, native); }
 #else
@@ -459,7 +459,7 @@ void sgd_step(const Stream& stream, const SgdStepArgs& args) {
   check_buffer(args.grads, args.count, "sgd_step", "grads");
   if (args.momentum != 0.0f) check_buffer(args.momentum_buffer, args.count, "sgd_step", "momentum_buffer");
   dispatch(
-      stream, "sgd_step", [&] { host::sgd_step(args); },
+      stream, "sgd_step", [=] { host::sgd_step(args); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::sgd_step(args, native); }
 #else
@@ -472,7 +472,7 @@ GradCheck grad_sum_squares(const Stream& stream, const void* grads, DType grad_d
                            double scale) {
   check_buffer(grads, count, "grad_sum_squares", "grads");
   return dispatch(
-      stream, "grad_sum_squares", [&] { return host::grad_sum_squares(grads, grad_dtype, count, scale); },
+      stream, "grad_sum_squares", [=] { return host::grad_sum_squares(grads, grad_dtype, count, scale); },
 #if ZT_HAVE_CUDA
       [&](void* native) { return cuda::grad_sum_squares(grads, grad_dtype, count, scale, native); }
 #else
@@ -487,7 +487,7 @@ void grad_sum_squares(const Stream& stream, const void* grads, DType grad_dtype,
   ZT_CHECK(accumulator != nullptr, "grad_sum_squares: the accumulator is null");
   dispatch(
       stream, "grad_sum_squares",
-      [&] {
+      [=] {
         const GradCheck partial = host::grad_sum_squares(grads, grad_dtype, count, scale);
         accumulator->sum_sq = accumulator->sum_sq + partial.sum_sq;
         accumulator->found_inf = accumulator->found_inf + (partial.found_inf ? 1.0 : 0.0);
@@ -505,7 +505,7 @@ void cast_params_to_16bit(const Stream& stream, const float* params, void* param
   check_buffer(params, count, "cast_params_to_16bit", "params");
   check_buffer(params_16bit, count, "cast_params_to_16bit", "params_16bit");
   dispatch(
-      stream, "cast_params_to_16bit", [&] { host::cast_params_to_16bit(params, params_16bit, dtype, count); },
+      stream, "cast_params_to_16bit", [=] { host::cast_params_to_16bit(params, params_16bit, dtype, count); },
 #if ZT_HAVE_CUDA
       [&](void* native) { cuda::cast_params_to_16bit(params, params_16bit, dtype, count, native); }
 #else

@@ -59,7 +59,8 @@ ParallelContext::Group ParallelContext::group_of(Communicator& host, const char*
     own_comms_.push_back(make_single_rank_communicator(device, device_name, execution_.compute()));
     group.device = own_comms_.back().get();
   } else if (device.is_emulated()) {
-    own_comms_.push_back(make_emulated_device_communicator(native_mpi_comm(host), device_name, device));
+    own_comms_.push_back(
+        make_emulated_device_communicator(native_mpi_comm(host), device_name, device, &execution_.compute()));
     group.device = own_comms_.back().get();
   } else {
     ZT_CHECK_AS(ConfigError, kHaveNccl, "the engine on ", device.str(),

@@ -3,6 +3,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -501,7 +502,7 @@ TEST(EmulatedDevice, BuffersAreCountedApartFromTheHost) {
   EXPECT_EQ(zt::detail::emulated_device_region_count(), regions_before);
 }
 
-TEST(EmulatedDevice, StreamsAndEventsRunWorkAtOnce) {
+TEST(EmulatedDevice, DefaultStreamsAreOnePerDevice) {
   const zt::Stream& stream = zt::default_stream(kEmulated);
   EXPECT_EQ(&stream, &zt::default_stream(kEmulated));  // one per device, process-wide
   EXPECT_EQ(stream.device(), kEmulated);
@@ -511,10 +512,165 @@ TEST(EmulatedDevice, StreamsAndEventsRunWorkAtOnce) {
   zt::Stream own(kEmulated);
   zt::Event event(kEmulated);
   event.record(own);
-  EXPECT_TRUE(event.ready());
+  EXPECT_TRUE(event.ready());  // nothing queued before it
   stream.wait(event);
   own.synchronize();
   event.synchronize();
+  const std::string message = zt::testing::error_of([&] {
+    zt::Event host_event;
+    host_event.record(own);
+  });
+  EXPECT_NE(message.find("Event::record: a host event on a emulated:0 stream"), std::string::npos) << message;
+}
+
+/// `count` ints on the emulated device, each `value`, written at once (a stream-less copy).
+zt::Buffer emulated_ints(std::size_t count, int value) {
+  const std::vector<int> values(count, value);
+  zt::Buffer buffer(kEmulated, count * sizeof(int));
+  zt::copy_bytes(buffer.data(), kEmulated, values.data(), zt::Device::host(), buffer.size());
+  return buffer;
+}
+
+/// The ints of an emulated buffer, read after everything queued (a stream-less copy).
+std::vector<int> ints_of(const zt::Buffer& buffer) {
+  std::vector<int> values(buffer.size() / sizeof(int));
+  zt::copy_bytes(values.data(), zt::Device::host(), buffer.data(), kEmulated, buffer.size());
+  return values;
+}
+
+// The point of the queues: work read through another stream without an event between them has not
+// run yet, every time, so a missing wait gives the wrong numbers on the CPU as on a GPU now and then.
+TEST(EmulatedDevice, WorkOfAnotherStreamIsSeenOnlyAfterAnEvent) {
+  zt::Buffer device = emulated_ints(1000, 7);
+  zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pinned);
+  EXPECT_TRUE(zt::detail::is_page_locked_stand_in(pinned.data()));
+  std::fill_n(pinned.as<int>(), 1000, -1);
+  const zt::Stream producer(kEmulated), consumer(kEmulated);
+  zt::zero_bytes(device.data(), kEmulated, device.size(), &producer);
+  zt::Event zeroed(kEmulated);
+  zeroed.record(producer);
+  EXPECT_FALSE(zeroed.ready());  // queued, not run
+
+  // Without the wait: the consumer's copy runs before the zeroing.
+  zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), kEmulated, device.size(), &consumer);
+  EXPECT_EQ(pinned.as<int>()[0], -1);  // queued, not run
+  consumer.synchronize();
+  EXPECT_EQ(pinned.as<int>()[0], 7);
+  EXPECT_EQ(pinned.as<int>()[999], 7);
+  EXPECT_FALSE(zeroed.ready());  // the consumer ran only its own work
+
+  // With it: the producer's work up to the event runs first.
+  consumer.wait(zeroed);
+  zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), kEmulated, device.size(), &consumer);
+  consumer.synchronize();
+  EXPECT_TRUE(zeroed.ready());
+  EXPECT_EQ(pinned.as<int>()[0], 0);
+  EXPECT_EQ(pinned.as<int>()[999], 0);
+}
+
+TEST(EmulatedDevice, CopiesFollowCudaMemcpyAsync) {
+  zt::Buffer device = emulated_ints(4, 1);
+  const zt::Stream stream(kEmulated);
+  // From pageable memory the source is read at the call: the caller may reuse it at once.
+  std::vector<int> pageable{10, 11, 12, 13};
+  zt::copy_bytes(device.data(), kEmulated, pageable.data(), zt::Device::host(), device.size(), &stream);
+  pageable.assign(4, -1);
+  stream.synchronize();
+  EXPECT_EQ(ints_of(device), (std::vector<int>{10, 11, 12, 13}));
+  // From page-locked memory it is read when the copy runs, as a GPU's DMA does.
+  zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pinned);
+  std::fill_n(pinned.as<int>(), 4, 20);
+  zt::copy_bytes(device.data(), kEmulated, pinned.data(), zt::Device::host(), device.size(), &stream);
+  pinned.as<int>()[2] = 22;  // before the copy ran: a GPU may read either; the emulation reads this
+  stream.synchronize();
+  EXPECT_EQ(ints_of(device), (std::vector<int>{20, 20, 22, 20}));
+  // Into pageable memory the call returns with the copy done, after the stream's earlier work.
+  zt::zero_bytes(device.data(), kEmulated, sizeof(int), &stream);
+  std::vector<int> back(4, -1);
+  zt::copy_bytes(back.data(), zt::Device::host(), device.data(), kEmulated, device.size(), &stream);
+  EXPECT_EQ(back, (std::vector<int>{0, 20, 22, 20}));
+  // Into page-locked memory it is written when the stream runs.
+  std::fill_n(pinned.as<int>(), 4, -1);
+  zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), kEmulated, device.size(), &stream);
+  EXPECT_EQ(pinned.as<int>()[1], -1);
+  zt::Event copied(kEmulated);
+  copied.record(stream);
+  EXPECT_FALSE(copied.ready());
+  copied.synchronize();
+  EXPECT_TRUE(copied.ready());
+  EXPECT_EQ(pinned.as<int>()[1], 20);
+}
+
+// Stream-less calls and the default stream follow CUDA's legacy default stream: after every
+// stream's queued work.
+TEST(EmulatedDevice, StreamLessCallsAndTheDefaultStreamFollowEveryStream) {
+  zt::Buffer device = emulated_ints(8, 5);
+  {
+    const zt::Stream first(kEmulated), second(kEmulated);
+    zt::zero_bytes(device.data(), kEmulated, 2 * sizeof(int), &first);
+    zt::zero_bytes(device.as<int>() + 2, kEmulated, 2 * sizeof(int), &second);
+    EXPECT_EQ(ints_of(device), (std::vector<int>{0, 0, 0, 0, 5, 5, 5, 5}));
+    zt::zero_bytes(device.as<int>() + 4, kEmulated, 2 * sizeof(int), &first);
+    std::vector<int> back(8, -1);
+    zt::copy_bytes(back.data(), zt::Device::host(), device.data(), kEmulated, device.size(),
+                   &zt::default_stream(kEmulated));
+    EXPECT_EQ(back, (std::vector<int>{0, 0, 0, 0, 0, 0, 5, 5}));
+    // Work queued on a stream that is destroyed still runs (at its destruction).
+    zt::zero_bytes(device.as<int>() + 6, kEmulated, sizeof(int), &second);
+  }
+  EXPECT_EQ(ints_of(device), (std::vector<int>{0, 0, 0, 0, 0, 0, 0, 5}));
+  // The default stream's wait for an event blocks until its work ran.
+  const zt::Stream stream(kEmulated);
+  zt::zero_bytes(device.as<int>() + 7, kEmulated, sizeof(int), &stream);
+  zt::Event event(kEmulated);
+  event.record(stream);
+  zt::default_stream(kEmulated).wait(event);
+  EXPECT_TRUE(event.ready());
+}
+
+TEST(EmulatedDevice, AQueuedFailureIsRethrownWhereTheHostWaits) {
+  const zt::Stream stream(kEmulated);
+  const std::uint64_t queue = zt::detail::emulated_queue_of(stream);
+  ASSERT_NE(queue, 0u);
+  bool later_ran = false;
+  zt::detail::emulated_enqueue(queue, [] { throw zt::Error("the queued kernel failed"); });
+  zt::detail::emulated_enqueue(queue, [&] { later_ran = true; });
+  const std::string message = zt::testing::error_of([&] { stream.synchronize(); });
+  EXPECT_NE(message.find("the queued kernel failed"), std::string::npos) << message;
+  EXPECT_FALSE(later_ran);  // it would read what the failed kernel did not write
+  stream.synchronize();     // reported once
+  // A queued item waiting for work queued on its own stream after it would hang a GPU: an error.
+  zt::detail::emulated_enqueue(
+      queue, [queue] { zt::detail::emulated_run_until(queue, zt::detail::emulated_queue_position(queue)); });
+  zt::detail::emulated_enqueue(queue, [] {});
+  const std::string cycle = zt::testing::error_of([&] { stream.synchronize(); });
+  EXPECT_NE(cycle.find("waits for work queued on the same stream after it"), std::string::npos) << cycle;
+  // A stream-less call inside a queued item runs the other streams, not the item's own.
+  zt::Buffer device = emulated_ints(2, 3);
+  const zt::Stream other(kEmulated);
+  zt::zero_bytes(device.data(), kEmulated, sizeof(int), &other);
+  std::vector<int> seen;
+  zt::detail::emulated_enqueue(queue, [&] { seen = ints_of(device); });
+  stream.synchronize();
+  EXPECT_EQ(seen, (std::vector<int>{0, 3}));
+}
+
+TEST(EmulatedDevice, StreamOrderedFreesWaitForTheStream) {
+  const zt::Stream stream(kEmulated);
+  zt::Buffer pinned(zt::Device::host(), 4 * sizeof(int), zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pinned);
+  std::fill_n(pinned.as<int>(), 4, 9);
+  zt::Buffer device(kEmulated, pinned.size(), zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pageable, &stream);
+  zt::copy_bytes(device.data(), kEmulated, pinned.data(), zt::Device::host(), pinned.size(), &stream);
+  const void* address = device.data();
+  device = zt::Buffer();  // freed in the stream's order: after the copy that reads it
+  EXPECT_TRUE(zt::detail::is_emulated_device_address(address));
+  const std::size_t live = zt::detail::emulated_device_region_count();
+  stream.synchronize();
+  EXPECT_EQ(zt::detail::emulated_device_region_count(), live - 1);
 }
 
 TEST(EmulatedDevice, IsAccessibleInsideTheDeviceApiAccessOnly) {
