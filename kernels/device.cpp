@@ -448,15 +448,8 @@ void Stream::synchronize() const {
 }
 
 void Stream::wait(const Event& event) const {
-  if (event.emulated_queue_ != 0) {
-    const std::uint64_t queue = event.emulated_queue_, position = event.emulated_position_;
-    if (queue == emulated_queue_) return;  // this stream's own earlier work: in order already
-    if (emulated_queue_ == 0) {
-      detail::emulated_run_until(queue, position);  // a stream that runs work at once: wait now
-    } else {
-      detail::emulated_enqueue(emulated_queue_,
-                               [queue, position] { detail::emulated_run_until(queue, position); });
-    }
+  if (event.emulated_queue_ != 0) {  // queued on an emulated stream; the default stream waits now
+    detail::emulated_enqueue_wait(emulated_queue_, event.emulated_queue_, event.emulated_position_);
     return;
   }
   if (event.native() == nullptr) return;  // a host event is always reached

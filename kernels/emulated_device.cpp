@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/never_destroyed.hpp"
 #include "zerotrain/error.hpp"
 
 namespace zt::detail {
@@ -232,7 +233,7 @@ Allocator& emulated_device_allocator(int index) {
   ZT_CHECK(index >= 0, "emulated:", index, " does not exist: expected an index >= 0");
   static std::mutex mutex;
   // Never destroyed: buffers may be released during static destruction.
-  static auto* allocators = new std::map<int, std::unique_ptr<EmulatedDeviceAllocator>>();
+  static base::NeverDestroyed<std::map<int, std::unique_ptr<EmulatedDeviceAllocator>>> allocators;
   const std::lock_guard lock(mutex);
   auto& slot = (*allocators)[index];
   if (!slot) slot = std::make_unique<EmulatedDeviceAllocator>(index);

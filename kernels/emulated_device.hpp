@@ -55,6 +55,9 @@ void emulated_queue_destroy(std::uint64_t queue) noexcept;
 /// Appends `work` (run inside the device API's access by the callers that need it); on queue 0 it
 /// runs at once, after every queue's work.
 void emulated_enqueue(std::uint64_t queue, std::function<void()> work);
+/// Appends a wait: `queue`'s later items run after `event_queue`'s work up to `event_position` (an
+/// event's; Stream::wait). On queue 0 it waits at once.
+void emulated_enqueue_wait(std::uint64_t queue, std::uint64_t event_queue, std::uint64_t event_position);
 /// How many items were ever queued on `queue`: an event's position (0 for queue 0).
 std::uint64_t emulated_queue_position(std::uint64_t queue);
 /// Runs `queue`'s work up to `position` (a destroyed queue's is done). A queued item that threw is
@@ -66,6 +69,19 @@ bool emulated_reached(std::uint64_t queue, std::uint64_t position);
 void emulated_run_all();
 /// The same from noexcept code: a failure stays with its queue for the next emulated_run_until.
 void emulated_run_all_noexcept() noexcept;
+/// When the host waits for a stream, what else runs first. Both are orders a GPU may choose; each
+/// shows the missing events the other hides, so the tests of the emulated device run under both.
+///   lazy:  nothing else. A stream reading another's output without an event reads it unwritten
+///          when the host waits for the reader first (an upload on the transfer stream that the
+///          compute stream uses without compute_waits_for_transfers).
+///   eager: every other stream first runs what it can without waiting for an event not yet
+///          reached. A stream reading another's output without an event reads it unwritten when
+///          the host waits for the writer first (a copy to the host queued on the transfer stream
+///          without waiting for the compute stream's kernels).
+/// From ZT_EMULATED_STREAM_ORDER (lazy, the default, or eager); tests set it.
+enum class EmulatedStreamOrder { lazy, eager };
+EmulatedStreamOrder emulated_stream_order();
+void set_emulated_stream_order(EmulatedStreamOrder order);
 /// The queue of an emulated stream (0 for the default stream and for other devices).
 std::uint64_t emulated_queue_of(const Stream& stream);
 

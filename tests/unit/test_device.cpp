@@ -538,9 +538,25 @@ std::vector<int> ints_of(const zt::Buffer& buffer) {
   return values;
 }
 
+/// Sets the emulated streams' order for one test.
+class ScopedStreamOrder {
+ public:
+  explicit ScopedStreamOrder(zt::detail::EmulatedStreamOrder order)
+      : previous_(zt::detail::emulated_stream_order()) {
+    zt::detail::set_emulated_stream_order(order);
+  }
+  ~ScopedStreamOrder() { zt::detail::set_emulated_stream_order(previous_); }
+  ScopedStreamOrder(const ScopedStreamOrder&) = delete;
+  ScopedStreamOrder& operator=(const ScopedStreamOrder&) = delete;
+
+ private:
+  zt::detail::EmulatedStreamOrder previous_;
+};
+
 // The point of the queues: work read through another stream without an event between them has not
 // run yet, every time, so a missing wait gives the wrong numbers on the CPU as on a GPU now and then.
 TEST(EmulatedDevice, WorkOfAnotherStreamIsSeenOnlyAfterAnEvent) {
+  const ScopedStreamOrder lazy(zt::detail::EmulatedStreamOrder::lazy);
   zt::Buffer device = emulated_ints(1000, 7);
   zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
                     zt::HostMemoryKind::pinned);
@@ -569,7 +585,44 @@ TEST(EmulatedDevice, WorkOfAnotherStreamIsSeenOnlyAfterAnEvent) {
   EXPECT_EQ(pinned.as<int>()[999], 0);
 }
 
+// The missing event the lazy order hides: the host waits for the writer first, and the reader on
+// another stream runs only later, after it. The eager order runs the reader first.
+TEST(EmulatedDevice, TheEagerOrderRunsOtherStreamsBeforeTheOneWaitedFor) {
+  for (const auto order : {zt::detail::EmulatedStreamOrder::lazy, zt::detail::EmulatedStreamOrder::eager}) {
+    const ScopedStreamOrder scoped(order);
+    const bool eager = order == zt::detail::EmulatedStreamOrder::eager;
+    SCOPED_TRACE(eager ? "eager" : "lazy");
+    zt::Buffer device = emulated_ints(16, 7);
+    zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
+                      zt::HostMemoryKind::pinned);
+    std::fill_n(pinned.as<int>(), 16, -1);
+    const zt::Stream writer(kEmulated), reader(kEmulated);
+    zt::zero_bytes(device.data(), kEmulated, device.size(), &writer);
+    // No event: the copy may run before the zero on a GPU.
+    zt::copy_bytes(pinned.data(), zt::Device::host(), device.data(), kEmulated, device.size(), &reader);
+    writer.synchronize();
+    EXPECT_EQ(pinned.as<int>()[0], eager ? 7 : -1);  // eager: the reader ran first, reading the 7s
+    reader.synchronize();
+    EXPECT_EQ(pinned.as<int>()[0], eager ? 7 : 0);  // lazy: it ran after the zero, hiding the bug
+
+    // With the event, both orders give the zeroed values; the eager one stops at the wait.
+    zt::Buffer again = emulated_ints(16, 7);
+    zt::zero_bytes(again.data(), kEmulated, again.size(), &writer);
+    zt::Event zeroed(kEmulated);
+    zeroed.record(writer);
+    reader.wait(zeroed);
+    zt::copy_bytes(pinned.data(), zt::Device::host(), again.data(), kEmulated, again.size(), &reader);
+    zt::Event copied(kEmulated);
+    copied.record(reader);
+    writer.synchronize();
+    EXPECT_FALSE(copied.ready());  // the reader waits in front of its wait: not run ahead
+    reader.synchronize();
+    EXPECT_EQ(pinned.as<int>()[15], 0);
+  }
+}
+
 TEST(EmulatedDevice, CopiesFollowCudaMemcpyAsync) {
+  const ScopedStreamOrder lazy(zt::detail::EmulatedStreamOrder::lazy);
   zt::Buffer device = emulated_ints(4, 1);
   const zt::Stream stream(kEmulated);
   // From pageable memory the source is read at the call: the caller may reuse it at once.
@@ -606,6 +659,7 @@ TEST(EmulatedDevice, CopiesFollowCudaMemcpyAsync) {
 // Stream-less calls and the default stream follow CUDA's legacy default stream: after every
 // stream's queued work.
 TEST(EmulatedDevice, StreamLessCallsAndTheDefaultStreamFollowEveryStream) {
+  const ScopedStreamOrder lazy(zt::detail::EmulatedStreamOrder::lazy);
   zt::Buffer device = emulated_ints(8, 5);
   {
     const zt::Stream first(kEmulated), second(kEmulated);
