@@ -38,8 +38,9 @@ std::size_t emulated_device_region_count();
 // for an event recorded on it (Stream::wait: the waiting stream's next item runs it up to the event
 // first), a copy, zero or free without a stream (after every stream's work, as on a GPU), a device
 // collective (after the stream its communicator is ordered with), the stream's destruction. Nothing
-// runs on its own, so work that another stream reads without an event between them has not run yet
-// when it is read, every time: a missing wait gives wrong numbers or a fault on the emulated device
+// runs on its own, and what else runs when the host waits is fixed (EmulatedStreamOrder, below), so
+// work that another stream reads without an event between them runs in the wrong order every time
+// under one of the two orders: a missing wait gives wrong numbers or a fault on the emulated device
 // deterministically, where a GPU would give them now and then. Copies follow cudaMemcpyAsync: from
 // pageable host memory the source is read at the call, into pageable host memory the call returns
 // when the copy is done (after the stream's earlier work); page-locked host memory is read and

@@ -2,9 +2,10 @@
 // when the host needs their work done, and the page-locked stand-in for host memory.
 //
 // Why lazily, not on worker threads: a thread per stream would run the work soon after it is queued,
-// so a missing wait between two streams would show only now and then, as on a GPU. Run lazily, the
-// work another stream depends on has run only if an event or a synchronize asked for it: a missing
-// wait shows on every run, and the same way on every run.
+// so a missing wait between two streams would show only now and then, as on a GPU. Run on demand,
+// in one of two fixed orders (EmulatedStreamOrder: lazy runs only what the host waits for, eager
+// runs the other streams ahead of it), a missing wait shows on every run of the order that puts the
+// reader first, and the same way on every run.
 #include "kernels/emulated_device.hpp"
 
 #include <cstdio>
