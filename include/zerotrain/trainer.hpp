@@ -22,6 +22,14 @@ namespace zt {
 ///   zt::Runtime runtime(&argc, &argv, zt::runtime_options_for(config));
 RuntimeOptions runtime_options_for(const Config& config, RuntimeOptions options = {});
 
+/// Whether zt::train with this device choice can compute on a GPU: "cuda" does, "host" never does,
+/// and "auto" only once this build's training engine has run on a GPU (`zerotrain report`, "gpu
+/// path"). A job that cannot may create its runtime with RuntimeOptions::bind_device = false, as
+/// `zerotrain train` does, so that no rank makes a CUDA context on a GPU node (since CUDA 12 binding
+/// a GPU creates one: some hundreds of MiB of that GPU's memory per rank). Keep the binding where
+/// code of your own computes on the GPU beside a host training.
+bool device_choice_may_use_gpu(DeviceChoice choice);
+
 /// Where a run's micro-batches come from. Rank-local: each rank loads its share of global batch k.
 class TrainingData {
  public:

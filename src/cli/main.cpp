@@ -364,6 +364,9 @@ Job prepare_train(Arguments& arguments) {
   if (device_choice) parsed->config.device = *device_choice;
   Job job;
   job.runtime_options = zt::runtime_options_for(parsed->config);
+  // A run that will not compute on a GPU binds none: on a GPU node, binding one would make a CUDA
+  // context on it in every rank for nothing.
+  job.runtime_options.bind_device = !options.device && zt::device_choice_may_use_gpu(parsed->config.device);
   job.with_mpi = [parsed, options](zt::Runtime& runtime) {
     parsed->print_warnings(runtime);
     if (const std::optional<std::string> warning = forgotten_launcher_warning(runtime.world_size());

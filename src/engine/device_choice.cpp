@@ -69,29 +69,30 @@ DeviceDecision decide_device(DeviceChoice choice, std::span<const RankGpu> ranks
            ranks.size());
   if (choice == DeviceChoice::host) return {};
   const std::string key = choice == DeviceChoice::cuda ? "\"device\": \"cuda\"" : "\"device\": \"auto\"";
-  std::size_t without = 0, first_without = ranks.size(), first_with = ranks.size();
+  std::size_t without = 0, first_without = ranks.size();
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    if (missing_gpu_reason(ranks[r]).empty()) {
-      first_with = std::min(first_with, r);
-    } else {
-      ++without;
-      first_without = std::min(first_without, r);
-    }
+    if (missing_gpu_reason(ranks[r]).empty()) continue;
+    ++without;
+    first_without = std::min(first_without, r);
   }
   DeviceDecision decision;
-  if (choice == DeviceChoice::automatic) {
-    // No rank has a GPU: the host is what anyone expects, so nothing is said (a line on every CPU
-    // job, carrying CUDA's error name, would be noise that log scanners take for an error).
-    if (without == ranks.size()) return decision;
-    if (!engine_trains_on_cuda) {
-      decision.notice =
-          key + ": " + rank_label(ranks, first_with) +
-          " has GPU cuda:" + std::to_string(ranks[first_with].bound_gpu) +
-          ", but this build's training engine has not yet been verified on a GPU (zerotrain report, "
-          "\"gpu path\"; \"device\": \"cuda\" or --device cuda uses it anyway); training on the host";
-      return decision;
-    }
+  if (choice == DeviceChoice::automatic && !engine_trains_on_cuda) {
+    // The host whatever the GPUs: the ranks need not have bound one (`zerotrain train` binds none
+    // then, so that no rank makes a CUDA context for nothing), but a GPU left unused is said.
+    std::size_t first_seeing = ranks.size();
+    for (std::size_t r = 0; r < ranks.size() && first_seeing == ranks.size(); ++r)
+      if (ranks[r].cuda_usable && ranks[r].visible_gpus > 0) first_seeing = r;
+    if (first_seeing == ranks.size()) return decision;
+    decision.notice =
+        key + ": " + rank_label(ranks, first_seeing) + " sees " +
+        std::to_string(ranks[first_seeing].visible_gpus) +
+        " GPU(s), but this build's training engine has not yet been verified on a GPU (zerotrain report, "
+        "\"gpu path\"; \"device\": \"cuda\" or --device cuda uses it anyway); training on the host";
+    return decision;
   }
+  // No rank has a GPU: the host is what anyone expects, so nothing is said (a line on every CPU
+  // job, carrying CUDA's error name, would be noise that log scanners take for an error).
+  if (choice == DeviceChoice::automatic && without == ranks.size()) return decision;
   // From here on every rank computes on its GPU, or the job stops: ranks cannot train on two kinds.
   if (without > 0) {
     decision.error = key + ": " + rank_label(ranks, first_without) +
@@ -126,6 +127,10 @@ DeviceDecision decide_device(DeviceChoice choice, std::span<const RankGpu> ranks
   return decision;
 }
 
+bool engine_trains_on_cuda() {
+  return kernels::gpu_path_state(kernels::GpuPathPart::engine) == kernels::GpuPathState::ran;
+}
+
 RankGpu this_rank_gpu(const Runtime& runtime) {
   const CudaStatus& status = cuda_status();
   RankGpu gpu;
@@ -148,9 +153,7 @@ Device resolve_training_device(Runtime& runtime, DeviceChoice choice) {
     ranks.push_back(RankGpu::from_text(text));
   // "auto" takes a GPU only once the engine has trained on one and passed its tests there: a default
   // must not send users' jobs down a path that has only compiled ("cuda" asks for it explicitly).
-  const bool engine_trains_on_cuda =
-      kernels::gpu_path_state(kernels::GpuPathPart::engine) == kernels::GpuPathState::ran;
-  const DeviceDecision decision = decide_device(choice, ranks, runtime.world_rank(), engine_trains_on_cuda);
+  const DeviceDecision decision = decide_device(choice, ranks, runtime.world_rank(), engine_trains_on_cuda());
   if (!decision.error.empty()) ZT_THROW_AS(DeviceChoiceError, decision.error);
   if (!decision.notice.empty() && runtime.world_rank() == 0) {
     std::fprintf(stderr, "zerotrain train: %s\n", decision.notice.c_str());
@@ -160,3 +163,19 @@ Device resolve_training_device(Runtime& runtime, DeviceChoice choice) {
 }
 
 }  // namespace zt::engine_detail
+
+namespace zt {
+
+bool device_choice_may_use_gpu(DeviceChoice choice) {
+  switch (choice) {
+    case DeviceChoice::host:
+      return false;
+    case DeviceChoice::cuda:
+      return true;
+    case DeviceChoice::automatic:
+      return engine_detail::engine_trains_on_cuda();
+  }
+  return true;
+}
+
+}  // namespace zt

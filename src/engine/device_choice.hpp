@@ -42,6 +42,10 @@ struct DeviceDecision {
 DeviceDecision decide_device(DeviceChoice choice, std::span<const RankGpu> ranks, int rank,
                              bool engine_trains_on_cuda);
 
+/// Whether this build's training engine has run on a GPU and passed its tests there
+/// (kernels/gpu_path.hpp): what lets "auto" take a GPU.
+bool engine_trains_on_cuda();
+
 /// This rank's RankGpu, from cuda_status() and the runtime's binding.
 RankGpu this_rank_gpu(const Runtime& runtime);
 

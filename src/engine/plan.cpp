@@ -221,7 +221,8 @@ std::unique_ptr<Runtime> runtime_of_first_ranks(Runtime& runtime, int count) {
            "MPI_Comm_split of the first ", count, " rank(s) failed");
   if (split == MPI_COMM_NULL) return nullptr;
   RuntimeOptions options;
-  options.abort_on_uncaught_exception = false;  // the job's runtime reports and aborts
+  options.abort_on_uncaught_exception = false;       // the job's runtime reports and aborts
+  options.bind_device = runtime.device().is_cuda();  // no GPU where the job's runtime bound none
   auto sub = std::make_unique<Runtime>(split, options);
   MPI_Comm_free(&split);
   return sub;

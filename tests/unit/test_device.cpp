@@ -25,6 +25,7 @@
 #include "zerotrain/build_info.hpp"
 #include "zerotrain/device.hpp"
 #include "zerotrain/error.hpp"
+#include "zerotrain/trainer.hpp"
 
 namespace {
 
@@ -347,6 +348,34 @@ TEST(DeviceChoice, AutoTakesTheBoundGpuOnceTheEngineTrainsOnCuda) {
   // yet run on a GPU, so "auto" keeps to the host (a GPU session that records it as `ran` changes this).
   EXPECT_EQ(zt::kernels::gpu_path_state(zt::kernels::GpuPathPart::engine),
             zt::kernels::GpuPathState::compiled);
+}
+
+TEST(DeviceChoice, AutoBeforeTheEngineRanOnAGpuNeedsNoBoundGpu) {
+  // `zerotrain train` binds no GPU when the choice cannot use one (device_choice_may_use_gpu), so
+  // that no rank makes a CUDA context for nothing; "auto" still says that GPUs are left unused.
+  const std::vector unbound{gpu_rank("a", 0, -1, "", 4), gpu_rank("a", 1, -1, "", 4)};
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, unbound, rank, false);
+    EXPECT_EQ(decision.device, zt::Device::host());
+    EXPECT_TRUE(decision.error.empty()) << decision.error;
+    EXPECT_EQ(
+        decision.notice,
+        "\"device\": \"auto\": rank 0 (host a, local rank 0) sees 4 GPU(s), but this build's training "
+        "engine has not yet been verified on a GPU (zerotrain report, \"gpu path\"; \"device\": \"cuda\" "
+        "or --device cuda uses it anyway); training on the host");
+  }
+  // Some ranks with a GPU and some without: the host too, named by the first that sees one.
+  const std::vector mixed{no_gpu_rank("a", 0), gpu_rank("b", 0, -1, "", 1)};
+  const auto decision = zt::engine_detail::decide_device(zt::DeviceChoice::automatic, mixed, 0, false);
+  EXPECT_EQ(decision.device, zt::Device::host());
+  EXPECT_TRUE(decision.error.empty()) << decision.error;
+  EXPECT_NE(decision.notice.find("rank 1 (host b, local rank 0) sees 1 GPU(s)"), std::string::npos)
+      << decision.notice;
+  // What the CLI binds by: "host" never, "cuda" always, "auto" as the build's record says.
+  EXPECT_FALSE(zt::device_choice_may_use_gpu(zt::DeviceChoice::host));
+  EXPECT_TRUE(zt::device_choice_may_use_gpu(zt::DeviceChoice::cuda));
+  EXPECT_EQ(zt::device_choice_may_use_gpu(zt::DeviceChoice::automatic),
+            zt::kernels::gpu_path_state(zt::kernels::GpuPathPart::engine) == zt::kernels::GpuPathState::ran);
 }
 
 TEST(DeviceChoice, CudaWithoutAGpuNamesTheRankAndTheReason) {
