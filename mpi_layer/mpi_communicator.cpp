@@ -786,13 +786,23 @@ void MpiCommunicator::do_barrier() {
 
 // ---- the emulated device's communicator ---------------------------------------------------
 // The MPI backend on buffers in emulated device memory: every operation runs inside the device
-// API's access (kernels/emulated_device.hpp), and a non-blocking one completes before it returns,
-// as a stream-ordered device collective looks from the host. Point-to-point follows the device
-// backend's rules (include/zerotrain/nccl_communicator.hpp): operations complete in posting order,
-// so a rank that receives first waits for its peer's send, and the rank itself is no peer. Ordered
-// with a stream, each operation first runs the work queued on it (kernels/emulated_device.hpp), as
-// NCCL's stream waits for it: the collective reads what that stream's kernels wrote, and nothing
-// that another stream queued without an event recorded before it.
+// API's access (kernels/emulated_device.hpp). Point-to-point follows the device backend's rules
+// (include/zerotrain/nccl_communicator.hpp): operations complete in posting order, so a rank that
+// receives first waits for its peer's send, and the rank itself is no peer. Ordered with a stream,
+// each operation first runs the work queued on it (kernels/emulated_device.hpp), as NCCL's stream
+// waits for it: the collective reads what that stream's kernels wrote, and nothing that another
+// stream queued without an event recorded before it.
+//
+// A non-blocking operation's result lands as NCCL's does, on a stream of its own: MPI moves the
+// data at the call (the inputs read then), into a copy of the output in host memory, and the copy
+// into the output itself is queued on the communicator's result stream, which runs it only when
+// something waits for it. Work::wait() orders the ordering stream after it (NCCL's
+// cudaStreamWaitEvent), or waits on the host where the communicator is ordered with no stream;
+// Work::test() runs it and says done (a GPU's collective finishes on its own). So under the lazy
+// stream order a kernel that reads a collective's output without its Work waited for reads it
+// unwritten, every time, where on GPUs it would read it half written now and then; and work
+// written into the output after the call is overwritten when the result lands, as NCCL's kernel
+// would overwrite it. The blocking operations complete at the call.
 
 class EmulatedDeviceCommunicator final : public MpiCommunicator {
  public:
@@ -853,27 +863,38 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
 
   Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
     check_on_device(CommOp::all_reduce, {send, recv}, count);
-    return completed([&] { return MpiCommunicator::do_iall_reduce(send, recv, count, type, op); });
+    return landing_later(recv, count * dtype_size(type), [&](void* result) {
+      return MpiCommunicator::do_iall_reduce(send, result, count, type, op);
+    });
   }
   Work do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                           ReduceOp op) override {
     check_on_device(CommOp::reduce_scatter, {send, recv}, recv_count);
-    return completed([&] { return MpiCommunicator::do_ireduce_scatter(send, recv, recv_count, type, op); });
+    return landing_later(recv, recv_count * dtype_size(type), [&](void* result) {
+      return MpiCommunicator::do_ireduce_scatter(send, result, recv_count, type, op);
+    });
   }
   Work do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) override {
     check_on_device(CommOp::all_gather, {send, recv}, send_count);
-    return completed([&] { return MpiCommunicator::do_iall_gather(send, recv, send_count, type); });
+    return landing_later(
+        recv, send_count * static_cast<std::size_t>(size()) * dtype_size(type),
+        [&](void* result) { return MpiCommunicator::do_iall_gather(send, result, send_count, type); });
   }
   Work do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
                         std::span<const std::size_t> recv_counts, DType type) override {
     check_on_device(CommOp::all_gather_v, {send}, send_count);
     check_on_device(CommOp::all_gather_v, {recv}, total_of(recv_counts));
-    return completed(
-        [&] { return MpiCommunicator::do_iall_gather_v(send, send_count, recv, recv_counts, type); });
+    return landing_later(recv, total_of(recv_counts) * dtype_size(type), [&](void* result) {
+      return MpiCommunicator::do_iall_gather_v(send, send_count, result, recv_counts, type);
+    });
   }
   Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) override {
     check_on_device(CommOp::broadcast, {buffer}, count);
-    return completed([&] { return MpiCommunicator::do_ibroadcast(buffer, count, type, root); });
+    const std::size_t bytes = count * dtype_size(type);
+    return landing_later(buffer, bytes, [&](void* result) {
+      std::memcpy(result, buffer, bytes);  // the root's data, sent from the copy
+      return MpiCommunicator::do_ibroadcast(result, count, type, root);
+    });
   }
   Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::send, peer);
@@ -883,7 +904,9 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
   Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::recv, peer);
     check_on_device(CommOp::recv, {buffer}, count);
-    return completed([&] { return MpiCommunicator::do_irecv(buffer, count, type, peer, tag); });
+    return landing_later(buffer, count * dtype_size(type), [&](void* result) {
+      return MpiCommunicator::do_irecv(result, count, type, peer, tag);
+    });
   }
   /// Both started before either is waited for: the one operation a device backend offers whose
   /// send does not wait alone for its receive (NCCL's group).
@@ -892,13 +915,14 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     check_not_self(CommOp::recv, recv.peer);
     check_on_device(CommOp::send, {send.buffer}, send.count);
     check_on_device(CommOp::recv, {recv.buffer}, recv.count);
-    const detail::EmulatedDeviceAccess access;
-    // The MPI backend's own operations, not this class's (which complete before they return).
-    Work sent = MpiCommunicator::do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
-    Work received = MpiCommunicator::do_irecv(recv.buffer, recv.count, recv.type, recv.peer, recv.tag);
-    sent.wait();
-    received.wait();
-    return {};
+    // The MPI backend's own operations, both started before either is waited for.
+    Work received = landing_later(recv.buffer, recv.count * dtype_size(recv.type), [&](void* result) {
+      Work sent = MpiCommunicator::do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
+      Work into_result = MpiCommunicator::do_irecv(result, recv.count, recv.type, recv.peer, recv.tag);
+      sent.wait();
+      return into_result;
+    });
+    return {Work(), std::move(received)};
   }
 
  private:
@@ -911,6 +935,46 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     work.wait();
     return Work();
   }
+
+  /// The operation's result lands in `output` (`bytes`) on the result stream (see the top):
+  /// `start(result)` is the MPI operation with `result`, host memory of `bytes`, as its output; it is
+  /// completed here, and the copy of `result` into `output` queued.
+  template <typename Start>
+  Work landing_later(void* output, std::size_t bytes, Start&& start) {
+    auto result = std::make_shared<std::vector<std::byte>>(bytes);
+    completed([&] { return start(bytes == 0 ? output : static_cast<void*>(result->data())); });
+    if (bytes == 0) return Work();  // nothing lands
+    detail::emulated_enqueue(detail::emulated_queue_of(results_), [output, result] {
+      const detail::EmulatedDeviceAccess access;
+      std::memcpy(output, result->data(), result->size());
+    });
+    Event landed(device_);
+    landed.record(results_);
+    return Work(std::make_unique<ResultLanding>(std::move(landed), ordered_with_));
+  }
+
+  /// A non-blocking operation whose result lands on the result stream: waited for by the ordering
+  /// stream (no host wait), or by the host where there is none.
+  class ResultLanding final : public Work::State {
+   public:
+    ResultLanding(Event landed, const Stream* ordered_with)
+        : landed_(std::move(landed)), ordered_with_(ordered_with) {}
+    void wait() override {
+      if (ordered_with_ != nullptr) {
+        ordered_with_->wait(landed_);
+      } else {
+        landed_.synchronize();
+      }
+    }
+    bool test() override {
+      landed_.synchronize();
+      return true;
+    }
+
+   private:
+    Event landed_;
+    const Stream* ordered_with_;
+  };
 
   void check_not_self(CommOp op, int peer) const {
     ZT_MPI_COMM_CHECK(op, peer != rank(), "peer ", peer, " is this rank; a device communicator (",
@@ -932,6 +996,7 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
 
   Device device_;
   const Stream* ordered_with_;  // the stream whose work each operation follows, or none
+  Stream results_{device_};     // where non-blocking operations' results land (see the top)
 };
 
 // ---- construction ----------------------------------------------------------------------------

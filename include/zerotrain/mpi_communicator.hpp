@@ -19,12 +19,15 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string n
 /// backend over a duplicate of `comm` for buffers in emulated memory of `device`. device() is
 /// `device`; backend() is mpi; traffic accounting and the watchdog see it as an MPI communicator.
 /// It behaves as a device backend does (nccl_communicator.hpp): each operation runs inside the
-/// device API's access, a non-blocking one has completed when it returns (its Work is done), a
-/// receive posted before the matching send waits there (order a ring: even ranks send first, odd
-/// ranks receive first), and send/recv with the rank itself is refused with zt::CommError. With
-/// `ordered_with` (a stream of `device`, outliving the communicator: the engine's compute stream)
-/// every operation starts after the work queued on that stream, as NCCL's does (the emulated
-/// device's streams queue their work until it is needed: kernels run lazily, see device.hpp).
+/// device API's access, a receive posted before the matching send waits there (order a ring: even
+/// ranks send first, odd ranks receive first), and send/recv with the rank itself is refused with
+/// zt::CommError. With `ordered_with` (a stream of `device`, outliving the communicator: the engine's
+/// compute stream) every operation starts after the work queued on that stream, as NCCL's does (the
+/// emulated device's streams queue their work until it is needed: kernels run lazily, see
+/// device.hpp). A non-blocking operation's result lands in its output on the communicator's own
+/// stream, as NCCL's kernel writes it on NCCL's: Work::wait() orders `ordered_with` after the landing
+/// (no host wait), or waits on the host without `ordered_with`; Work::test() lands it. Work on
+/// `ordered_with` that reads the output before the wait reads it unwritten (the lazy stream order).
 std::unique_ptr<Communicator> make_emulated_device_communicator(MPI_Comm comm, std::string name,
                                                                 Device device = Device::emulated(),
                                                                 const Stream* ordered_with = nullptr);

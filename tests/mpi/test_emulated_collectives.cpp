@@ -3,9 +3,10 @@
 // Every collective runs twice on the same inputs: on the host MPI communicator with host buffers
 // and on the emulated-device communicator with copies of them in emulated memory (which faults if
 // anything touches it outside the device API). The results must be the same bytes, blocking and
-// non-blocking, in place and not, and through the chunked large-count paths. Its non-blocking
-// forms have completed when they return; traffic and sequence numbers count as on the host; and
-// point-to-point follows the device backend's rules (ordered ring, no send to itself).
+// non-blocking, in place and not, and through the chunked large-count paths. A non-blocking form's
+// result lands on the communicator's own stream, seen by the ordering stream only once its Work is
+// waited for; traffic and sequence numbers count as on the host; and point-to-point follows the
+// device backend's rules (ordered ring, no send to itself).
 //
 // Checks inside loops use EXPECT (never ASSERT) so that all ranks keep making the same calls.
 #include <gtest/gtest.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "collective_reference.hpp"
+#include "kernels/emulated_device.hpp"
 #include "mpi_layer/mpi_communicator_testing.hpp"
 #include "test_helpers.hpp"
 #include "zerotrain/communicator.hpp"
@@ -94,11 +96,8 @@ void expect_same_bytes(Communicators& comms, const std::string& label, std::vect
   }
 }
 
-/// Non-blocking forms: on the emulated device the operation has completed when it returns.
-void finish(zt::Communicator& comm, zt::Work work, const std::string& label) {
-  if (comm.device().is_emulated()) {
-    EXPECT_TRUE(work.completed()) << label;
-  }
+/// Non-blocking forms: waited for (on the host: these communicators are ordered with no stream).
+void finish(zt::Communicator&, zt::Work work, const std::string&) {
   work.wait();
 }
 
@@ -566,6 +565,71 @@ TEST(EmulatedCollectives, OrderAfterTakesEventsOfItsDeviceOrTheHost) {
   comms.host->all_reduce(sum.data(), sum.data(), 1000, DType::fp32, ReduceOp::sum);
   const Values back = device.to_host();
   EXPECT_EQ(std::memcmp(back.bytes(), sum.bytes(), bytes_of(sum)), 0);
+}
+
+TEST(EmulatedCollectives, ANonBlockingResultLandsOnlyWhereItIsWaitedFor) {
+  // Ordered with a stream, as the engine's communicators are: the result lands on the communicator's
+  // own stream, and the ordering stream's work sees it only after Work::wait() (NCCL's
+  // cudaStreamWaitEvent), not before, under the lazy order (the eager one lands it early).
+  const bool lazy = zt::detail::emulated_stream_order() == zt::detail::EmulatedStreamOrder::lazy;
+  const zt::Stream compute(kEmulated);
+  Communicators comms;
+  auto ordered = zt::make_emulated_device_communicator(MPI_COMM_WORLD, "ordered", kEmulated, &compute);
+  const int rank = comms.host->rank();
+  constexpr std::size_t kCount = 1000;
+  const Values input = input_values(DType::fp32, kCount, rank);
+  Values expected = input;
+  comms.host->all_reduce(expected.data(), expected.data(), kCount, DType::fp32, ReduceOp::sum);
+  auto read_on = [&](EmulatedCopy& device, const zt::Stream& stream) {
+    Values values(DType::fp32, kCount);  // pageable: the copy is done when copy_bytes returns
+    zt::copy_bytes(values.bytes(), zt::Device::host(), device.data(), kEmulated, bytes_of(values), &stream);
+    return values;
+  };
+  for (const bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "in place" : "out of place");
+    EmulatedCopy device(input);
+    EmulatedCopy output(Values(DType::fp32, kCount));
+    void* recv = in_place ? device.data() : output.data();
+    zt::Work work = ordered->iall_reduce(device.data(), recv, kCount, DType::fp32, ReduceOp::sum);
+    EXPECT_FALSE(work.completed());
+    EmulatedCopy& result = in_place ? device : output;
+    const Values before = read_on(result, compute);
+    if (lazy) {
+      const Values unwritten = in_place ? input : Values(DType::fp32, kCount);
+      EXPECT_EQ(std::memcmp(before.bytes(), unwritten.bytes(), bytes_of(before)), 0)
+          << "the result landed before its Work was waited for";
+    }
+    work.wait();  // the ordering stream waits for the landing; the host does not
+    const Values after = read_on(result, compute);
+    EXPECT_EQ(std::memcmp(after.bytes(), expected.bytes(), bytes_of(after)), 0);
+  }
+  // The same for a gather and a receive-like landing (broadcast from rank 0), and test() lands it.
+  {
+    EmulatedCopy device(input);
+    zt::Work work = ordered->ibroadcast(device.data(), kCount, DType::fp32, 0);
+    Values root = input_values(DType::fp32, kCount, 0);
+    EXPECT_TRUE(work.test());
+    const Values after = read_on(device, compute);
+    EXPECT_EQ(std::memcmp(after.bytes(), root.bytes(), bytes_of(after)), 0);
+  }
+  // Written into the output after the call and before the landing: overwritten by the result, as
+  // NCCL's kernel would overwrite it.
+  {
+    EmulatedCopy device(input);
+    zt::Work work = ordered->iall_reduce(device.data(), device.data(), kCount, DType::fp32, ReduceOp::sum);
+    const Values zeros(DType::fp32, kCount);
+    zt::copy_bytes(device.data(), kEmulated, zeros.bytes(), zt::Device::host(), bytes_of(zeros), &compute);
+    work.wait();
+    const Values after = read_on(device, compute);
+    if (lazy) EXPECT_EQ(std::memcmp(after.bytes(), expected.bytes(), bytes_of(after)), 0);
+  }
+  // Ordered with no stream (the other tests' communicators): wait() waits on the host.
+  EmulatedCopy device(input);
+  zt::Work work =
+      comms.emulated->iall_reduce(device.data(), device.data(), kCount, DType::fp32, ReduceOp::sum);
+  work.wait();
+  const Values after = device.to_host();
+  EXPECT_EQ(std::memcmp(after.bytes(), expected.bytes(), bytes_of(after)), 0);
 }
 
 TEST(EmulatedCollectives, RefusesADeviceThatIsNotEmulated) {
