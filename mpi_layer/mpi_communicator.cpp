@@ -794,15 +794,17 @@ void MpiCommunicator::do_barrier() {
 // stream queued without an event recorded before it.
 //
 // A non-blocking operation's result lands as NCCL's does, on a stream of its own: MPI moves the
-// data at the call (the inputs read then), into a copy of the output in host memory, and the copy
-// into the output itself is queued on the communicator's result stream, which runs it only when
-// something waits for it. Work::wait() orders the ordering stream after it (NCCL's
-// cudaStreamWaitEvent), or waits on the host where the communicator is ordered with no stream;
-// Work::test() runs it and says done (a GPU's collective finishes on its own). So under the lazy
-// stream order a kernel that reads a collective's output without its Work waited for reads it
-// unwritten, every time, where on GPUs it would read it half written now and then; and work
-// written into the output after the call is overwritten when the result lands, as NCCL's kernel
-// would overwrite it. The blocking operations complete at the call.
+// data at the call (the inputs read then, after this communicator's earlier operations landed, as
+// NCCL runs them in order), into a copy of the output in host memory, and the copy into the output
+// itself is queued on the communicator's result stream, which runs it only when something waits
+// for it. Work::wait() orders the ordering stream after it (NCCL's cudaStreamWaitEvent), or waits
+// on the host where the communicator is ordered with no stream; Work::test() is done only once it
+// landed (the eager order lands it at the test). So under the lazy stream order a kernel that
+// reads a collective's output without its Work waited for reads it unwritten, every time, where
+// on GPUs it would read it half written now and then. Until it lands the operation is in flight:
+// the landing first checks that its input and output (a send's message) hold what they held at
+// the call, and fails with a CommError naming the operation and the buffer where something wrote
+// into them, a race with NCCL's kernel on a GPU. The blocking operations complete at the call.
 
 class EmulatedDeviceCommunicator final : public MpiCommunicator {
  public:
@@ -863,35 +865,42 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
 
   Work do_iall_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) override {
     check_on_device(CommOp::all_reduce, {send, recv}, count);
-    return landing_later(recv, count * dtype_size(type), [&](void* result) {
+    const std::size_t bytes = count * dtype_size(type);
+    return landing_later(CommOp::all_reduce, {recv, bytes}, {send, bytes}, [&](void* result) {
       return MpiCommunicator::do_iall_reduce(send, result, count, type, op);
     });
   }
   Work do_ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DType type,
                           ReduceOp op) override {
     check_on_device(CommOp::reduce_scatter, {send, recv}, recv_count);
-    return landing_later(recv, recv_count * dtype_size(type), [&](void* result) {
-      return MpiCommunicator::do_ireduce_scatter(send, result, recv_count, type, op);
-    });
+    const std::size_t bytes = recv_count * dtype_size(type);
+    return landing_later(CommOp::reduce_scatter, {recv, bytes},
+                         {send, bytes * static_cast<std::size_t>(size())}, [&](void* result) {
+                           return MpiCommunicator::do_ireduce_scatter(send, result, recv_count, type, op);
+                         });
   }
   Work do_iall_gather(const void* send, void* recv, std::size_t send_count, DType type) override {
     check_on_device(CommOp::all_gather, {send, recv}, send_count);
+    const std::size_t bytes = send_count * dtype_size(type);
     return landing_later(
-        recv, send_count * static_cast<std::size_t>(size()) * dtype_size(type),
+        CommOp::all_gather, {recv, bytes * static_cast<std::size_t>(size())}, {send, bytes},
         [&](void* result) { return MpiCommunicator::do_iall_gather(send, result, send_count, type); });
   }
   Work do_iall_gather_v(const void* send, std::size_t send_count, void* recv,
                         std::span<const std::size_t> recv_counts, DType type) override {
     check_on_device(CommOp::all_gather_v, {send}, send_count);
     check_on_device(CommOp::all_gather_v, {recv}, total_of(recv_counts));
-    return landing_later(recv, total_of(recv_counts) * dtype_size(type), [&](void* result) {
-      return MpiCommunicator::do_iall_gather_v(send, send_count, result, recv_counts, type);
-    });
+    const std::size_t element = dtype_size(type);
+    return landing_later(CommOp::all_gather_v, {recv, total_of(recv_counts) * element},
+                         {send, send_count * element}, [&](void* result) {
+                           return MpiCommunicator::do_iall_gather_v(send, send_count, result, recv_counts,
+                                                                    type);
+                         });
   }
   Work do_ibroadcast(void* buffer, std::size_t count, DType type, int root) override {
     check_on_device(CommOp::broadcast, {buffer}, count);
     const std::size_t bytes = count * dtype_size(type);
-    return landing_later(buffer, bytes, [&](void* result) {
+    return landing_later(CommOp::broadcast, {buffer, bytes}, {}, [&](void* result) {
       std::memcpy(result, buffer, bytes);  // the root's data, sent from the copy
       return MpiCommunicator::do_ibroadcast(result, count, type, root);
     });
@@ -899,12 +908,13 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
   Work do_isend(const void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::send, peer);
     check_on_device(CommOp::send, {buffer}, count);
-    return completed([&] { return MpiCommunicator::do_isend(buffer, count, type, peer, tag); });
+    return landing_later(CommOp::send, {}, {buffer, count * dtype_size(type)},
+                         [&](void*) { return MpiCommunicator::do_isend(buffer, count, type, peer, tag); });
   }
   Work do_irecv(void* buffer, std::size_t count, DType type, int peer, int tag) override {
     check_not_self(CommOp::recv, peer);
     check_on_device(CommOp::recv, {buffer}, count);
-    return landing_later(buffer, count * dtype_size(type), [&](void* result) {
+    return landing_later(CommOp::recv, {buffer, count * dtype_size(type)}, {}, [&](void* result) {
       return MpiCommunicator::do_irecv(result, count, type, peer, tag);
     });
   }
@@ -916,12 +926,14 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     check_on_device(CommOp::send, {send.buffer}, send.count);
     check_on_device(CommOp::recv, {recv.buffer}, recv.count);
     // The MPI backend's own operations, both started before either is waited for.
-    Work received = landing_later(recv.buffer, recv.count * dtype_size(recv.type), [&](void* result) {
-      Work sent = MpiCommunicator::do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
-      Work into_result = MpiCommunicator::do_irecv(result, recv.count, recv.type, recv.peer, recv.tag);
-      sent.wait();
-      return into_result;
-    });
+    Work received = landing_later(
+        CommOp::recv, {recv.buffer, recv.count * dtype_size(recv.type)},
+        {send.buffer, send.count * dtype_size(send.type)}, [&](void* result) {
+          Work sent = MpiCommunicator::do_isend(send.buffer, send.count, send.type, send.peer, send.tag);
+          Work into_result = MpiCommunicator::do_irecv(result, recv.count, recv.type, recv.peer, recv.tag);
+          sent.wait();
+          return into_result;
+        });
     return {Work(), std::move(received)};
   }
 
@@ -936,17 +948,50 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     return Work();
   }
 
-  /// The operation's result lands in `output` (`bytes`) on the result stream (see the top):
-  /// `start(result)` is the MPI operation with `result`, host memory of `bytes`, as its output; it is
-  /// completed here, and the copy of `result` into `output` queued.
+  /// Bytes of emulated device memory an operation writes or reads.
+  struct Region {
+    const void* address = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  /// The operation's result lands in `output` on the result stream (see the top): `start(result)`
+  /// is the MPI operation with `result`, host memory of output.bytes, as its output; it is completed
+  /// here, and the landing queued. Until then the operation is in flight, as NCCL's kernel would be:
+  /// the landing first checks that nothing wrote into `output` or `input` since the call (on a GPU
+  /// that write races with the kernel that reads and writes them), and fails naming the buffer.
   template <typename Start>
-  Work landing_later(void* output, std::size_t bytes, Start&& start) {
-    auto result = std::make_shared<std::vector<std::byte>>(bytes);
-    completed([&] { return start(bytes == 0 ? output : static_cast<void*>(result->data())); });
-    if (bytes == 0) return Work();  // nothing lands
-    detail::emulated_enqueue(detail::emulated_queue_of(results_), [output, result] {
+  Work landing_later(CommOp op, Region output, Region input, Start&& start) {
+    auto result = std::make_shared<std::vector<std::byte>>(output.bytes);
+    // What the buffers held at the call (the input once, where it lies inside the output).
+    const auto* output_begin = static_cast<const std::byte*>(output.address);
+    const auto* input_begin = static_cast<const std::byte*>(input.address);
+    const bool input_inside_output = output.bytes > 0 && input_begin >= output_begin &&
+                                     input_begin + input.bytes <= output_begin + output.bytes;
+    if (input_inside_output) input = {};
+    auto at_call = std::make_shared<std::vector<std::byte>>(output.bytes + input.bytes);
+    completed([&] {
+      if (output.bytes > 0) std::memcpy(at_call->data(), output.address, output.bytes);
+      if (input.bytes > 0) std::memcpy(at_call->data() + output.bytes, input.address, input.bytes);
+      return start(output.bytes == 0 ? const_cast<void*>(output.address)
+                                     : static_cast<void*>(result->data()));
+    });
+    if (output.bytes == 0 && input.bytes == 0) return Work();  // nothing in flight
+    std::string operation = std::string(comm_op_name(op)) + " on communicator '" + name() + "' (rank " +
+                            std::to_string(rank()) + " of " + std::to_string(size()) + ")";
+    detail::emulated_enqueue(detail::emulated_queue_of(results_), [output, input, result, at_call,
+                                                                   operation = std::move(operation)] {
       const detail::EmulatedDeviceAccess access;
-      std::memcpy(output, result->data(), result->size());
+      const auto written_since = [&](const Region& region, std::size_t offset) {
+        return region.bytes > 0 && std::memcmp(region.address, at_call->data() + offset, region.bytes) != 0;
+      };
+      const char* written = written_since(output, 0)             ? "output"
+                            : written_since(input, output.bytes) ? "input"
+                                                                 : nullptr;
+      ZT_CHECK_AS(CommError, written == nullptr, operation, ": its ", written,
+                  " buffer was written while the operation was in flight (after the call, before the work "
+                  "that its Work::wait() orders); on a GPU that write races with NCCL's kernel: wait for the "
+                  "operation before writing the buffer");
+      if (output.bytes > 0) std::memcpy(const_cast<void*>(output.address), result->data(), result->size());
     });
     Event landed(device_);
     landed.record(results_);
@@ -966,7 +1011,11 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
         landed_.synchronize();
       }
     }
+    /// Under the lazy order nothing progresses on its own: an operation is done only once something
+    /// waited for its landing. Under the eager one it lands now.
     bool test() override {
+      if (landed_.ready()) return true;
+      if (detail::emulated_stream_order() == detail::EmulatedStreamOrder::lazy) return false;
       landed_.synchronize();
       return true;
     }
@@ -975,7 +1024,6 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     Event landed_;
     const Stream* ordered_with_;
   };
-
   void check_not_self(CommOp op, int peer) const {
     ZT_MPI_COMM_CHECK(op, peer != rank(), "peer ", peer, " is this rank; a device communicator (",
                       device_.str(),
@@ -983,9 +1031,12 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
   }
 
   /// Every operation's first step: its buffers on the device, then the ordering stream's work.
+  /// And the operations before it on this communicator land first, as NCCL runs one communicator's
+  /// operations one after the other on its stream.
   void check_on_device(CommOp op, std::initializer_list<const void*> buffers, std::size_t count) const {
     detail::check_device_buffers(*this, op, buffers, count);
     if (ordered_with_ != nullptr) ordered_with_->synchronize();
+    results_.synchronize();
   }
 
   static std::size_t total_of(std::span<const std::size_t> counts) {

@@ -26,8 +26,10 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string n
 /// emulated device's streams queue their work until it is needed: kernels run lazily, see
 /// device.hpp). A non-blocking operation's result lands in its output on the communicator's own
 /// stream, as NCCL's kernel writes it on NCCL's: Work::wait() orders `ordered_with` after the landing
-/// (no host wait), or waits on the host without `ordered_with`; Work::test() lands it. Work on
-/// `ordered_with` that reads the output before the wait reads it unwritten (the lazy stream order).
+/// (no host wait), or waits on the host without `ordered_with`; Work::test() says done once it
+/// landed (under the eager stream order it lands it). Work on `ordered_with` that reads the output
+/// before the wait reads it unwritten (the lazy stream order), and a write into an operation's
+/// input or output before it landed is a zt::CommError at the landing (a race on a GPU).
 std::unique_ptr<Communicator> make_emulated_device_communicator(MPI_Comm comm, std::string name,
                                                                 Device device = Device::emulated(),
                                                                 const Stream* ordered_with = nullptr);

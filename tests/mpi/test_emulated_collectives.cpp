@@ -5,8 +5,9 @@
 // anything touches it outside the device API). The results must be the same bytes, blocking and
 // non-blocking, in place and not, and through the chunked large-count paths. A non-blocking form's
 // result lands on the communicator's own stream, seen by the ordering stream only once its Work is
-// waited for; traffic and sequence numbers count as on the host; and point-to-point follows the
-// device backend's rules (ordered ring, no send to itself).
+// waited for, and a write into its buffers while it is in flight is an error; traffic and sequence numbers
+// count as on the host; and point-to-point follows the device backend's rules (ordered ring, no send to
+// itself).
 //
 // Checks inside loops use EXPECT (never ASSERT) so that all ranks keep making the same calls.
 #include <gtest/gtest.h>
@@ -603,25 +604,62 @@ TEST(EmulatedCollectives, ANonBlockingResultLandsOnlyWhereItIsWaitedFor) {
     const Values after = read_on(result, compute);
     EXPECT_EQ(std::memcmp(after.bytes(), expected.bytes(), bytes_of(after)), 0);
   }
-  // The same for a gather and a receive-like landing (broadcast from rank 0), and test() lands it.
+  // test(): under the lazy order nothing progresses on its own, so an operation is not done until
+  // waited for (as a GPU's may not be yet); under the eager one it lands at the test.
   {
     EmulatedCopy device(input);
     zt::Work work = ordered->ibroadcast(device.data(), kCount, DType::fp32, 0);
-    Values root = input_values(DType::fp32, kCount, 0);
-    EXPECT_TRUE(work.test());
+    const Values root = input_values(DType::fp32, kCount, 0);
+    EXPECT_EQ(work.test(), !lazy);
+    work.wait();
     const Values after = read_on(device, compute);
     EXPECT_EQ(std::memcmp(after.bytes(), root.bytes(), bytes_of(after)), 0);
   }
-  // Written into the output after the call and before the landing: overwritten by the result, as
-  // NCCL's kernel would overwrite it.
+  // Written into the output or the input after the call and before the landing: a race with NCCL's
+  // kernel on a GPU, an error naming the operation and the buffer here (lazy order: the write runs
+  // before the landing; the eager one lands first).
+  for (const bool into_output : {true, false}) {
+    SCOPED_TRACE(into_output ? "a write into the output" : "a write into the input");
+    const zt::Stream compute_of_one(kEmulated);  // a failed landing poisons its stream's later work
+    auto comm = zt::make_emulated_device_communicator(MPI_COMM_WORLD, "raced", kEmulated, &compute_of_one);
+    EmulatedCopy device(input);
+    EmulatedCopy output(Values(DType::fp32, kCount));
+    zt::Work work = comm->iall_reduce(device.data(), output.data(), kCount, DType::fp32, ReduceOp::sum);
+    const Values ones = filled_values(DType::fp32, kCount, 1.0);
+    zt::copy_bytes(into_output ? output.data() : device.data(), kEmulated, ones.bytes(), zt::Device::host(),
+                   bytes_of(ones), &compute_of_one);
+    work.wait();
+    std::string message;  // none under the eager order
+    try {
+      compute_of_one.synchronize();
+    } catch (const zt::Error& error) {
+      message = error.what();
+    }
+    if (lazy) {
+      EXPECT_NE(message.find(std::string("all_reduce on communicator 'raced' (rank ") + std::to_string(rank) +
+                             " of " + std::to_string(comms.host->size()) + "): its " +
+                             (into_output ? "output" : "input") +
+                             " buffer was written while the operation was in flight"),
+                std::string::npos)
+          << message;
+    } else {
+      EXPECT_TRUE(message.empty()) << message;
+    }
+    comm->barrier();  // every rank's failure seen before the next collective
+  }
+  // Operations of one communicator land in order: a second one that reads the first's output
+  // reads it landed, as NCCL's stream runs them one after the other.
   {
     EmulatedCopy device(input);
-    zt::Work work = ordered->iall_reduce(device.data(), device.data(), kCount, DType::fp32, ReduceOp::sum);
-    const Values zeros(DType::fp32, kCount);
-    zt::copy_bytes(device.data(), kEmulated, zeros.bytes(), zt::Device::host(), bytes_of(zeros), &compute);
-    work.wait();
-    const Values after = read_on(device, compute);
-    if (lazy) EXPECT_EQ(std::memcmp(after.bytes(), expected.bytes(), bytes_of(after)), 0);
+    EmulatedCopy twice(Values(DType::fp32, kCount));
+    zt::Work first = ordered->iall_reduce(device.data(), device.data(), kCount, DType::fp32, ReduceOp::sum);
+    zt::Work second = ordered->iall_reduce(device.data(), twice.data(), kCount, DType::fp32, ReduceOp::sum);
+    first.wait();
+    second.wait();
+    Values expected_twice = expected;
+    comms.host->all_reduce(expected_twice.data(), expected_twice.data(), kCount, DType::fp32, ReduceOp::sum);
+    const Values after = read_on(twice, compute);
+    EXPECT_EQ(std::memcmp(after.bytes(), expected_twice.bytes(), bytes_of(after)), 0);
   }
   // Ordered with no stream (the other tests' communicators): wait() waits on the host.
   EmulatedCopy device(input);
