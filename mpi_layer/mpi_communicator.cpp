@@ -1024,6 +1024,7 @@ class EmulatedDeviceCommunicator final : public MpiCommunicator {
     Event landed_;
     const Stream* ordered_with_;
   };
+
   void check_not_self(CommOp op, int peer) const {
     ZT_MPI_COMM_CHECK(op, peer != rank(), "peer ", peer, " is this rank; a device communicator (",
                       device_.str(),
