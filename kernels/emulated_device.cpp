@@ -6,6 +6,13 @@
 // in a signal handler), and a fixed range answers with two atomic loads. Regions are carved from it
 // with a bump pointer and never reused, so a pointer kept past its buffer's life faults even inside
 // the device API, and one PROT_NONE page after each region catches overruns.
+//
+// Why regions are born in a stream's order: a stream-ordered allocation (cudaMallocFromPoolAsync)
+// may be memory that the pool took back from an earlier free on that stream, still read by the
+// stream's queued kernels; only work ordered after the allocation may touch it. Emulated memory is
+// never reused, so instead a region allocated on a stream stays inaccessible, even inside the device
+// API, until that stream's work reaches the allocation: work of another stream not ordered after it
+// faults, where on a GPU it could overwrite what the earlier user still reads.
 #include "kernels/emulated_device.hpp"
 
 #include <sys/mman.h>
@@ -43,12 +50,12 @@ struct sigaction previous_segv_action {};
 
 /// Async-signal-safe: write(2) and arithmetic only.
 void write_fault_message(const void* address) {
-  char text[160];
+  char text[256];
   std::size_t length = 0;
   const auto append = [&](const char* part) {
     while (*part != '\0' && length < sizeof(text)) text[length++] = *part++;
   };
-  append("zerotrain: host access to emulated device memory at 0x");
+  append("zerotrain: access to emulated device memory at 0x");
   auto value = reinterpret_cast<std::uintptr_t>(address);
   char digits[2 * sizeof(value)];
   int count = 0;
@@ -57,7 +64,9 @@ void write_fault_message(const void* address) {
     value >>= 4;
   } while (value != 0);
   while (count > 0 && length < sizeof(text)) text[length++] = digits[--count];
-  append(" (only kernels, copies and collectives may touch it)\n");
+  append(
+      " (only kernels, copies and collectives may touch it, ordered after its allocation and before "
+      "its free in the order of the stream that made it)\n");
   [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, text, length);
 }
 
@@ -98,7 +107,8 @@ class EmulatedMemory {
     return *memory;
   }
 
-  void* allocate(std::size_t bytes, std::size_t alignment) {
+  /// A region that is `born` is usable at once; one that is not waits for birth() (allocate_on).
+  void* allocate(std::size_t bytes, std::size_t alignment, bool born = true) {
     ZT_CHECK(alignment != 0 && (alignment & (alignment - 1)) == 0, "alignment must be a power of two, got ",
              alignment);
     const std::size_t page = page_size();
@@ -110,10 +120,19 @@ class EmulatedMemory {
              " bytes exhausts the reserved address range of ", (end_ - begin_) >> 30,
              " GiB (addresses are never reused, so that stale pointers fault); the emulated device is "
              "for tests");
-    if (open_ > 0) protect(start, length, PROT_READ | PROT_WRITE);
+    if (born && open_ > 0) protect(start, length, PROT_READ | PROT_WRITE);
     next_ = start + length + page;  // the page after the region stays PROT_NONE
-    regions_.emplace(start, length);
+    regions_.emplace(start, Region{length, born});
     return reinterpret_cast<void*>(start);
+  }
+
+  /// The stream that allocated `pointer` reached the allocation: from now on the access guard opens it.
+  void birth(void* pointer) noexcept {
+    const std::lock_guard lock(mutex_);
+    const auto it = regions_.find(reinterpret_cast<std::uintptr_t>(pointer));
+    if (it == regions_.end() || it->second.born) return;
+    it->second.born = true;
+    if (open_ > 0) mprotect(pointer, it->second.length, PROT_READ | PROT_WRITE);
   }
 
   void deallocate(void* pointer) noexcept {
@@ -122,21 +141,23 @@ class EmulatedMemory {
     if (it == regions_.end()) return;
     // Fresh PROT_NONE pages in place of the region: the memory goes back to the system and the
     // addresses stay ours (no later mmap can land there and be mistaken for emulated memory).
-    mmap(pointer, it->second, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    mmap(pointer, it->second.length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+         0);
     regions_.erase(it);
   }
 
   void open() {
     const std::lock_guard lock(mutex_);
     if (open_ == 0) {
-      for (const auto& [start, length] : regions_) {
-        if (mprotect(reinterpret_cast<void*>(start), length, PROT_READ | PROT_WRITE) != 0) {
+      for (const auto& [start, region] : regions_) {
+        if (!region.born) continue;
+        if (mprotect(reinterpret_cast<void*>(start), region.length, PROT_READ | PROT_WRITE) != 0) {
           const std::string reason = errno_text();
-          for (const auto& [undo, undo_length] : regions_) {
+          for (const auto& [undo, undone] : regions_) {
             if (undo == start) break;
-            mprotect(reinterpret_cast<void*>(undo), undo_length, PROT_NONE);
+            mprotect(reinterpret_cast<void*>(undo), undone.length, PROT_NONE);
           }
-          ZT_THROW("emulated device memory: mprotect(PROT_READ|PROT_WRITE) of ", length,
+          ZT_THROW("emulated device memory: mprotect(PROT_READ|PROT_WRITE) of ", region.length,
                    " bytes failed: ", reason, " (", regions_.size(),
                    " live regions; vm.max_map_count may be too low)");
         }
@@ -148,8 +169,9 @@ class EmulatedMemory {
   void close() noexcept {
     const std::lock_guard lock(mutex_);
     if (--open_ == 0) {
-      for (const auto& [start, length] : regions_)
-        mprotect(reinterpret_cast<void*>(start), length, PROT_NONE);
+      for (const auto& [start, region] : regions_) {
+        if (region.born) mprotect(reinterpret_cast<void*>(start), region.length, PROT_NONE);
+      }
     }
   }
 
@@ -186,8 +208,12 @@ class EmulatedMemory {
 
   std::mutex mutex_;
   std::uintptr_t begin_ = 0, end_ = 0, next_ = 0;
-  std::map<std::uintptr_t, std::size_t> regions_;  // live regions: start -> length (whole pages)
-  int open_ = 0;                                   // EmulatedDeviceAccess objects alive
+  struct Region {
+    std::size_t length;  // whole pages
+    bool born;           // its allocating stream reached the allocation: the access guard opens it
+  };
+  std::map<std::uintptr_t, Region> regions_;  // live regions by start
+  int open_ = 0;                              // EmulatedDeviceAccess objects alive
 };
 
 class EmulatedDeviceAllocator final : public Allocator {
@@ -195,6 +221,21 @@ class EmulatedDeviceAllocator final : public Allocator {
   explicit EmulatedDeviceAllocator(int index) : index_(index) {}
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     return EmulatedMemory::instance().allocate(bytes, alignment);
+  }
+  /// In the stream's order (`stream`: an emulated queue's id, kernels/device.cpp): inaccessible until
+  /// the work queued on it before the allocation has run, so work of other streams not ordered after
+  /// the allocation faults, as on a GPU it could touch memory an earlier user of the pool still reads.
+  void* allocate_on(std::size_t bytes, std::size_t alignment, void* stream) override {
+    const auto queue = reinterpret_cast<std::uintptr_t>(stream);
+    if (queue == 0) return allocate(bytes, alignment);
+    void* pointer = EmulatedMemory::instance().allocate(bytes, alignment, /*born=*/false);
+    try {
+      emulated_enqueue(queue, [pointer] { EmulatedMemory::instance().birth(pointer); });
+    } catch (...) {
+      EmulatedMemory::instance().deallocate(pointer);
+      throw;
+    }
+    return pointer;
   }
   /// Without a stream after every emulated stream's work, as cudaFree waits for the device.
   void deallocate(void* pointer, std::size_t) noexcept override {

@@ -23,7 +23,9 @@ class EmulatedDeviceAccess {
 };
 
 /// The allocator of Device::emulated(index): every allocation its own region of whole pages in one
-/// reserved address range, never reused, with an inaccessible page after it.
+/// reserved address range, never reused, with an inaccessible page after it. One allocated on a
+/// stream (allocate_on) stays inaccessible until that stream's work reaches the allocation, and one
+/// freed on a stream goes when its work reaches the free (cudaMallocFromPoolAsync/cudaFreeAsync).
 Allocator& emulated_device_allocator(int index);
 
 /// Whether `address` lies in the emulated device's reserved address range (live or freed).

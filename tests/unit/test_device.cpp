@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -756,6 +757,27 @@ TEST(EmulatedDevice, StreamOrderedFreesWaitForTheStream) {
   EXPECT_EQ(zt::detail::emulated_device_region_count(), live - 1);
 }
 
+// cudaMallocFromPoolAsync's rule: memory allocated on a stream is usable by work ordered after the
+// allocation. The stream's own later work and another stream's after an event may touch it.
+TEST(EmulatedDevice, StreamOrderedAllocationsAreUsableAfterTheAllocationInStreamOrder) {
+  for (const auto order : {zt::detail::EmulatedStreamOrder::lazy, zt::detail::EmulatedStreamOrder::eager}) {
+    const ScopedStreamOrder scoped(order);
+    const zt::Stream allocating(kEmulated), other(kEmulated);
+    zt::Buffer device(kEmulated, 4 * sizeof(int), zt::MemoryCategory::other, zt::kHostAlignment,
+                      zt::HostMemoryKind::pageable, &allocating);
+    zt::zero_bytes(device.data(), kEmulated, device.size(), &allocating);  // its own stream: after it
+    zt::Event allocated(kEmulated);
+    allocated.record(allocating);
+    other.wait(allocated);
+    std::array<int, 4> values{1, 2, 3, 4};
+    zt::copy_bytes(device.data(), kEmulated, values.data(), zt::Device::host(), device.size(), &other);
+    other.synchronize();
+    values.fill(0);
+    zt::copy_bytes(values.data(), zt::Device::host(), device.data(), kEmulated, device.size());  // after all
+    EXPECT_EQ(values, (std::array<int, 4>{1, 2, 3, 4}));
+  }
+}
+
 TEST(EmulatedDevice, IsAccessibleInsideTheDeviceApiAccessOnly) {
   zt::Buffer buffer(kEmulated, 64);
   {
@@ -779,15 +801,37 @@ TEST(EmulatedDeviceDeathTest, HostAccessOutsideTheDeviceApiCrashes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   zt::Buffer buffer(kEmulated, 64);
   volatile int* pointer = buffer.as<int>();
-  EXPECT_DEATH(static_cast<void>(*pointer), "host access to emulated device memory at 0x");
-  EXPECT_DEATH(*pointer = 1, "host access to emulated device memory");
+  EXPECT_DEATH(static_cast<void>(*pointer), "access to emulated device memory at 0x");
+  EXPECT_DEATH(*pointer = 1, "access to emulated device memory");
   // After an access closes, the memory is protected again.
   EXPECT_DEATH(
       {
         { const zt::detail::EmulatedDeviceAccess access; }
         static_cast<void>(*pointer);
       },
-      "host access to emulated device memory");
+      "access to emulated device memory");
+}
+
+zt::Buffer stream_ordered_emulated_bytes(std::size_t bytes, const zt::Stream& stream) {
+  return zt::Buffer(kEmulated, bytes, zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pageable, &stream);
+}
+
+// Where a GPU's pool may hand a stream-ordered allocation memory that the allocating stream's earlier
+// kernels still read, work of another stream not ordered after the allocation faults here, every time.
+TEST(EmulatedDeviceDeathTest, AnotherStreamTouchingAStreamOrderedAllocationWithoutAnEventFaults) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const ScopedStreamOrder lazy(zt::detail::EmulatedStreamOrder::lazy);
+  EXPECT_DEATH(
+      {
+        const zt::Stream allocating(kEmulated);
+        const zt::Stream other(kEmulated);
+        auto device = stream_ordered_emulated_bytes(64, allocating);
+        zt::zero_bytes(device.data(), kEmulated, device.size(), &other);
+        other
+            .synchronize();  // the lazy order runs `other` alone: `allocating` has not reached the allocation
+      },
+      "access to emulated device memory at 0x.*ordered after its allocation");
 }
 
 TEST(EmulatedDeviceDeathTest, FreedMemoryAndOverrunsFaultEvenInsideTheDeviceApi) {
@@ -802,14 +846,14 @@ TEST(EmulatedDeviceDeathTest, FreedMemoryAndOverrunsFaultEvenInsideTheDeviceApi)
         const zt::detail::EmulatedDeviceAccess access;
         static_cast<void>(*stale);
       },
-      "host access to emulated device memory");
+      "access to emulated device memory");
   EXPECT_DEATH(
       {
         zt::Buffer buffer(kEmulated, 4096);
         const zt::detail::EmulatedDeviceAccess access;
         static_cast<void>(buffer.as<volatile char>()[4096]);  // the page after the region
       },
-      "host access to emulated device memory");
+      "access to emulated device memory");
 }
 
 }  // namespace
