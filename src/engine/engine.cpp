@@ -1260,6 +1260,9 @@ std::vector<float> EngineInspection::gather_master_parameters() {
 std::int64_t EngineInspection::peak_gathered_parameters() const {
   return impl_.strategy_->peak_gathered_parameters();
 }
+CommBackend EngineInspection::data_group_backend() const {
+  return impl_.parallel_.data().device->backend();
+}
 
 }  // namespace engine_detail
 

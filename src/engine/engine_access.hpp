@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/engine/partition_plan.hpp"
+#include "zerotrain/communicator.hpp"
 #include "zerotrain/engine.hpp"
 
 namespace zt::engine_detail {
@@ -30,6 +31,9 @@ class EngineInspection {
   /// Stage 3: most parameter elements gathered at once (not counting persistent ones) since the
   /// engine started; 0 at stages 0-2.
   std::int64_t peak_gathered_parameters() const;
+  /// The backend of the data-parallel group's communicator for the engine's device: local for a group
+  /// of one rank (copies; ZT_ONE_RANK_GROUPS=device changes that), NCCL on a GPU, MPI otherwise.
+  CommBackend data_group_backend() const;
 
  private:
   Engine::Impl& impl_;

@@ -1,12 +1,32 @@
 // The engine's process grid (see parallel_context.hpp).
 #include "src/engine/parallel_context.hpp"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "zerotrain/error.hpp"
 #include "zerotrain/mpi_communicator.hpp"
 #include "zerotrain/nccl_communicator.hpp"
 #include "zerotrain/runtime.hpp"
 
 namespace zt::engine_detail {
+
+namespace {
+/// ZT_ONE_RANK_GROUPS: how a group of one rank on a device communicates. "copy" (the default): its
+/// collectives are copies on the compute stream. "device": through the device's communicator, as a
+/// group of several ranks does (NCCL on a GPU, the emulated one on the emulated device), so that one
+/// GPU runs the engine's NCCL path: collectives on NCCL's stream, ordered by events and Work::wait(),
+/// under the watchdog. One GPU cannot check that otherwise (NCCL refuses two ranks on one GPU).
+bool one_rank_groups_use_the_device_communicator() {
+  const char* value = std::getenv("ZT_ONE_RANK_GROUPS");
+  if (value == nullptr || std::string_view(value) == "copy") return false;
+  ZT_CHECK_AS(ConfigError, std::string_view(value) == "device", "ZT_ONE_RANK_GROUPS='", value,
+              "': expected 'copy' (a group of one rank copies on the compute stream; the default) or "
+              "'device' (it uses the device's communicator, NCCL on a GPU, as a group of several ranks "
+              "does: to check the engine's NCCL path on one GPU)");
+  return true;
+}
+}  // namespace
 
 ParallelContext::ParallelContext(Runtime& runtime, ProcessGrid* grid, Communicator* data_parallel,
                                  const ExecutionContext& execution, int pipeline_stages)
@@ -54,7 +74,7 @@ ParallelContext::Group ParallelContext::group_of(Communicator& host, const char*
   const std::string device_name = std::string(name) + "@" + device.str();
   if (device.is_host()) {
     group.device = &host;
-  } else if (host.size() == 1) {
+  } else if (host.size() == 1 && !one_rank_groups_use_the_device_communicator()) {
     // Its collectives are copies: no NCCL communicator (buffers, a proxy thread, an init) for them.
     own_comms_.push_back(make_single_rank_communicator(device, device_name, execution_.compute()));
     group.device = own_comms_.back().get();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -122,6 +123,18 @@ inline std::unique_ptr<Communicator> first_ranks(int size) {
   auto communicator = make_mpi_communicator(comm, "group");
   MPI_Comm_free(&comm);
   return communicator;
+}
+
+/// The backend of the data group's communicator that the engine makes on `device` (EngineInspection::
+/// data_group_backend): MPI on the host; on a device, copies for a group of one rank unless
+/// ZT_ONE_RANK_GROUPS=device, then NCCL on a GPU and the emulated device's (MPI moving the data).
+/// Checked by the runs that claim to go through a device communicator.
+inline CommBackend expected_data_group_backend(Device device, int data_ranks) {
+  if (device.is_host()) return CommBackend::mpi;
+  const char* one_rank_groups = std::getenv("ZT_ONE_RANK_GROUPS");
+  if (data_ranks == 1 && (one_rank_groups == nullptr || std::string(one_rank_groups) != "device"))
+    return CommBackend::local;
+  return device.is_cuda() ? CommBackend::nccl : CommBackend::mpi;
 }
 
 inline std::unique_ptr<Communicator> self_communicator() {

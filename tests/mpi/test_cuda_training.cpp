@@ -64,6 +64,8 @@ TrainingRun train_on(zt::Device device, const zt::Config& config) {
   zt::Engine engine(zt::testing::runtime(), *model, config, {.device = device});
   auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
   TrainingRun run;
+  EXPECT_EQ(zt::engine_detail::inspect(engine).data_group_backend(),
+            expected_data_group_backend(device, zt::testing::runtime().world_size()));
   run.initial = real_master_parameters(engine);
   for (int step = 0; step < kSteps; ++step) {
     engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });

@@ -49,6 +49,8 @@ ParamOffloadRun param_offload_run_on(zt::Device device, const zt::Config& config
   zt::Engine engine(zt::testing::runtime(), *model, config, {.device = device});
   auto data = zt::make_training_data(engine.config(), engine, std::nullopt);
   ParamOffloadRun run;
+  EXPECT_EQ(zt::engine_detail::inspect(engine).data_group_backend(),
+            expected_data_group_backend(device, zt::testing::runtime().world_size()));
   train_steps(engine, *data, kSteps, [&] { run.result.losses.push_back(engine.last_step().loss); });
   run.placement = engine.parameters_placement();
   run.last_offload = engine.last_step().offload;

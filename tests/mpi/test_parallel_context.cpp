@@ -16,6 +16,7 @@
 #include "job_directory.hpp"
 #include "mpi_test_main.hpp"
 #include "src/engine/engine_access.hpp"
+#include "swap_test_fixtures.hpp"  // ScopedEnvironment
 #include "test_helpers.hpp"
 #include "zerotrain/engine.hpp"
 #include "zerotrain/process_grid.hpp"
@@ -128,6 +129,18 @@ TEST(ParallelContext, AGridAndADataParallelGroupTogetherAreRefused) {
       [&] { zt::Engine engine(runtime, *model, config, {.grid = &grid, .data_parallel = &grid.data()}); });
   EXPECT_NE(message.find("pass a process grid or a data-parallel communicator, not both"), std::string::npos)
       << message;
+}
+
+/// ZT_ONE_RANK_GROUPS takes "copy" or "device"; anything else is refused, naming the variable and both
+/// values, on every rank alike (each reads its own environment, so the job agrees).
+TEST(ParallelContext, AnUnknownOneRankGroupsSettingIsRefused) {
+  const zt::testing::ScopedEnvironment setting("ZT_ONE_RANK_GROUPS", "nccl");
+  const zt::Config config = parse(gpt_config(2, 1));
+  auto model = zt::build_model(config);
+  const std::string message = zt::testing::error_of(
+      [&] { zt::Engine engine(zt::testing::runtime(), *model, config, {.device = zt::Device::emulated()}); });
+  EXPECT_NE(message.find("ZT_ONE_RANK_GROUPS='nccl': expected 'copy'"), std::string::npos) << message;
+  EXPECT_NE(message.find("'device'"), std::string::npos) << message;
 }
 
 /// On a GPU the groups get NCCL communicators (mpi.cuda_training); without a usable one the engine
