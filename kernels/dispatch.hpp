@@ -14,7 +14,8 @@
 // and runs it inside the device API's access (its memory is readable only there,
 // kernels/emulated_device.hpp), so the host lambda captures by value ([=]: it runs after the entry
 // point has returned; a kernel with a result runs at once, after the stream's work); CUDA runs
-// the CUDA kernel on the stream, with the stream's device made current on the calling thread. Adding
+// the CUDA kernel on the stream, with the stream's device made current on the calling thread (on the
+// default stream after every stream's work, finished on return, as the emulated device). Adding
 // the CUDA version later changes the family's .cpp, never its callers. Until a family has one, pass
 // no_cuda_kernel and a call on a CUDA device raises a clear error naming the kernel.
 #pragma once
@@ -71,7 +72,18 @@ decltype(auto) dispatch(const Stream& stream, const char* kernel_name, HostKerne
   } else {
     // On the stream's device, whichever thread calls (a launch on another device's stream fails).
     const detail::CudaDeviceScope current(device.index);
-    return std::forward<CudaKernel>(cuda_kernel)(stream.native());
+    // A stream without a handle is CUDA's legacy default stream, which does not order against the
+    // non-blocking streams zerotrain makes: its kernel first waits for every stream's work and is done
+    // on return, as on the emulated device (a stream-less fill_ or to() of a kernel's output would
+    // otherwise read or write it while that kernel runs). Never on the engine's hot path.
+    const bool legacy_default_stream = stream.native() == nullptr;
+    if (legacy_default_stream) detail::cuda_device_synchronize(device.index);
+    if constexpr (std::is_void_v<std::invoke_result_t<CudaKernel&, void*>>) {
+      std::forward<CudaKernel>(cuda_kernel)(stream.native());
+      if (legacy_default_stream) detail::cuda_stream_synchronize(nullptr);
+    } else {
+      return std::forward<CudaKernel>(cuda_kernel)(stream.native());  // a result: copied back, done
+    }
   }
 }
 

@@ -118,13 +118,6 @@ namespace {
 const Stream& stream_or_default(const Stream* stream, Device device) {
   return stream != nullptr ? *stream : default_stream(device);
 }
-
-/// Without a stream, a kernel on a CUDA device ran on the legacy default stream, which does not order
-/// against the execution contexts' non-blocking streams: wait for it, so that the call is synchronous
-/// as copies and zeroing without a stream are (copy_bytes, zero_bytes).
-void finish_on_default_stream(const Stream* stream, Device device) {
-  if (stream == nullptr && device.is_cuda()) default_stream(device).synchronize();
-}
 }  // namespace
 
 void Tensor::zero_(const Stream* stream) {
@@ -136,7 +129,6 @@ void Tensor::zero_(const Stream* stream) {
 void Tensor::fill_(double value, const Stream* stream) {
   ZT_CHECK(defined_, "fill_ of an undefined tensor");
   kernels::fill(stream_or_default(stream, device_), dtype_, data_, numel_, value);
-  finish_on_default_stream(stream, device_);
 }
 
 void Tensor::copy_from(const Tensor& source, const Stream* stream) {
@@ -153,7 +145,6 @@ void Tensor::copy_from(const Tensor& source, const Stream* stream) {
   ZT_CHECK(device_ == source.device_, "copy_from ", source.description(), " into ", description(),
            ": dtype conversion needs both tensors on the same device");
   kernels::convert(stream_or_default(stream, device_), source.data_, source.dtype_, data_, dtype_, numel_);
-  finish_on_default_stream(stream, device_);
 }
 
 Tensor Tensor::to(DType dtype, MemoryCategory category, const Stream* stream) const {

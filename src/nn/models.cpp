@@ -27,11 +27,9 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 void init_normal(Parameter& parameter, double stddev, std::uint64_t seed) {
   Tensor& value = parameter.value;
   const Stream& stream = default_stream(value.device());
+  // On the default stream: done on return (kernels/dispatch.hpp), before any stream uses the parameter.
   kernels::fill_normal(stream, value.dtype(), value.raw_data(), value.numel(), 0.0, stddev,
                        seed ^ name_hash(parameter.name));
-  // On a GPU the legacy default stream does not order against the non-blocking streams that use the
-  // parameter next: initialization waits for it (once per parameter, not on the hot path).
-  stream.synchronize();
 }
 
 std::int64_t gpt_parameter_count(const GptConfig& config) {

@@ -126,4 +126,25 @@ TEST(CudaStreams, ItemAsDoubleWaitsForTheStreamThatWroteTheElement) {
   }
 }
 
+// A kernel on the default stream (the legacy one, which does not wait for the non-blocking streams)
+// runs after every stream's work and is done on return (kernels/dispatch.hpp): a stream-less
+// conversion reads the compute stream's last fill, and a stream-less fill lands before the compute
+// stream's next kernel. 64 MiB, so that the fill before is still running at the call.
+TEST(CudaStreams, DefaultStreamKernelsFollowEveryStream) {
+  ZT_REQUIRE_GPU();
+  const ExecutionContext context(zt::Device::cuda(0));
+  const std::int64_t count = std::int64_t{1} << 24;
+  for (int round = 0; round < 3; ++round) {
+    Tensor tensor = context.empty({count}, DType::fp32);
+    tensor.fill_(round + 0.5, &context.compute());
+    const Tensor converted = tensor.to(DType::fp64);  // without a stream: a conversion kernel
+    EXPECT_EQ(converted.item_as_double(0), round + 0.5) << "round " << round;
+    EXPECT_EQ(converted.item_as_double(count - 1), round + 0.5) << "round " << round;
+    tensor.fill_(-1.0);  // without a stream
+    Tensor doubled = context.empty({count}, DType::fp64);
+    doubled.copy_from(tensor, &context.compute());  // a conversion on the compute stream, after it
+    EXPECT_EQ(doubled.item_as_double(count - 1, &context.compute()), -1.0) << "round " << round;
+  }
+}
+
 }  // namespace
