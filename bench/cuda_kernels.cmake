@@ -3,7 +3,7 @@
 # cudaMemcpyAsync timed in the same run, GEMM TFLOP/s against the data sheet's peak (docs/gpu.md,
 # "What the kernel benchmark prints"). scripts/gpu-bundle.sh packs every zt_bench_cuda_* target and
 # scripts/gpu-check.sh runs it; CI only builds it (without a GPU it says "no usable GPU", exit 0).
-if(NOT ZT_HAVE_CUDA)
+if(NOT ZT_HAVE_CUDA OR ZT_CUDA_ON_HOST)
   return()
 endif()
 add_executable(zt_bench_cuda_kernels ${CMAKE_CURRENT_LIST_DIR}/bench_cuda_kernels.cpp

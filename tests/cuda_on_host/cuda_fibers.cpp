@@ -19,6 +19,8 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -92,19 +94,20 @@ struct BlockRun {
   std::string fault;  // the first fault inside the kernel
 };
 
-BlockRun* g_block = nullptr;  // the block that runs now (one grid at a time, on one OS thread)
-StackPool g_stacks;
-std::vector<std::unique_ptr<FiberSlot>> g_slots;
-jmp_buf g_scheduler;
-ucontext_t g_scheduler_context;  // written by the first swapcontext into a slot; never resumed
+// Each OS thread that launches runs its grids on its own fibers (the engine launches from more
+// than one thread).
+thread_local BlockRun* g_block = nullptr;  // the block that runs now
+thread_local StackPool g_stacks;
+thread_local std::vector<std::unique_ptr<FiberSlot>> g_slots;
+thread_local jmp_buf g_scheduler;
+thread_local ucontext_t g_scheduler_context;  // written by the first swapcontext into a slot; never resumed
 
 struct RuntimeState {
-  cudaError_t last_error = cudaSuccess;
+  cudaError_t last_error = cudaSuccess;  // per thread, as CUDA's
   std::string last_message;
-  std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute
 };
 RuntimeState& runtime() {
-  static RuntimeState state;
+  thread_local RuntimeState state;
   return state;
 }
 
@@ -321,6 +324,28 @@ std::string dim_text(dim3 d) {
 
 }  // namespace
 
+/// The device's state that all threads share.
+struct DeviceState {
+  std::mutex mutex;
+  std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute
+  std::map<void*, std::size_t> pool_blocks;       // cudaMallocFromPoolAsync / cudaMallocAsync
+  // The default pool as CUDA's counts it: freed blocks stay reserved up to the release threshold
+  // (the host memory itself is freed at once).
+  std::uint64_t pool_used = 0, pool_used_high = 0, pool_reserved = 0, pool_reserved_high = 0,
+                release_threshold = 0;
+  std::map<void*, std::size_t> plain_blocks;  // cudaMalloc
+  std::set<void*> streams, events;
+  std::uint64_t allocated() const {
+    std::uint64_t total = pool_reserved;
+    for (const auto& block : plain_blocks) total += block.second;
+    return total;
+  }
+};
+DeviceState& device_state() {
+  static DeviceState state;
+  return state;
+}
+
 const CudaThread& current_thread() {
   if (g_block == nullptr || g_block->current_slot == nullptr) {
     std::fputs("cuda_fibers: threadIdx/blockIdx read outside a kernel\n", stderr);
@@ -383,8 +408,10 @@ void launch(const void* kernel, const LaunchConfig& config, const std::function<
   }
   std::size_t shared_limit = kDefaultDynamicShared;
   if (kernel != nullptr) {
-    const auto found = runtime().max_dynamic_shared.find(kernel);
-    if (found != runtime().max_dynamic_shared.end()) shared_limit = static_cast<std::size_t>(found->second);
+    const std::lock_guard lock(device_state().mutex);
+    const auto found = device_state().max_dynamic_shared.find(kernel);
+    if (found != device_state().max_dynamic_shared.end())
+      shared_limit = static_cast<std::size_t>(found->second);
   }
   if (config.shared_bytes > shared_limit) {
     fail(cudaErrorInvalidValue, "cuda_fibers: " + where + " asks for " + std::to_string(config.shared_bytes) +
@@ -409,24 +436,109 @@ void launch(const void* kernel, const LaunchConfig& config, const std::function<
 
 }  // namespace cuda_fibers
 
-// ---- the host CUDA runtime (the names cuda_fibers.hpp renames) ----------------------------------
+// ---- the host CUDA runtime (the names cuda_fibers.hpp renames, or all of them in the CUDA-on-host
+// build) ---------------------------------------------------------------------------------------------
+// A device whose work finishes when it is issued: every copy, memset and launch runs at the call,
+// so every stream and event is always complete. That is one valid schedule of CUDA's stream
+// semantics (the emulated device checks the others, docs/gpu.md); it checks everything but order.
 
+using cuda_fibers::device_state;
+using cuda_fibers::DeviceState;
 using cuda_fibers::fail;
 using cuda_fibers::runtime;
 
-cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
-  *pointer = std::malloc(bytes == 0 ? 1 : bytes);
-  return *pointer != nullptr ? cudaSuccess : fail(cudaErrorMemoryAllocation, "cuda_fibers: out of memory");
+namespace {
+
+constexpr std::uint64_t kDeviceMemoryBytes = 16ull << 30;  // what cudaMemGetInfo reports as total
+
+// CUDA's alignments: device allocations on 256 bytes (the GEMMs' alignment checks see what a GPU
+// gives), cudaHostAlloc's on a page (O_DIRECT reads into pinned buffers rely on it).
+constexpr std::size_t kDeviceAlignment = 256;
+constexpr std::size_t kPinnedAlignment = 4096;
+
+void* aligned_block(std::size_t bytes, std::size_t alignment) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+  return std::aligned_alloc(alignment, rounded);
 }
-cudaError_t cudaFree(void* pointer) {
+
+cudaError_t allocate(std::map<void*, std::size_t>& blocks, void** pointer, std::size_t bytes) {
+  *pointer = aligned_block(bytes, kDeviceAlignment);
+  if (*pointer == nullptr) return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of host memory");
+  blocks[*pointer] = bytes;
+  return cudaSuccess;
+}
+
+cudaError_t release(std::map<void*, std::size_t>& blocks, void* pointer, const char* call) {
+  if (pointer == nullptr) return cudaSuccess;
+  const auto found = blocks.find(pointer);
+  if (found == blocks.end())
+    return fail(cudaErrorInvalidValue,
+                std::string("cuda_fibers: ") + call + " of a pointer it did not allocate");
+  blocks.erase(found);
   std::free(pointer);
   return cudaSuccess;
 }
+
+cudaError_t pool_allocate(void** pointer, std::size_t bytes) {
+  DeviceState& device = device_state();
+  const std::lock_guard lock(device.mutex);
+  if (device.allocated() + bytes > kDeviceMemoryBytes)
+    return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of (modelled) device memory");
+  const cudaError_t status = allocate(device.pool_blocks, pointer, bytes);
+  if (status != cudaSuccess) return status;
+  device.pool_used += bytes;
+  device.pool_used_high = std::max(device.pool_used_high, device.pool_used);
+  device.pool_reserved = std::max(device.pool_reserved, device.pool_used);
+  device.pool_reserved_high = std::max(device.pool_reserved_high, device.pool_reserved);
+  return cudaSuccess;
+}
+
+cudaError_t pool_free(void* pointer) {
+  DeviceState& device = device_state();
+  const std::lock_guard lock(device.mutex);
+  const auto found = device.pool_blocks.find(pointer);
+  if (pointer != nullptr && found != device.pool_blocks.end()) {
+    device.pool_used -= found->second;
+    const std::uint64_t kept = device.pool_reserved - device.pool_used;
+    if (kept > device.release_threshold) device.pool_reserved = device.pool_used + device.release_threshold;
+  }
+  return release(device.pool_blocks, pointer, "cudaFreeAsync");
+}
+
+int g_current_device = 0;
+cudaMemPool_t default_pool() {
+  static int pool_tag = 0;
+  return reinterpret_cast<cudaMemPool_t>(&pool_tag);
+}
+
+}  // namespace
+
+cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
+  const std::lock_guard lock(device_state().mutex);
+  return allocate(device_state().plain_blocks, pointer, bytes);
+}
+cudaError_t cudaFree(void* pointer) {
+  const std::lock_guard lock(device_state().mutex);
+  return release(device_state().plain_blocks, pointer, "cudaFree");
+}
 cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t) {
-  return cudaMalloc(pointer, bytes);
+  return pool_allocate(pointer, bytes);
+}
+cudaError_t cudaMallocFromPoolAsync(void** pointer, std::size_t bytes, cudaMemPool_t pool, cudaStream_t) {
+  if (pool != default_pool()) return fail(cudaErrorInvalidValue, "cuda_fibers: an unknown memory pool");
+  return pool_allocate(pointer, bytes);
 }
 cudaError_t cudaFreeAsync(void* pointer, cudaStream_t) {
-  return cudaFree(pointer);
+  return pool_free(pointer);
+}
+cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int) {
+  *pointer = aligned_block(bytes, kPinnedAlignment);
+  return *pointer != nullptr ? cudaSuccess
+                             : fail(cudaErrorMemoryAllocation, "cuda_fibers: out of host memory");
+}
+cudaError_t cudaFreeHost(void* pointer) {
+  std::free(pointer);
+  return cudaSuccess;
 }
 cudaError_t cudaMemset(void* pointer, int value, std::size_t bytes) {
   std::memset(pointer, value, bytes);
@@ -453,19 +565,113 @@ cudaError_t cudaMemcpyFromSymbolAsync(void* destination, const void* symbol, std
   std::memcpy(destination, static_cast<const char*>(symbol) + offset, bytes);
   return cudaSuccess;
 }
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
+  const std::lock_guard lock(device_state().mutex);
+  *total_bytes = kDeviceMemoryBytes;
+  *free_bytes = kDeviceMemoryBytes - device_state().allocated();
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  *pool = default_pool();
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr attribute, void* value) {
+  const std::lock_guard lock(device_state().mutex);
+  if (attribute == cudaMemPoolAttrReleaseThreshold)
+    device_state().release_threshold = *static_cast<std::uint64_t*>(value);
+  if (attribute == cudaMemPoolAttrUsedMemHigh) device_state().pool_used_high = device_state().pool_used;
+  if (attribute == cudaMemPoolAttrReservedMemHigh)
+    device_state().pool_reserved_high = device_state().pool_reserved;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr attribute, void* value) {
+  const std::lock_guard lock(device_state().mutex);
+  const DeviceState& device = device_state();
+  std::uint64_t result = 0;
+  switch (attribute) {
+    case cudaMemPoolAttrReleaseThreshold:
+      result = device.release_threshold;
+      break;
+    case cudaMemPoolAttrReservedMemCurrent:
+      result = device.pool_reserved;
+      break;
+    case cudaMemPoolAttrUsedMemCurrent:
+      result = device.pool_used;
+      break;
+    case cudaMemPoolAttrReservedMemHigh:
+      result = device.pool_reserved_high;
+      break;
+    case cudaMemPoolAttrUsedMemHigh:
+      result = device.pool_used_high;
+      break;
+    default:
+      return fail(cudaErrorInvalidValue, "cuda_fibers: cudaMemPoolGetAttribute(" +
+                                             std::to_string(static_cast<int>(attribute)) +
+                                             ") is not modelled");
+  }
+  *static_cast<std::uint64_t*>(value) = result;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, std::size_t keep) {
+  const std::lock_guard lock(device_state().mutex);
+  DeviceState& device = device_state();
+  device.pool_reserved =
+      std::max<std::uint64_t>(device.pool_used, std::min<std::uint64_t>(device.pool_reserved, keep));
+  return cudaSuccess;
+}
+
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
   if (value < 0 || value > cuda_fibers::kOptInSharedPerBlock)
     return fail(cudaErrorInvalidValue, "cuda_fibers: cudaFuncSetAttribute of " + std::to_string(value) +
                                            " bytes of dynamic shared memory; the device allows " +
                                            std::to_string(cuda_fibers::kOptInSharedPerBlock));
-  runtime().max_dynamic_shared[kernel] = value;
+  const std::lock_guard lock(device_state().mutex);
+  device_state().max_dynamic_shared[kernel] = value;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+
+// The device it models: one Hopper GPU under its own name, so that nothing takes it for a real one
+// (the peak tables find no entry for it).
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  *properties = cudaDeviceProp{};
+  std::snprintf(properties->name, sizeof properties->name, "cuda_fibers host device");
+  properties->major = 9;
+  properties->minor = 0;
+  properties->totalGlobalMem = kDeviceMemoryBytes;
+  properties->multiProcessorCount = 132;
+  properties->warpSize = 32;
+  properties->maxThreadsPerBlock = 1024;
+  properties->sharedMemPerBlock = cuda_fibers::kDefaultDynamicShared;
+  properties->sharedMemPerBlockOptin = cuda_fibers::kOptInSharedPerBlock;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
   switch (attribute) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = cuda_fibers::kOptInSharedPerBlock;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      return cudaSuccess;
+    case cudaDevAttrMemoryClockRate:
+      *value = 2619000;  // kHz, an H100 SXM's
+      return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = 5120;
       return cudaSuccess;
     default:
       return fail(cudaErrorInvalidValue, "cuda_fibers: cudaDeviceGetAttribute(" +
@@ -473,8 +679,21 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
                                              ") is not modelled");
   }
 }
+cudaError_t cudaDeviceGetPCIBusId(char* id, int length, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  std::snprintf(id, static_cast<std::size_t>(length), "0000:00:00.0");
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = g_current_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
@@ -483,13 +702,82 @@ cudaError_t cudaSetDevice(int device) {
 cudaError_t cudaStreamGetDevice(cudaStream_t, int* device) {
   return cudaGetDevice(device);
 }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  const std::lock_guard lock(device_state().mutex);
+  void* handle = std::malloc(1);
+  device_state().streams.insert(handle);
+  *stream = static_cast<cudaStream_t>(handle);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  const std::lock_guard lock(device_state().mutex);
+  if (device_state().streams.erase(stream) == 0)
+    return fail(cudaErrorInvalidResourceHandle, "cuda_fibers: cudaStreamDestroy of an unknown stream");
+  std::free(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  const std::lock_guard lock(device_state().mutex);
+  void* handle = std::malloc(1);
+  device_state().events.insert(handle);
+  *event = static_cast<cudaEvent_t>(handle);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  const std::lock_guard lock(device_state().mutex);
+  if (device_state().events.erase(event) == 0)
+    return fail(cudaErrorInvalidResourceHandle, "cuda_fibers: cudaEventDestroy of an unknown event");
+  std::free(event);
+  return cudaSuccess;
+}
+namespace {
+cudaError_t check_event(cudaEvent_t event, const char* call) {
+  const std::lock_guard lock(device_state().mutex);
+  if (device_state().events.count(event) == 0)
+    return fail(cudaErrorInvalidResourceHandle, std::string("cuda_fibers: ") + call + " of an unknown event");
+  return cudaSuccess;
+}
+cudaError_t check_stream(cudaStream_t stream, const char* call) {
+  const std::lock_guard lock(device_state().mutex);
+  if (stream != nullptr && device_state().streams.count(stream) == 0)
+    return fail(cudaErrorInvalidResourceHandle,
+                std::string("cuda_fibers: ") + call + " on an unknown stream");
+  return cudaSuccess;
+}
+}  // namespace
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  const cudaError_t status = check_stream(stream, "cudaEventRecord");
+  return status != cudaSuccess ? status : check_event(event, "cudaEventRecord");
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return check_event(event, "cudaEventQuery");
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return check_event(event, "cudaEventSynchronize");
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  const cudaError_t status = check_stream(stream, "cudaStreamWaitEvent");
+  return status != cudaSuccess ? status : check_event(event, "cudaStreamWaitEvent");
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return check_stream(stream, "cudaStreamSynchronize");
+}
+cudaError_t cudaDeviceSynchronize() {
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetLastError() {
   const cudaError_t error = runtime().last_error;
   runtime().last_error = cudaSuccess;
   return error;
 }
+cudaError_t cudaPeekAtLastError() {
+  return runtime().last_error;
+}
 const char* cudaGetErrorString(cudaError_t error) {
-  return error == cudaSuccess ? "no error" : runtime().last_message.c_str();
+  if (error == cudaSuccess) return "no error";
+  return runtime().last_message.empty() ? "cuda_fibers: an error" : runtime().last_message.c_str();
 }
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
@@ -503,16 +791,11 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorLaunchFailure";
     case cudaErrorMemoryAllocation:
       return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
     default:
       return "cudaError (cuda_fibers)";
   }
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceSynchronize() {
-  return cudaSuccess;
-}
-cudaError_t cudaEventQuery(cudaEvent_t) {
-  return cudaSuccess;
 }

@@ -8,9 +8,12 @@
 //
 // This header is force-included (-include) first in every translated source (translate.py): it
 // renames the CUDA runtime functions the kernel files call to host versions (cuda_fibers.cpp), so
-// nothing here reaches libcudart, then supplies the device built-ins g++ lacks.
+// nothing here reaches libcudart, then supplies the device built-ins g++ lacks. In the CUDA-on-host
+// build (ZT_CUDA_ON_HOST, CUDA_FIBERS_KEEP_NAMES) the names stay: cuda_fibers.cpp is the only CUDA
+// runtime that library links.
 #pragma once
 
+#ifndef CUDA_FIBERS_KEEP_NAMES
 #define cudaMalloc cuda_fibers_cudaMalloc
 #define cudaFree cuda_fibers_cudaFree
 #define cudaMallocAsync cuda_fibers_cudaMallocAsync
@@ -32,6 +35,7 @@
 #define cudaDeviceSynchronize cuda_fibers_cudaDeviceSynchronize
 #define cudaEventQuery cuda_fibers_cudaEventQuery
 #define cudaStreamGetDevice cuda_fibers_cudaStreamGetDevice
+#endif
 
 // Static shared memory: one array per kernel instantiation, which the threads of the running block
 // share (blocks run one at a time).

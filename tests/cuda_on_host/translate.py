@@ -12,9 +12,10 @@ the kernel source as nvcc compiles it:
     (a GPU refuses such a launch);
   - `#ifdef __CUDACC__` sections are kept (the device half of cuda_common.hpp);
   - namespace zt::kernels::cuda becomes zt::kernels::cuda_on_host and includes of kernels/cuda/ point
-    to the translated copies, so these objects link beside the real CUDA ones.
+    to the translated copies, so these objects link beside the real CUDA ones (unit.cuda_on_host);
+    with --keep-namespace both stay (the CUDA-on-host build, ZT_CUDA_ON_HOST, where they replace them).
 
-usage: translate.py INPUT OUTPUT
+usage: translate.py [--keep-namespace] INPUT OUTPUT
 """
 import re
 import sys
@@ -59,7 +60,7 @@ def rewrite_launches(text: str) -> str:
     return text
 
 
-def translate(text: str) -> str:
+def translate(text: str, keep_namespace: bool = False) -> str:
     text = rewrite_launches(text)
     text = re.sub(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w ]+?)\s+(\w+)\s*\[\s*\]\s*;",
                   r"\1* const \2 = reinterpret_cast<\1*>(::cuda_fibers::dynamic_shared_memory());", text)
@@ -67,21 +68,26 @@ def translate(text: str) -> str:
     text = re.sub(r"__launch_bounds__\(([^()]*(?:\([^()]*\))?[^()]*)\)([^{;]*?)\{",
                   r"\2{ ::cuda_fibers::check_launch_bounds(\1);", text, flags=re.S)
     text = re.sub(r"#ifdef __CUDACC__", "#if 1  // translated: the device half", text)
-    text = re.sub(r"\bnamespace zt::kernels::cuda\b", "namespace zt::kernels::cuda_on_host", text)
-    text = re.sub(r'#include "kernels/cuda/', '#include "cuda_on_host/kernels/cuda/', text)
+    if not keep_namespace:
+        text = re.sub(r"\bnamespace zt::kernels::cuda\b", "namespace zt::kernels::cuda_on_host", text)
+        text = re.sub(r'#include "kernels/cuda/', '#include "cuda_on_host/kernels/cuda/', text)
     if "<<<" in text or re.search(r"\bextern\s+__shared__", text) or "__launch_bounds__" in text:
         raise SystemExit("translate.py: a launch, dynamic shared array or launch bound was not rewritten")
     return text
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
+    arguments = sys.argv[1:]
+    keep_namespace = arguments[:1] == ["--keep-namespace"]
+    if keep_namespace:
+        arguments = arguments[1:]
+    if len(arguments) != 2:
         raise SystemExit(__doc__)
-    with open(sys.argv[1], encoding="utf-8") as source:
+    with open(arguments[0], encoding="utf-8") as source:
         text = source.read()
-    translated = translate(text)
-    with open(sys.argv[2], "w", encoding="utf-8") as output:
-        output.write(f"// Translated from {sys.argv[1]} by tests/cuda_on_host/translate.py: do not edit.\n")
+    translated = translate(text, keep_namespace)
+    with open(arguments[1], "w", encoding="utf-8") as output:
+        output.write(f"// Translated from {arguments[0]} by tests/cuda_on_host/translate.py: do not edit.\n")
         output.write(translated)
 
 

@@ -561,6 +561,17 @@ zt::Buffer emulated_ints(std::size_t count, int value) {
   return buffer;
 }
 
+/// Page-locked host memory as the emulated device's copies see it (the stand-in), whether or not a GPU
+/// is usable here: a pinned Buffer made without a stream comes from CUDA's pinned cache where one is,
+/// and the emulated device treats memory it did not pin as pageable (found by the CUDA-on-host build,
+/// where these tests failed as they would have on the GPU machine). Allocated on a short-lived emulated
+/// stream, so that the stand-in serves it; freed after the whole device (its queue is gone by then).
+zt::Buffer emulated_pinned(std::size_t bytes) {
+  const zt::Stream allocating(kEmulated);
+  return zt::Buffer(zt::Device::host(), bytes, zt::MemoryCategory::other, zt::kHostAlignment,
+                    zt::HostMemoryKind::pinned, &allocating);
+}
+
 /// The ints of an emulated buffer, read after everything queued (a stream-less copy).
 std::vector<int> ints_of(const zt::Buffer& buffer) {
   std::vector<int> values(buffer.size() / sizeof(int));
@@ -588,8 +599,7 @@ class ScopedStreamOrder {
 TEST(EmulatedDevice, WorkOfAnotherStreamIsSeenOnlyAfterAnEvent) {
   const ScopedStreamOrder lazy(zt::detail::EmulatedStreamOrder::lazy);
   zt::Buffer device = emulated_ints(1000, 7);
-  zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
-                    zt::HostMemoryKind::pinned);
+  zt::Buffer pinned = emulated_pinned(device.size());
   EXPECT_TRUE(zt::detail::is_page_locked_stand_in(pinned.data()));
   std::fill_n(pinned.as<int>(), 1000, -1);
   const zt::Stream producer(kEmulated), consumer(kEmulated);
@@ -623,8 +633,7 @@ TEST(EmulatedDevice, TheEagerOrderRunsOtherStreamsBeforeTheOneWaitedFor) {
     const bool eager = order == zt::detail::EmulatedStreamOrder::eager;
     SCOPED_TRACE(eager ? "eager" : "lazy");
     zt::Buffer device = emulated_ints(16, 7);
-    zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
-                      zt::HostMemoryKind::pinned);
+    zt::Buffer pinned = emulated_pinned(device.size());
     std::fill_n(pinned.as<int>(), 16, -1);
     const zt::Stream writer(kEmulated), reader(kEmulated);
     zt::zero_bytes(device.data(), kEmulated, device.size(), &writer);
@@ -662,8 +671,7 @@ TEST(EmulatedDevice, CopiesFollowCudaMemcpyAsync) {
   stream.synchronize();
   EXPECT_EQ(ints_of(device), (std::vector<int>{10, 11, 12, 13}));
   // From page-locked memory it is read when the copy runs, as a GPU's DMA does.
-  zt::Buffer pinned(zt::Device::host(), device.size(), zt::MemoryCategory::other, zt::kHostAlignment,
-                    zt::HostMemoryKind::pinned);
+  zt::Buffer pinned = emulated_pinned(device.size());
   std::fill_n(pinned.as<int>(), 4, 20);
   zt::copy_bytes(device.data(), kEmulated, pinned.data(), zt::Device::host(), device.size(), &stream);
   pinned.as<int>()[2] = 22;  // before the copy ran: a GPU may read either; the emulation reads this
@@ -743,8 +751,7 @@ TEST(EmulatedDevice, AQueuedFailureIsRethrownWhereTheHostWaits) {
 
 TEST(EmulatedDevice, StreamOrderedFreesWaitForTheStream) {
   const zt::Stream stream(kEmulated);
-  zt::Buffer pinned(zt::Device::host(), 4 * sizeof(int), zt::MemoryCategory::other, zt::kHostAlignment,
-                    zt::HostMemoryKind::pinned);
+  zt::Buffer pinned = emulated_pinned(4 * sizeof(int));
   std::fill_n(pinned.as<int>(), 4, 9);
   zt::Buffer device(kEmulated, pinned.size(), zt::MemoryCategory::other, zt::kHostAlignment,
                     zt::HostMemoryKind::pageable, &stream);

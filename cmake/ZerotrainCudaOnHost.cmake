@@ -1,0 +1,49 @@
+# ZT_CUDA_ON_HOST=ON: the CUDA path built for a machine without a GPU, as a check before the GPU run
+# (docs/gpu.md, "The CUDA path on the CPU"). Never a product: nvcc is not used; the .cu files are
+# translated to C++ (tests/cuda_on_host/translate.py) and their kernels run on the CPU
+# (tests/cuda_on_host/cuda_fibers: each block's threads as fibers), and the CUDA runtime the library
+# links is tests/cuda_on_host/cuda_fibers.cpp (a device whose work is done when issued), cuBLASLt a
+# host implementation of its matmul (cublaslt_on_host.cpp). NCCL and cuDNN stay the real libraries,
+# which fail without a GPU: the NCCL tests are not run in this build, and cuDNN refuses.
+# Configure a separate tree: cmake -S . -B build-on-host -DZT_CUDA_ON_HOST=ON (scripts/cuda-on-host.sh).
+find_package(CUDAToolkit REQUIRED)
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+find_library(ZT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_ROOT}/lib64 ENV NCCL_HOME
+             PATH_SUFFIXES lib lib64 REQUIRED)
+find_path(ZT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME PATH_SUFFIXES include REQUIRED)
+add_library(zt_nccl INTERFACE)
+target_include_directories(zt_nccl INTERFACE ${ZT_NCCL_INCLUDE_DIR})
+target_link_libraries(zt_nccl INTERFACE ${ZT_NCCL_LIBRARY})
+
+set(ZT_CUDA_ON_HOST_TOOLS ${PROJECT_SOURCE_DIR}/tests/cuda_on_host)
+add_library(zt_cudart STATIC ${ZT_CUDA_ON_HOST_TOOLS}/cuda_fibers.cpp)
+set_target_properties(zt_cudart PROPERTIES POSITION_INDEPENDENT_CODE ON)
+target_include_directories(zt_cudart PUBLIC ${ZT_CUDA_ON_HOST_TOOLS} SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
+target_compile_definitions(zt_cudart PUBLIC CUDA_FIBERS_KEEP_NAMES)
+target_compile_options(zt_cudart PRIVATE -ffp-contract=off)
+
+# zt_cuda_on_host_translate(TARGET FILE...): each kernels/cuda FILE translated under the build tree
+# (kernels/cuda/<file>, a .cu as <file>.cpp), the .cu ones compiled into TARGET with the device
+# built-ins (cuda_fibers.hpp) force-included, and the translated headers found before the sources'.
+function(zt_cuda_on_host_translate target)
+  set(root ${CMAKE_BINARY_DIR}/cuda_on_host_sources)
+  foreach(file IN LISTS ARGN)
+    get_filename_component(name ${file} NAME)
+    if(name MATCHES "\\.cu$")
+      set(output ${root}/kernels/cuda/${name}.cpp)
+      target_sources(${target} PRIVATE ${output})
+      set_source_files_properties(${output} PROPERTIES COMPILE_OPTIONS
+                                  "-include;${ZT_CUDA_ON_HOST_TOOLS}/cuda_fibers.hpp;-ffp-contract=off")
+    else()
+      set(output ${root}/kernels/cuda/${name})
+      target_sources(${target} PRIVATE ${output})
+    endif()
+    add_custom_command(OUTPUT ${output}
+                       COMMAND Python3::Interpreter ${ZT_CUDA_ON_HOST_TOOLS}/translate.py --keep-namespace ${file} ${output}
+                       DEPENDS ${file} ${ZT_CUDA_ON_HOST_TOOLS}/translate.py VERBATIM)
+  endforeach()
+  target_include_directories(${target} BEFORE PRIVATE ${root})
+endfunction()
+
+set(ZT_HAVE_CUDA ON)
+message(STATUS "zerotrain: CUDA on the host (ZT_CUDA_ON_HOST): kernels translated for the CPU, CUDA ${CUDAToolkit_VERSION} headers")

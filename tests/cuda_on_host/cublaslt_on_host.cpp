@@ -1,0 +1,243 @@
+// The CUDA-on-host build's cuBLASLt (cmake/ZerotrainCudaOnHost.cmake): the forwarders of
+// kernels/cuda/cublaslt_library.hpp implemented on the host from cuBLASLt's documented contract, in
+// place of the dlopen'ed library, so that kernels/cuda/gemm.cu's plans (operations, layouts, leading
+// dimensions, the bias epilogue, alpha and beta in the scale type) run and are checked against the
+// host GEMMs. Written from the documentation, not from gemm.cu: column-major layouts (element (i, j)
+// at i + j ld, ld >= rows), op(A) [m, k] stored [k, m] when transposed, D = alpha op(A) op(B) + beta C
+// (+ bias[i] on every column with CUBLASLT_EPILOGUE_BIAS, in D's type), accumulated in the compute
+// type and rounded once to D's type. Shapes that do not fit are CUBLAS_STATUS_INVALID_VALUE, as
+// cuBLASLt's. What it cannot show: which algorithms the real heuristic offers (every shape and the
+// fused bias are taken here), TF32's rounding, the real library's speed.
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cuda/cublaslt_library.hpp"
+#include "zerotrain/dtype.hpp"
+
+namespace zt::kernels::cuda::lt {
+namespace {
+
+struct Layout {
+  cudaDataType type;
+  std::uint64_t rows, columns;
+  std::int64_t ld;
+};
+
+struct Descriptor {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+};
+
+struct Preference {};
+
+double load(const void* data, cudaDataType type, std::int64_t index) {
+  switch (type) {
+    case CUDA_R_32F:
+      return static_cast<const float*>(data)[index];
+    case CUDA_R_64F:
+      return static_cast<const double*>(data)[index];
+    case CUDA_R_16BF:
+      return static_cast<float>(static_cast<const bf16*>(data)[index]);
+    case CUDA_R_16F:
+      return static_cast<float>(static_cast<const fp16*>(data)[index]);
+    default:
+      return 0;
+  }
+}
+
+void store(void* data, cudaDataType type, std::int64_t index, double value) {
+  switch (type) {
+    case CUDA_R_32F:
+      static_cast<float*>(data)[index] = static_cast<float>(value);
+      return;
+    case CUDA_R_64F:
+      static_cast<double*>(data)[index] = value;
+      return;
+    case CUDA_R_16BF:
+      static_cast<bf16*>(data)[index] = bf16(static_cast<float>(value));
+      return;
+    case CUDA_R_16F:
+      static_cast<fp16*>(data)[index] = fp16(static_cast<float>(value));
+      return;
+    default:
+      return;
+  }
+}
+
+bool known_type(cudaDataType type) {
+  return type == CUDA_R_32F || type == CUDA_R_64F || type == CUDA_R_16BF || type == CUDA_R_16F;
+}
+
+/// The product's m, n, k from the layouts and operations, or false when they do not fit.
+bool shape_of(const Descriptor& d, const Layout& a, const Layout& b, const Layout& c, const Layout& out,
+              std::uint64_t& m, std::uint64_t& n, std::uint64_t& k) {
+  m = d.op_a == CUBLAS_OP_N ? a.rows : a.columns;
+  k = d.op_a == CUBLAS_OP_N ? a.columns : a.rows;
+  const std::uint64_t k_b = d.op_b == CUBLAS_OP_N ? b.rows : b.columns;
+  n = d.op_b == CUBLAS_OP_N ? b.columns : b.rows;
+  for (const Layout* layout : {&a, &b, &c, &out})
+    if (layout->ld < static_cast<std::int64_t>(layout->rows) || !known_type(layout->type)) return false;
+  return k == k_b && out.rows == m && out.columns == n && c.rows == m && c.columns == n && a.type == b.type &&
+         c.type == out.type;
+}
+
+template <typename Object, typename Handle>
+Object* object(Handle handle) {
+  return reinterpret_cast<Object*>(handle);
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  static int tag = 0;
+  *handle = reinterpret_cast<cublasLtHandle_t>(&tag);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasLtGetStatusString(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "cuBLASLt on host: an error";
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* descriptor, cublasComputeType_t compute_type,
+                                        cudaDataType_t scale_type) {
+  auto created = std::make_unique<Descriptor>(Descriptor{compute_type, scale_type});
+  *descriptor = reinterpret_cast<cublasLtMatmulDesc_t>(created.release());
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t descriptor) {
+  std::unique_ptr<Descriptor>(object<Descriptor>(descriptor)).reset();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t descriptor,
+                                              cublasLtMatmulDescAttributes_t attribute, const void* buffer,
+                                              std::size_t size) {
+  Descriptor& d = *object<Descriptor>(descriptor);
+  switch (attribute) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      if (size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.op_a, buffer, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      if (size != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.op_b, buffer, size);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (size != sizeof(cublasLtEpilogue_t)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.epilogue, buffer, size);
+      return d.epilogue == CUBLASLT_EPILOGUE_DEFAULT || d.epilogue == CUBLASLT_EPILOGUE_BIAS
+                 ? CUBLAS_STATUS_SUCCESS
+                 : CUBLAS_STATUS_NOT_SUPPORTED;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (size != sizeof(void*)) return CUBLAS_STATUS_INVALID_VALUE;
+      std::memcpy(&d.bias, buffer, size);
+      return CUBLAS_STATUS_SUCCESS;
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
+  auto created = std::make_unique<Layout>(Layout{type, rows, cols, ld});
+  *layout = reinterpret_cast<cublasLtMatrixLayout_t>(created.release());
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  std::unique_ptr<Layout>(object<Layout>(layout)).reset();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* preference) {
+  auto created = std::make_unique<Preference>();
+  *preference = reinterpret_cast<cublasLtMatmulPreference_t>(created.release());
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t preference) {
+  std::unique_ptr<Preference>(object<Preference>(preference)).reset();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
+                                                    cublasLtMatmulPreferenceAttributes_t, const void*,
+                                                    std::size_t) {
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t operation,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[], int* returned) {
+  std::uint64_t m = 0, n = 0, k = 0;
+  if (requested < 1 || !shape_of(*object<Descriptor>(operation), *object<Layout>(a), *object<Layout>(b),
+                                 *object<Layout>(c), *object<Layout>(d), m, n, k))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  results[0] = cublasLtMatmulHeuristicResult_t{};
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t operation, const void* alpha,
+                              const void* a, cublasLtMatrixLayout_t a_layout, const void* b,
+                              cublasLtMatrixLayout_t b_layout, const void* beta, const void* c,
+                              cublasLtMatrixLayout_t c_layout, void* d, cublasLtMatrixLayout_t d_layout,
+                              const cublasLtMatmulAlgo_t*, void*, std::size_t, cudaStream_t) {
+  const Descriptor& desc = *object<Descriptor>(operation);
+  const Layout &la = *object<Layout>(a_layout), &lb = *object<Layout>(b_layout),
+               &lc = *object<Layout>(c_layout), &ld = *object<Layout>(d_layout);
+  std::uint64_t m = 0, n = 0, k = 0;
+  if (!shape_of(desc, la, lb, lc, ld, m, n, k)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool double_compute = desc.compute == CUBLAS_COMPUTE_64F;
+  if (double_compute != (desc.scale == CUDA_R_64F)) return CUBLAS_STATUS_INVALID_VALUE;
+  const double alpha_value =
+      double_compute ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
+  const double beta_value =
+      double_compute ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
+  const auto element_a = [&](std::uint64_t i, std::uint64_t p) {
+    const std::int64_t index = desc.op_a == CUBLAS_OP_N ? static_cast<std::int64_t>(i + p * la.ld)
+                                                        : static_cast<std::int64_t>(p + i * la.ld);
+    return load(a, la.type, index);
+  };
+  const auto element_b = [&](std::uint64_t p, std::uint64_t j) {
+    const std::int64_t index = desc.op_b == CUBLAS_OP_N ? static_cast<std::int64_t>(p + j * lb.ld)
+                                                        : static_cast<std::int64_t>(j + p * lb.ld);
+    return load(b, lb.type, index);
+  };
+  for (std::uint64_t j = 0; j < n; ++j) {
+    for (std::uint64_t i = 0; i < m; ++i) {
+      double result = 0;
+      if (double_compute) {
+        double sum = 0;
+        for (std::uint64_t p = 0; p < k; ++p) sum += element_a(i, p) * element_b(p, j);
+        result = alpha_value * sum;
+        if (beta_value != 0)
+          result += beta_value * load(c, lc.type, static_cast<std::int64_t>(i + j * lc.ld));
+        if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS)
+          result += load(desc.bias, ld.type, static_cast<std::int64_t>(i));
+      } else {
+        float sum = 0;
+        for (std::uint64_t p = 0; p < k; ++p)
+          sum += static_cast<float>(element_a(i, p)) * static_cast<float>(element_b(p, j));
+        float value = static_cast<float>(alpha_value) * sum;
+        if (beta_value != 0)
+          value += static_cast<float>(beta_value) *
+                   static_cast<float>(load(c, lc.type, static_cast<std::int64_t>(i + j * lc.ld)));
+        if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS)
+          value += static_cast<float>(load(desc.bias, ld.type, static_cast<std::int64_t>(i)));
+        result = value;
+      }
+      store(d, ld.type, static_cast<std::int64_t>(i + j * ld.ld), result);
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace zt::kernels::cuda::lt
