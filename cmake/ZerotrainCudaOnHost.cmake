@@ -3,19 +3,23 @@
 # translated to C++ (tests/cuda_on_host/translate.py) and their kernels run on the CPU
 # (tests/cuda_on_host/cuda_fibers: each block's threads as fibers), and the CUDA runtime the library
 # links is tests/cuda_on_host/cuda_fibers.cpp (a device whose work is done when issued), cuBLASLt a
-# host implementation of its matmul (cublaslt_on_host.cpp). NCCL and cuDNN stay the real libraries,
-# which fail without a GPU: the NCCL tests are not run in this build, and cuDNN refuses.
+# host implementation of its matmul (cublaslt_on_host.cpp), NCCL its functions over MPI
+# (nccl_on_host.cpp). cuDNN stays the real library, which refuses without a GPU.
 # Configure a separate tree: cmake -S . -B build-on-host -DZT_CUDA_ON_HOST=ON (scripts/cuda-on-host.sh).
 find_package(CUDAToolkit REQUIRED)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)
-find_library(ZT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_ROOT}/lib64 ENV NCCL_HOME
-             PATH_SUFFIXES lib lib64 REQUIRED)
 find_path(ZT_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME PATH_SUFFIXES include REQUIRED)
-add_library(zt_nccl INTERFACE)
-target_include_directories(zt_nccl INTERFACE ${ZT_NCCL_INCLUDE_DIR})
-target_link_libraries(zt_nccl INTERFACE ${ZT_NCCL_LIBRARY})
-
 set(ZT_CUDA_ON_HOST_TOOLS ${PROJECT_SOURCE_DIR}/tests/cuda_on_host)
+# NCCL: tests/cuda_on_host/nccl_on_host.cpp, NCCL's functions over MPI (one node).
+add_library(zt_nccl_on_host STATIC ${ZT_CUDA_ON_HOST_TOOLS}/nccl_on_host.cpp)
+set_target_properties(zt_nccl_on_host PROPERTIES POSITION_INDEPENDENT_CODE ON)
+target_include_directories(zt_nccl_on_host PUBLIC ${ZT_NCCL_INCLUDE_DIR} PRIVATE ${PROJECT_SOURCE_DIR}/include)
+target_include_directories(zt_nccl_on_host SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
+target_link_libraries(zt_nccl_on_host PUBLIC MPI::MPI_C)
+target_compile_definitions(zt_nccl_on_host PRIVATE OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
+add_library(zt_nccl INTERFACE)
+target_link_libraries(zt_nccl INTERFACE zt_nccl_on_host)
+
 add_library(zt_cudart STATIC ${ZT_CUDA_ON_HOST_TOOLS}/cuda_fibers.cpp)
 set_target_properties(zt_cudart PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(zt_cudart PUBLIC ${ZT_CUDA_ON_HOST_TOOLS} SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})

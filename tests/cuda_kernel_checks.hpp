@@ -84,6 +84,16 @@ inline void store_as(void* data, DType dtype, std::size_t i, double value) {
   }
 }
 
+/// `count` indices drawn uniform in [low, high] (tokens, targets).
+inline std::vector<std::int32_t> random_indices(std::int64_t count, std::int32_t low, std::int32_t high,
+                                                std::uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::uniform_int_distribution<std::int32_t> pick(low, high);
+  std::vector<std::int32_t> values(static_cast<std::size_t>(count));
+  for (auto& value : values) value = pick(engine);
+  return values;
+}
+
 /// `count` values of `dtype` (floating) drawn uniform in [low, high), rounded to the dtype.
 inline void fill_uniform(void* data, DType dtype, std::size_t count, double low, double high,
                          std::uint64_t seed) {

@@ -505,7 +505,24 @@ cudaError_t pool_free(void* pointer) {
   return release(device.pool_blocks, pointer, "cudaFreeAsync");
 }
 
-int g_current_device = 0;
+thread_local int g_current_device = 0;  // CUDA's current device is per host thread
+
+/// Devices the runtime models: CUDA_FIBERS_DEVICES (default 4), so that MPI tests can bind one per
+/// local rank (each process has its own copy of the state anyway).
+int device_count() {
+  static const int count = [] {
+    const char* value = std::getenv("CUDA_FIBERS_DEVICES");
+    const int parsed = value != nullptr ? std::atoi(value) : 4;
+    return parsed > 0 ? parsed : 4;
+  }();
+  return count;
+}
+
+cudaError_t check_device(int device) {
+  if (device >= 0 && device < device_count()) return cudaSuccess;
+  return fail(cudaErrorInvalidDevice,
+              "cuda_fibers: device " + std::to_string(device) + " of " + std::to_string(device_count()));
+}
 cudaMemPool_t default_pool() {
   static int pool_tag = 0;
   return reinterpret_cast<cudaMemPool_t>(&pool_tag);
@@ -572,7 +589,7 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  if (check_device(device) != cudaSuccess) return cudaErrorInvalidDevice;
   *pool = default_pool();
   return cudaSuccess;
 }
@@ -635,11 +652,11 @@ cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute
 // The device it models: one Hopper GPU under its own name, so that nothing takes it for a real one
 // (the peak tables find no entry for it).
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  if (check_device(device) != cudaSuccess) return cudaErrorInvalidDevice;
   *properties = cudaDeviceProp{};
   std::snprintf(properties->name, sizeof properties->name, "cuda_fibers host device");
   properties->major = 9;
@@ -653,7 +670,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  if (check_device(device) != cudaSuccess) return cudaErrorInvalidDevice;
   switch (attribute) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = cuda_fibers::kOptInSharedPerBlock;
@@ -680,8 +697,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
   }
 }
 cudaError_t cudaDeviceGetPCIBusId(char* id, int length, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
-  std::snprintf(id, static_cast<std::size_t>(length), "0000:00:00.0");
+  if (check_device(device) != cudaSuccess) return cudaErrorInvalidDevice;
+  std::snprintf(id, static_cast<std::size_t>(length), "0000:%02x:00.0", device + 1);
   return cudaSuccess;
 }
 cudaError_t cudaRuntimeGetVersion(int* version) {
@@ -697,7 +714,9 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "cuda_fibers: only device 0");
+  if (check_device(device) != cudaSuccess) return cudaErrorInvalidDevice;
+  g_current_device = device;
+  return cudaSuccess;
 }
 cudaError_t cudaStreamGetDevice(cudaStream_t, int* device) {
   return cudaGetDevice(device);

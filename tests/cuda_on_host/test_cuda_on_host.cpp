@@ -33,6 +33,7 @@ using zt::testing::all_close;
 using zt::testing::default_tolerance;
 using zt::testing::element_as_double;
 using zt::testing::fill_uniform;
+using zt::testing::random_indices;
 using zt::testing::Tolerance;
 namespace zk = zt::kernels;
 namespace translated = zt::kernels::cuda_on_host;
@@ -94,15 +95,6 @@ Tolerance summed_tolerance(DType dtype, std::int64_t terms) {
 
 std::string case_name(DType dtype, std::int64_t a, std::int64_t b) {
   return std::string(zt::dtype_name(dtype)) + " " + std::to_string(a) + "x" + std::to_string(b);
-}
-
-std::vector<std::int32_t> random_indices(std::int64_t count, std::int32_t low, std::int32_t high,
-                                         std::uint64_t seed) {
-  std::mt19937_64 engine(seed);
-  std::uniform_int_distribution<std::int32_t> pick(low, high);
-  std::vector<std::int32_t> values(static_cast<std::size_t>(count));
-  for (auto& value : values) value = pick(engine);
-  return values;
 }
 
 class CudaOnHost : public ::testing::Test {

@@ -25,6 +25,7 @@ using zt::Stream;
 using zt::testing::all_close;
 using zt::testing::default_tolerance;
 using zt::testing::MirroredBuffer;
+using zt::testing::random_indices;
 using zt::testing::Tolerance;
 using zt::testing::uniform_buffer;
 namespace zk = zt::kernels;
@@ -62,15 +63,6 @@ Tolerance summed_over_rows_tolerance(DType dtype, std::int64_t rows) {
   if (dtype == DType::fp32 || dtype == DType::fp64)
     tolerance.absolute *= std::max(1.0, std::sqrt(static_cast<double>(rows)));
   return tolerance;
-}
-
-std::vector<std::int32_t> random_indices(std::int64_t count, std::int32_t low, std::int32_t high,
-                                         std::uint64_t seed) {
-  std::mt19937_64 engine(seed);
-  std::uniform_int_distribution<std::int32_t> pick(low, high);
-  std::vector<std::int32_t> values(static_cast<std::size_t>(count));
-  for (auto& value : values) value = pick(engine);
-  return values;
 }
 
 std::string case_name(DType dtype, std::int64_t a, std::int64_t b) {
