@@ -146,9 +146,9 @@ void yield_to_scheduler() {
 // A slot's life: run the thread it was given, report it finished, wait for the next.
 void slot_main() {
   for (;;) {
-    FiberSlot* slot = g_block->current_slot;
     (*g_block->body)();
-    slot = g_block->current_slot;
+    // The slot that runs this stack, read again after the body: g_block is per launch.
+    FiberSlot* slot = g_block->current_slot;
     slot->thread->waiting = Waiting::finished;
     slot->idle = true;
     if (_setjmp(slot->resume_point) == 0) _longjmp(g_scheduler, 1);
