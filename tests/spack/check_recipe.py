@@ -38,6 +38,7 @@ FIND_PACKAGE = {
     "PkgConfig": "pkgconfig",
     "CUDAToolkit": "cuda",
     "GTest": "googletest",
+    "Python3": "python",  # tests/cuda_on_host translates the CUDA sources (a test build with CUDA)
 }
 PKG_CONFIG_MODULE = {"libaio": "libaio", "liburing": "liburing"}
 FIND_LIBRARY = {"aio": "libaio", "nccl": "nccl", "cblas": "blas"}
@@ -49,6 +50,7 @@ NOT_EXPOSED = {
     "ZT_WARNINGS_AS_ERRORS": "a developer setting: a new compiler's new warning must not fail an install",
         "ZT_MPIEXEC_EXTRA_FLAGS": "flags for the test launcher on the developer's own machine",
     "ZT_FUZZ_SECONDS": "how long a developer's fuzzing run lasts (bench/fuzz_checkpoint.cmake); nothing installed",
+    "ZT_CUDA_ON_HOST": "a check build of the CUDA path on a machine without a GPU (tests/cuda_on_host); never installed",
 }
 # Options the recipe sets that another branch adds to the CMake code: accepted while absent, and
 # checked like any other once they are there.

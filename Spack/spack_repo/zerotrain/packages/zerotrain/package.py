@@ -63,6 +63,8 @@ class Zerotrain(CMakePackage, CudaPackage):
     # oneDNN threads with OpenMP, as the host kernels do (cmake/ZerotrainOneDnn.cmake refuses TBB).
     depends_on("onednn@2.6: cpu_runtime=omp", when="+onednn")
     depends_on("googletest", when="+tests")
+    # tests/cuda_on_host translates the CUDA sources with a Python script (tests of a CUDA build).
+    depends_on("python@3:", type="build", when="+tests+cuda")
 
     # CUDA: kernels in C++20 (nvcc 12 and later) and NCCL built for the same GPU architectures.
     depends_on("cuda@12:", when="+cuda")
