@@ -142,6 +142,21 @@ inline Tolerance default_tolerance(DType dtype) {
   }
 }
 
+/// For sums over `rows` terms that the host adds in sequence and the GPU in chunks: in fp32 and fp64
+/// their roundings differ by about sqrt(rows) ulps of the partial sums, which a sum near zero does
+/// not cover with a relative tolerance; 16-bit results are dominated by their final rounding.
+inline Tolerance summed_over_rows_tolerance(DType dtype, std::int64_t rows) {
+  Tolerance tolerance = default_tolerance(dtype);
+  if (dtype == DType::fp32 || dtype == DType::fp64)
+    tolerance.absolute *= std::max(1.0, std::sqrt(static_cast<double>(rows)));
+  return tolerance;
+}
+
+/// "fp32 37x100": a case's dtype and two sizes, for failure messages.
+inline std::string case_name(DType dtype, std::int64_t a, std::int64_t b) {
+  return std::string(dtype_name(dtype)) + " " + std::to_string(a) + "x" + std::to_string(b);
+}
+
 /// Compare `count` elements of the CUDA result with the host's; reports the worst element and how
 /// many exceed the tolerance, naming `what`.
 inline ::testing::AssertionResult all_close(const void* host, const void* device, DType dtype,

@@ -23,9 +23,11 @@ namespace {
 using zt::DType;
 using zt::Stream;
 using zt::testing::all_close;
+using zt::testing::case_name;
 using zt::testing::default_tolerance;
 using zt::testing::MirroredBuffer;
 using zt::testing::random_indices;
+using zt::testing::summed_over_rows_tolerance;
 using zt::testing::Tolerance;
 using zt::testing::uniform_buffer;
 namespace zk = zt::kernels;
@@ -53,20 +55,6 @@ MirroredBuffer index_buffer(const std::vector<std::int32_t>& values, const Strea
 }
 ::testing::AssertionResult matches_host(MirroredBuffer& buffer, DType dtype, const std::string& what) {
   return matches_host(buffer, dtype, what, default_tolerance(dtype));
-}
-
-/// For sums over `rows` rows that the host adds in sequence and the GPU in chunks: in fp32 and fp64
-/// their roundings differ by about sqrt(rows) ulps of the partial sums, which a sum near zero does
-/// not cover with a relative tolerance; 16-bit results are dominated by their final rounding.
-Tolerance summed_over_rows_tolerance(DType dtype, std::int64_t rows) {
-  Tolerance tolerance = default_tolerance(dtype);
-  if (dtype == DType::fp32 || dtype == DType::fp64)
-    tolerance.absolute *= std::max(1.0, std::sqrt(static_cast<double>(rows)));
-  return tolerance;
-}
-
-std::string case_name(DType dtype, std::int64_t a, std::int64_t b) {
-  return std::string(zt::dtype_name(dtype)) + " " + std::to_string(a) + "x" + std::to_string(b);
 }
 
 // ---- layer norm ---------------------------------------------------------------------------------
