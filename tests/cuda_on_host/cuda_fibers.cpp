@@ -722,33 +722,37 @@ cudaError_t cudaStreamGetDevice(cudaStream_t, int* device) {
   return cudaGetDevice(device);
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+namespace {
+/// Streams and events are opaque handles the device state keeps, so that one not made here is refused.
+void* make_handle(std::set<void*>& handles) {
   const std::lock_guard lock(device_state().mutex);
   void* handle = std::malloc(1);
-  device_state().streams.insert(handle);
-  *stream = static_cast<cudaStream_t>(handle);
+  handles.insert(handle);
+  return handle;
+}
+cudaError_t destroy_handle(std::set<void*>& handles, void* handle, const char* call) {
+  const std::lock_guard lock(device_state().mutex);
+  if (handles.erase(handle) == 0)
+    return fail(cudaErrorInvalidResourceHandle,
+                std::string("cuda_fibers: ") + call + " of an unknown handle");
+  std::free(handle);
+  return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  *stream = static_cast<cudaStream_t>(make_handle(device_state().streams));
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  const std::lock_guard lock(device_state().mutex);
-  if (device_state().streams.erase(stream) == 0)
-    return fail(cudaErrorInvalidResourceHandle, "cuda_fibers: cudaStreamDestroy of an unknown stream");
-  std::free(stream);
-  return cudaSuccess;
+  return destroy_handle(device_state().streams, stream, "cudaStreamDestroy");
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  const std::lock_guard lock(device_state().mutex);
-  void* handle = std::malloc(1);
-  device_state().events.insert(handle);
-  *event = static_cast<cudaEvent_t>(handle);
+  *event = static_cast<cudaEvent_t>(make_handle(device_state().events));
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  const std::lock_guard lock(device_state().mutex);
-  if (device_state().events.erase(event) == 0)
-    return fail(cudaErrorInvalidResourceHandle, "cuda_fibers: cudaEventDestroy of an unknown event");
-  std::free(event);
-  return cudaSuccess;
+  return destroy_handle(device_state().events, event, "cudaEventDestroy");
 }
 namespace {
 cudaError_t check_event(cudaEvent_t event, const char* call) {

@@ -192,6 +192,15 @@ ncclResult_t mpi_result(int status, const char* call) {
   return failure(ncclSystemError, std::string("nccl on host: ") + call + " failed");
 }
 
+/// A posted send or receive: kept for ncclGroupEnd inside a group, else completed now.
+ncclResult_t complete_or_group(MPI_Request request) {
+  if (g_group_depth > 0) {
+    g_pending.requests.push_back(request);
+    return ncclSuccess;
+  }
+  return mpi_result(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
 std::filesystem::path rendezvous_directory(const ncclUniqueId& id) {
   std::uint64_t token = 0;
   std::memcpy(&token, id.internal, sizeof token);
@@ -371,11 +380,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int p
   MPI_Request request = MPI_REQUEST_NULL;
   const int status = MPI_Isend(send, static_cast<int>(count), mpi_type(type), peer, 0, comm->comm, &request);
   if (status != MPI_SUCCESS) return mpi_result(status, "MPI_Isend");
-  if (g_group_depth > 0) {
-    g_pending.requests.push_back(request);
-    return ncclSuccess;
-  }
-  return mpi_result(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  return complete_or_group(request);
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
@@ -384,11 +389,7 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
   MPI_Request request = MPI_REQUEST_NULL;
   const int status = MPI_Irecv(recv, static_cast<int>(count), mpi_type(type), peer, 0, comm->comm, &request);
   if (status != MPI_SUCCESS) return mpi_result(status, "MPI_Irecv");
-  if (g_group_depth > 0) {
-    g_pending.requests.push_back(request);
-    return ncclSuccess;
-  }
-  return mpi_result(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  return complete_or_group(request);
 }
 
 }  // extern "C"
