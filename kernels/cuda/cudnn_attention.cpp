@@ -50,6 +50,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -170,7 +171,7 @@ struct Refusal {
   std::string reason;
 };
 
-void check(cudnnStatus_t status, const char* what) {
+void check(cudnnStatus_t status, std::string_view what) {
   if (status != CUDNN_STATUS_SUCCESS) throw Refusal{detail::concat(what, ": ", status_text(status))};
 }
 
@@ -182,7 +183,11 @@ Descriptor create(cudnnBackendDescriptorType_t type) {
 
 void set(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
          cudnnBackendAttributeType_t type, std::int64_t count, const void* elements) {
-  check(dnn::cudnnBackendSetAttribute(descriptor, name, type, count, elements), "cudnnBackendSetAttribute");
+  const cudnnStatus_t status = dnn::cudnnBackendSetAttribute(descriptor, name, type, count, elements);
+  // cuDNN has no names for its attributes at run time: the enumerators' values (cudnn_graph.h).
+  if (status != CUDNN_STATUS_SUCCESS)
+    check(status, detail::concat("cudnnBackendSetAttribute (attribute ", static_cast<int>(name), ", type ",
+                                 static_cast<int>(type), ", ", count, " elements)"));
 }
 void set_descriptor(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
                     cudnnBackendDescriptor_t value) {
@@ -366,15 +371,24 @@ class GraphBuilder {
                      layout);
   }
 
+  std::size_t operation_count() const { return operations_.size(); }
+
+  /// The finalized operation graph of the operations added so far; with the builder's handle, or
+  /// without one (cuDNN 9.8 and later: heuristics and plans then take device properties instead).
+  cudnnBackendDescriptor_t operation_graph() {
+    const cudnnBackendDescriptor_t graph = keep(create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        static_cast<std::int64_t>(operations_.size()), operations_.data());
+    if (handle_ != nullptr) set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+    finalize(graph, "operation graph");
+    return graph;
+  }
+
   /// The operation graph, then the first engine config of heuristics mode A (else FALLBACK) whose
   /// execution plan finalizes; throws Refusal when there is none.
   std::unique_ptr<Plan> build_plan() {
     auto plan = std::make_unique<Plan>();
-    const cudnnBackendDescriptor_t graph = keep(create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR));
-    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-        static_cast<std::int64_t>(operations_.size()), operations_.data());
-    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
-    finalize(graph, "operation graph");
+    const cudnnBackendDescriptor_t graph = operation_graph();
 
     std::string tried;
     for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
@@ -606,6 +620,118 @@ void build_backward(GraphBuilder& graph, const Layouts& layouts, cudnnDataType_t
   graph.matmul(grad_scores, graph.reshape(t.k_transposed, layouts.qkv, CUDNN_DATA_FLOAT), grad_q);
 }
 
+void build(Direction direction, GraphBuilder& graph, const AttentionShape& shape, DType dtype) {
+  const Layouts layouts(shape);
+  if (direction == Direction::forward)
+    build_forward(graph, layouts, io_type(dtype));
+  else
+    build_backward(graph, layouts, io_type(dtype));
+}
+
+// ---- without a device: which engines take a graph -----------------------------------------------
+
+/// A knob's type and its range of values.
+struct KnobRange {
+  cudnnBackendKnobType_t type;
+  std::int64_t minimum, maximum;
+};
+
+std::vector<KnobRange> knob_ranges(cudnnBackendDescriptor_t engine) {
+  constexpr std::int64_t kMaxKnobs = CUDNN_KNOB_TYPE_COUNTS;
+  std::vector<Descriptor> infos;
+  std::vector<cudnnBackendDescriptor_t> info_handles;
+  for (std::int64_t i = 0; i < kMaxKnobs; ++i) {
+    infos.push_back(create(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR));
+    info_handles.push_back(infos.back().get());
+  }
+  std::int64_t count = 0;
+  check(dnn::cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                      kMaxKnobs, &count, info_handles.data()),
+        "engine's knob info");
+  std::vector<KnobRange> ranges;
+  for (std::int64_t i = 0; i < std::clamp<std::int64_t>(count, 0, kMaxKnobs); ++i) {
+    KnobRange range{};
+    std::int64_t elements = 0;
+    const cudnnBackendDescriptor_t info = info_handles[static_cast<std::size_t>(i)];
+    check(dnn::cudnnBackendGetAttribute(info, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &elements,
+                                        &range.type),
+          "knob's type");
+    check(dnn::cudnnBackendGetAttribute(info, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1,
+                                        &elements, &range.minimum),
+          "knob's minimum");
+    check(dnn::cudnnBackendGetAttribute(info, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1,
+                                        &elements, &range.maximum),
+          "knob's maximum");
+    ranges.push_back(range);
+  }
+  return ranges;
+}
+
+/// Whether the engine config of `engine` with these knob values finalizes, or stops only for want of
+/// the driver (CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING: cuDNN compiles the engine's
+/// kernel for the graph once the engine has accepted it, and without a GPU there is no driver to
+/// compile with). Any other status is the engine refusing the graph, the shape or the device.
+bool config_accepted(cudnnBackendDescriptor_t engine, const std::vector<KnobRange>& ranges,
+                     const std::vector<std::int64_t>& values) {
+  std::vector<Descriptor> choices;
+  std::vector<cudnnBackendDescriptor_t> choice_handles;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    choices.push_back(create(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR));
+    set(choices.back().get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &ranges[i].type);
+    set(choices.back().get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &values[i]);
+    finalize(choices.back().get(), "knob choice");
+    choice_handles.push_back(choices.back().get());
+  }
+  const Descriptor config = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  set_descriptor(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, engine);
+  if (!choice_handles.empty())
+    set(config.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+        static_cast<std::int64_t>(choice_handles.size()), choice_handles.data());
+  const cudnnStatus_t status = dnn::cudnnBackendFinalize(config.get());
+  return status == CUDNN_STATUS_SUCCESS || status == CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING;
+}
+
+/// The global indices of the engines that accept `graph` on the device `properties` describes, with at
+/// least one of their knob settings (all of them are tried: the heuristics, which would pick them, drop
+/// every config whose kernel cannot be compiled, so without a driver they return none).
+std::vector<std::int64_t> engines_taking(cudnnBackendDescriptor_t graph,
+                                         cudnnBackendDescriptor_t properties) {
+  /// More settings than this on one engine are not tried beyond it (ours have at most 3 x 37).
+  constexpr std::int64_t kMaxSettingsPerEngine = 4096;
+  std::int64_t engine_count = 0, elements = 0;
+  check(dnn::cudnnBackendGetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64,
+                                      1, &elements, &engine_count),
+        "operation graph's engine count");
+  std::vector<std::int64_t> taking;
+  for (std::int64_t index = 0; index < engine_count; ++index) {
+    const Descriptor engine = create(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    set_descriptor(engine.get(), CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
+    set(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+    set_descriptor(engine.get(), CUDNN_ATTR_ENGINE_DEVICEPROP, properties);
+    if (dnn::cudnnBackendFinalize(engine.get()) != CUDNN_STATUS_SUCCESS) continue;
+    const std::vector<KnobRange> ranges = knob_ranges(engine.get());
+    std::vector<std::int64_t> values;
+    for (const KnobRange& range : ranges) values.push_back(range.minimum);
+    // Every combination of knob values, the first knob fastest.
+    for (std::int64_t tried = 0; tried < kMaxSettingsPerEngine; ++tried) {
+      if (config_accepted(engine.get(), ranges, values)) {
+        taking.push_back(index);
+        break;
+      }
+      std::size_t knob = 0;
+      for (; knob < ranges.size(); ++knob) {
+        if (++values[knob] <= ranges[knob].maximum) break;
+        values[knob] = ranges[knob].minimum;
+      }
+      if (knob == ranges.size()) break;
+    }
+  }
+  return taking;
+}
+
+/// The first version with device properties (deviceless heuristics and plans).
+constexpr std::size_t kOldestDevicelessVersion = 90800;
+
 // ---- handles and the plan cache -----------------------------------------------------------------
 
 struct HandleDestroyer {
@@ -661,11 +787,7 @@ const Plan* find_plan(const PlanKey& key, const AttentionShape& shape, cudnnHand
   std::unique_ptr<Plan> plan;
   try {
     GraphBuilder graph(handle);
-    const Layouts layouts(shape);
-    if (key.direction == Direction::forward)
-      build_forward(graph, layouts, io_type(key.dtype));
-    else
-      build_backward(graph, layouts, io_type(key.dtype));
+    build(key.direction, graph, shape, key.dtype);
     plan = graph.build_plan();
     plan->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
     // The masked scores' value: -inf, or the lowest float before cuDNN 9.10 (cudnn-frontend's choice).
@@ -806,6 +928,71 @@ bool attention_backward(DType dtype, const void* grad_output, const void* qkv, c
              stream);
 }
 
+GraphCheck check_graphs_without_device(DType dtype, const AttentionShape& shape,
+                                       std::string_view device_properties_json) {
+  ZT_CHECK(dtype == DType::bf16 || dtype == DType::fp16,
+           "cuDNN attention graphs are built for bf16 and fp16, not ", dtype_name(dtype));
+  if (!dnn::loaded()) ZT_THROW_AS(CudaError, dnn::load_error());
+  const std::size_t version = loaded_version();
+  if (!device_properties_json.empty() && version < kOldestDevicelessVersion)
+    ZT_THROW_AS(CudaError, "cuDNN ", version_text(version), " has no device properties (cuDNN ",
+                version_text(kOldestDevicelessVersion),
+                " or later): the engines cannot be asked without a GPU");
+  Descriptor properties;
+  GraphCheck check;
+  for (const Direction direction : {Direction::forward, Direction::backward}) {
+    GraphDirectionCheck& result = direction == Direction::forward ? check.forward : check.backward;
+    GraphBuilder graph(nullptr);
+    try {
+      build(direction, graph, shape, dtype);
+      result.operations = graph.operation_count();
+      // Before 9.8 an operation graph needs a handle, hence a GPU.
+      if (version < kOldestDevicelessVersion) continue;
+      const cudnnBackendDescriptor_t operation_graph = graph.operation_graph();
+      if (device_properties_json.empty()) continue;
+      if (!properties) {
+        properties = create(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+        // The JSON as a NUL-terminated char array (cuDNN parses it at finalization).
+        const std::string json(device_properties_json);
+        set(properties.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
+            static_cast<std::int64_t>(json.size() + 1), json.c_str());
+        finalize(properties.get(), "device properties (the JSON given)");
+      }
+      result.engines_taking = engines_taking(operation_graph, properties.get());
+    } catch (const Refusal& refusal) {
+      ZT_THROW_AS(CudaError, describe(direction, dtype, shape), ": cuDNN ", version_text(version),
+                  " refused ", refusal.reason);
+    }
+  }
+  return check;
+}
+
+std::string device_properties_json(int device) {
+  if (!dnn::loaded()) ZT_THROW_AS(CudaError, dnn::load_error());
+  const std::size_t version = loaded_version();
+  if (version < kOldestDevicelessVersion)
+    ZT_THROW_AS(CudaError, "cuDNN ", version_text(version), " has no device properties (cuDNN ",
+                version_text(kOldestDevicelessVersion), " or later)");
+  try {
+    const Descriptor properties = create(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+    const std::int32_t id = device;
+    set(properties.get(), CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &id);
+    finalize(properties.get(), "device properties (read from the device)");
+    std::int64_t size = 0;
+    check(dnn::cudnnBackendGetAttribute(properties.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+                                        CUDNN_TYPE_CHAR, 0, &size, nullptr),
+          "device properties' JSON size");
+    std::string json(static_cast<std::size_t>(std::max<std::int64_t>(size, 0)), '\0');
+    check(dnn::cudnnBackendGetAttribute(properties.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+                                        CUDNN_TYPE_CHAR, size, &size, json.data()),
+          "device properties' JSON");
+    json.resize(std::strlen(json.c_str()));
+    return json;
+  } catch (const Refusal& refusal) {
+    ZT_THROW_AS(CudaError, "cuDNN ", version_text(version), " on cuda:", device, ": ", refusal.reason);
+  }
+}
+
 TakenDirections taken_directions() {
   if (!dnn::loaded() || !enabled_by_environment()) return {};
   const std::size_t version = loaded_version();
@@ -852,6 +1039,13 @@ bool attention_forward(DType, const void*, void*, void*, const AttentionShape&, 
 bool attention_backward(DType, const void*, const void*, const void*, const void*, void*,
                         const AttentionShape&, void*) {
   return false;
+}
+GraphCheck check_graphs_without_device(DType, const AttentionShape&, std::string_view) {
+  ZT_THROW_AS(CudaError, "cuDNN attention graphs: no cuDNN headers (cudnn_graph.h) when zerotrain was built");
+}
+std::string device_properties_json(int) {
+  ZT_THROW_AS(CudaError,
+              "cuDNN device properties: no cuDNN headers (cudnn_graph.h) when zerotrain was built");
 }
 TakenDirections taken_directions() {
   return {};

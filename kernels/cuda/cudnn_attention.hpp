@@ -18,7 +18,11 @@
 // cuDNN fused attention". Defined only when zerotrain is built with CUDA.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kernels/nn_kernels.hpp"
 
@@ -28,6 +32,32 @@ bool attention_forward(DType dtype, const void* qkv, void* output, void* row_log
                        const AttentionShape& shape, void* stream);
 bool attention_backward(DType dtype, const void* grad_output, const void* qkv, const void* output,
                         const void* row_logsumexp, void* grad_qkv, const AttentionShape& shape, void* stream);
+
+/// What cuDNN says of the forward and backward graphs of (dtype, shape), asked without a GPU: each graph
+/// is built as attention_forward/backward would build it, and cuDNN itself finalizes every tensor and
+/// operation descriptor in it (it checks each attribute's type and count, and each operation's operands:
+/// a matmul's dimensions, a pointwise operation's broadcast, a reduction's), and from cuDNN 9.8 on the
+/// operation graph (older ones need a handle for it).
+/// With `device_properties_json` (cuDNN's device-properties JSON, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+/// cuDNN 9.8 or later) it also lists the engines that take each graph on the device described: those
+/// with a knob setting whose engine config finalizes or stops only for want of the driver to compile
+/// its kernel (which comes after the engine's graph-pattern and shape checks). The execution plan, its
+/// workspace and the numerics need a GPU. Throws zt::CudaError naming the direction, the shape, the cuDNN
+/// version and the descriptor refused with cuDNN's message (or why libcudnn does not load, or that the
+/// version has no device properties). bf16 and fp16 only. unit.cudnn_attention runs it in CI.
+struct GraphDirectionCheck {
+  std::size_t operations = 0;
+  std::vector<std::int64_t> engines_taking;  // global engine indices
+};
+struct GraphCheck {
+  GraphDirectionCheck forward, backward;
+};
+GraphCheck check_graphs_without_device(DType dtype, const AttentionShape& shape,
+                                       std::string_view device_properties_json = {});
+
+/// cuDNN's device-properties JSON of CUDA device `device`, the form check_graphs_without_device takes
+/// (needs the GPU, and cuDNN 9.8 or later; throws zt::CudaError otherwise).
+std::string device_properties_json(int device);
 
 /// The directions the loaded cuDNN's version is taken for, with ZT_CUDNN_ATTENTION (none when
 /// libcudnn does not load or the variable turns it off); the device, dtype and shape may still refuse

@@ -4,12 +4,17 @@
 // heads, and head_dim 128; a cuDNN forward continued by our own kernel's backward (the contracts are
 // interchangeable); the backward bitwise equal over two runs; calls cuDNN does not take (fp32, head_dim
 // 12) returning false with nothing written. Without a GPU: attention_status() names the cuDNN version or
-// why it is not used, the same refusals return false, and ZT_CUDNN_ATTENTION=0 turns it off.
+// why it is not used, the same refusals return false, and ZT_CUDNN_ATTENTION=0 turns it off; and
+// (CudnnGraphs, libcudnn only) cuDNN itself finalizes both graphs, and its engines take them on a
+// described Hopper GPU and not on a described Volta.
 #include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -123,6 +128,93 @@ TEST(CudnnAttentionStatus, AnotherValueInTheEnvironmentIsAnError) {
   EXPECT_THROW(dnn::attention_forward(DType::bf16, nullptr, nullptr, nullptr, gpt2, nullptr),
                zt::ConfigError);
   EXPECT_NE(dnn::attention_status().find("ZT_CUDNN_ATTENTION"), std::string::npos);
+}
+
+// cuDNN's device-properties JSON for a GPU of compute capability `major`.`minor` with the limits of an
+// H100/H200 SXM (132 SMs; the per-SM and per-block limits of CUDA's compute capability 9.0 table; 50 MB
+// of L2; 141 GB). Written from those published figures, not read from a device: cuDNN wants every key.
+std::string hopper_like_device_json(int major, int minor) {
+  nlohmann::json device = {
+      {"deviceName", "zerotrain test: H200-like"},
+      {"deviceVer", major * 100 + minor * 10},
+      {"driverVer", 13000},
+      {"cudaDeviceId", 0},
+      {"pciDeviceId", 0},
+      {"multiProcessorCount", 132},
+      {"maxGridSize", {2147483647, 65535, 65535}},
+      {"maxBlockSize", {1024, 1024, 64}},
+      {"maxThreadsPerBlock", 1024},
+      {"maxThreadsPerSM", 2048},
+      {"maxCtasPerSM", 32},
+      {"warpSize", 32},
+      {"regsPerBlock", 65536},
+      {"maxRegistersPerSM", 65536},
+      {"maxSharedMemoryPerBlock", 49152},
+      {"maxSharedMemoryPerBlockOptin", 232448},
+      {"reservedSharedMemoryPerBlock", 1024},
+      {"l2CacheSize", 52428800},
+      {"totalGlobalMem", 150754820096},
+      {"smClockRateKHz", 1980000},
+      {"memClockRateKHz", 3201000},
+      {"isTccDriver", 0},
+      {"supportCoopLaunch", 1},
+  };
+  return device.dump();
+}
+
+/// The GPT-2 124M shape, the widest and the smallest head cuDNN takes, and odd extents.
+const zk::AttentionShape kGraphShapes[] = {{4, 1024, 12, 64}, {2, 64, 2, 128}, {1, 2, 1, 8}, {3, 17, 5, 24}};
+
+#define ZT_REQUIRE_LIBCUDNN()                                                                      \
+  do {                                                                                             \
+    const std::string zt_status_ = dnn::attention_status();                                        \
+    if (zt_status_.rfind("cuDNN ", 0) != 0) GTEST_SKIP() << "libcudnn not usable: " << zt_status_; \
+  } while (0)
+
+// cuDNN itself finalizes every tensor and operation descriptor of both graphs, and the operation
+// graphs: the attribute types and counts, the matmuls' dimensions, the broadcasts and reductions are
+// cuDNN's to accept. The counts pin the graphs: the forward's 14 operations, the backward's 21 (the top
+// of kernels/cuda/cudnn_attention.cpp lists them).
+TEST(CudnnGraphs, CudnnFinalizesBothGraphsWithoutAGpu) {
+  ZT_REQUIRE_LIBCUDNN();
+  for (const DType dtype : {DType::bf16, DType::fp16}) {
+    for (const zk::AttentionShape& shape : kGraphShapes) {
+      const dnn::GraphCheck check = dnn::check_graphs_without_device(dtype, shape);
+      EXPECT_EQ(check.forward.operations, 14u) << shape_name(dtype, shape);
+      EXPECT_EQ(check.backward.operations, 21u) << shape_name(dtype, shape);
+    }
+  }
+  EXPECT_THROW(dnn::check_graphs_without_device(DType::fp32, kGraphShapes[0]), zt::Error);
+}
+
+// cuDNN's engines, asked about a described Hopper GPU, take both graphs: some engine passes its
+// graph-pattern and shape checks for every shape and dtype and stops only at compiling its kernel,
+// which needs the driver. Without this the GPU run would find our kernel running instead of cuDNN's.
+// The same graphs on a described Volta (7.0), which cuDNN's fused attention does not support, find no
+// engine: the check can fail.
+TEST(CudnnGraphs, CudnnEnginesTakeBothGraphsOnADescribedHopperGpu) {
+  ZT_REQUIRE_LIBCUDNN();
+  int major = 0, minor = 0;
+  std::sscanf(dnn::attention_status().c_str(), "cuDNN %d.%d", &major, &minor);
+  if (major * 100 + minor < 908)
+    GTEST_SKIP() << "device properties need cuDNN 9.8: " << dnn::attention_status();
+  const std::string hopper = hopper_like_device_json(9, 0);
+  for (const DType dtype : {DType::bf16, DType::fp16}) {
+    for (const zk::AttentionShape& shape : kGraphShapes) {
+      const dnn::GraphCheck check = dnn::check_graphs_without_device(dtype, shape, hopper);
+      EXPECT_FALSE(check.forward.engines_taking.empty()) << "forward " << shape_name(dtype, shape);
+      EXPECT_FALSE(check.backward.engines_taking.empty()) << "backward " << shape_name(dtype, shape);
+      std::cout << shape_name(dtype, shape) << ": engines taking the forward:";
+      for (const std::int64_t engine : check.forward.engines_taking) std::cout << " " << engine;
+      std::cout << "; the backward:";
+      for (const std::int64_t engine : check.backward.engines_taking) std::cout << " " << engine;
+      std::cout << "\n";
+    }
+  }
+  const dnn::GraphCheck volta =
+      dnn::check_graphs_without_device(DType::bf16, kGraphShapes[0], hopper_like_device_json(7, 0));
+  EXPECT_TRUE(volta.forward.engines_taking.empty());
+  EXPECT_TRUE(volta.backward.engines_taking.empty());
 }
 
 // ---- on a GPU -------------------------------------------------------------------------------------
@@ -285,6 +377,30 @@ TEST(CudnnAttention, BackwardIsDeterministic) {
   EXPECT_TRUE(runs[0] == runs[1]) << "cuDNN's attention grad_qkv differs between two identical runs";
 }
 
+// On the GPU: cuDNN's description of it, printed (so that the described Hopper of CudnnGraphs can be
+// compared with a real one), takes our graphs with the same engines as the described Hopper when it is
+// one (compute capability 9.0), and with some engine otherwise.
+TEST(CudnnAttention, TheGpuAsCudnnDescribesItTakesTheGraphs) {
+  ZT_REQUIRE_CUDNN();
+  int major = 0, minor = 0;
+  std::sscanf(dnn::attention_status().c_str(), "cuDNN %d.%d", &major, &minor);
+  if (major * 100 + minor < 908)
+    GTEST_SKIP() << "device properties need cuDNN 9.8: " << dnn::attention_status();
+  const std::string json = dnn::device_properties_json(0);
+  std::cout << "cuDNN's device properties of cuda:0: " << json << "\n";
+  const nlohmann::json device = nlohmann::json::parse(json);
+  const zk::AttentionShape gpt2 = kGraphShapes[0];
+  const dnn::GraphCheck real = dnn::check_graphs_without_device(DType::bf16, gpt2, json);
+  EXPECT_FALSE(real.forward.engines_taking.empty());
+  EXPECT_FALSE(real.backward.engines_taking.empty());
+  if (device.value("deviceVer", 0) == 900) {
+    const dnn::GraphCheck described =
+        dnn::check_graphs_without_device(DType::bf16, gpt2, hopper_like_device_json(9, 0));
+    EXPECT_EQ(real.forward.engines_taking, described.forward.engines_taking);
+    EXPECT_EQ(real.backward.engines_taking, described.backward.engines_taking);
+  }
+}
+
 TEST(CudnnAttention, RefusedCallsWriteNothing) {
   ZT_REQUIRE_GPU();
   const zt::Stream cuda_stream(zt::Device::cuda(0));
@@ -311,6 +427,9 @@ TEST(CudnnAttention, RefusedCallsWriteNothing) {
 
 TEST(CudnnAttention, NeedsCuda) {
   GTEST_SKIP() << "built without CUDA";
+}
+TEST(CudnnGraphs, NeedsCuda) {
+  GTEST_SKIP() << "libcudnn not usable: built without CUDA";
 }
 
 #endif
