@@ -6,13 +6,23 @@
 // at i + j ld, ld >= rows), op(A) [m, k] stored [k, m] when transposed, D = alpha op(A) op(B) + beta C
 // (+ bias[i] on every column with CUBLASLT_EPILOGUE_BIAS, in D's type), accumulated in the compute
 // type and rounded once to D's type. Shapes that do not fit are CUBLAS_STATUS_INVALID_VALUE, as
-// cuBLASLt's. What it cannot show: which algorithms the real heuristic offers (every shape and the
-// fused bias are taken here), TF32's rounding, the real library's speed.
+// cuBLASLt's. What it cannot show: which algorithms the real heuristic offers (every shape is taken
+// here), TF32's rounding, the real library's speed.
+//
+// The fused bias is taken too, unless CUBLASLT_ON_HOST_BIAS says how to refuse it, as the real
+// heuristic may for a shape, a type or an alignment (the unfused path of gemm.cu then runs):
+//   unset or "fused": taken;  "no_algorithm": success with no algorithm returned;
+//   "not_supported": CUBLAS_STATUS_NOT_SUPPORTED;  "invalid_value": CUBLAS_STATUS_INVALID_VALUE
+// (which status the real library gives is not documented). A matmul with the bias epilogue is then
+// CUBLAS_STATUS_NOT_SUPPORTED too: no algorithm was offered for it.
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cublaslt_library.hpp"
@@ -36,6 +46,24 @@ struct Descriptor {
 };
 
 struct Preference {};
+
+/// What the heuristic answers for the bias epilogue (CUBLASLT_ON_HOST_BIAS at the top). Read on each
+/// query; a value it does not know is a configuration mistake, said loudly.
+cublasStatus_t bias_epilogue_refusal(bool& no_algorithm) {
+  const char* value = std::getenv("CUBLASLT_ON_HOST_BIAS");
+  const std::string mode = value == nullptr ? "" : value;
+  no_algorithm = mode == "no_algorithm";
+  if (mode.empty() || mode == "fused" || no_algorithm) return CUBLAS_STATUS_SUCCESS;
+  if (mode == "not_supported") return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (mode == "invalid_value") return CUBLAS_STATUS_INVALID_VALUE;
+  throw std::invalid_argument("CUBLASLT_ON_HOST_BIAS='" + mode +
+                              "': expected fused, no_algorithm, not_supported or invalid_value");
+}
+
+bool bias_epilogue_refused() {
+  bool no_algorithm = false;
+  return bias_epilogue_refusal(no_algorithm) != CUBLAS_STATUS_SUCCESS || no_algorithm;
+}
 
 double load(const void* data, cudaDataType type, std::int64_t index) {
   switch (type) {
@@ -208,6 +236,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   if (requested < 1 || !shape_of(*object<Descriptor>(operation), *object<Layout>(a), *object<Layout>(b),
                                  *object<Layout>(c), *object<Layout>(d), m, n, k))
     return CUBLAS_STATUS_INVALID_VALUE;
+  if (object<Descriptor>(operation)->epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    bool no_algorithm = false;
+    const cublasStatus_t refusal = bias_epilogue_refusal(no_algorithm);
+    if (refusal != CUBLAS_STATUS_SUCCESS) return refusal;
+    if (no_algorithm) {
+      *returned = 0;
+      return CUBLAS_STATUS_SUCCESS;
+    }
+  }
   results[0] = cublasLtMatmulHeuristicResult_t{};
   results[0].state = CUBLAS_STATUS_SUCCESS;
   *returned = 1;
@@ -225,6 +262,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t operation, 
   std::uint64_t m = 0, n = 0, k = 0;
   if (!shape_of(desc, la, lb, lc, ld, m, n, k)) return CUBLAS_STATUS_INVALID_VALUE;
   if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && bias_epilogue_refused()) return CUBLAS_STATUS_NOT_SUPPORTED;
   const bool double_compute = desc.compute == CUBLAS_COMPUTE_64F;
   if (double_compute != (desc.scale == CUDA_R_64F)) return CUBLAS_STATUS_INVALID_VALUE;
   const double alpha_value =
