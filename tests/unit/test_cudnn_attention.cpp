@@ -380,7 +380,7 @@ TEST(CudnnAttention, BackwardIsDeterministic) {
 // On the GPU: cuDNN's description of it, printed (so that the described Hopper of CudnnGraphs can be
 // compared with a real one), takes our graphs with the same engines as the described Hopper when it is
 // one (compute capability 9.0), and with some engine otherwise.
-TEST(CudnnAttention, TheGpuAsCudnnDescribesItTakesTheGraphs) {
+TEST(CudnnDeviceProperties, TheGpuAsCudnnDescribesItTakesTheGraphs) {
   ZT_REQUIRE_CUDNN();
   int major = 0, minor = 0;
   std::sscanf(dnn::attention_status().c_str(), "cuDNN %d.%d", &major, &minor);
