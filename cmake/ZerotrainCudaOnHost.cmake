@@ -25,6 +25,12 @@ set_target_properties(zt_cudart PROPERTIES POSITION_INDEPENDENT_CODE ON)
 target_include_directories(zt_cudart PUBLIC ${ZT_CUDA_ON_HOST_TOOLS} SYSTEM PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
 target_compile_definitions(zt_cudart PUBLIC CUDA_FIBERS_KEEP_NAMES)
 target_compile_options(zt_cudart PRIVATE -ffp-contract=off)
+# scripts/cuda-on-host.sh builds this tree at -O1, for build time (the engine's code is not where its
+# tests spend theirs); the stand-ins the kernels run on, called for every thread and every element,
+# keep -O2 (the last -O given wins).
+set(ZT_CUDA_ON_HOST_HOT_OPTIONS -O2)
+target_compile_options(zt_cudart PRIVATE ${ZT_CUDA_ON_HOST_HOT_OPTIONS})
+target_compile_options(zt_nccl_on_host PRIVATE ${ZT_CUDA_ON_HOST_HOT_OPTIONS})
 
 # zt_cuda_on_host_translate(TARGET FILE...): each kernels/cuda FILE translated under the build tree
 # (kernels/cuda/<file>, a .cu as <file>.cpp), the .cu ones compiled into TARGET with the device

