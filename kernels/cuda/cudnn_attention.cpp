@@ -197,6 +197,37 @@ void finalize(cudnnBackendDescriptor_t descriptor, const char* what) {
   check(dnn::cudnnBackendFinalize(descriptor), what);
 }
 
+/// How many elements `descriptor`'s attribute `name` holds (asked with no array).
+std::int64_t element_count(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
+                           cudnnBackendAttributeType_t type, const char* what) {
+  std::int64_t count = 0;
+  check(dnn::cudnnBackendGetAttribute(descriptor, name, type, 0, &count, nullptr), what);
+  return count;
+}
+
+/// Descriptors of one type for a descriptor-array attribute that cuDNN fills (cudnnBackendGetAttribute
+/// writes into descriptors the caller made): the descriptors and their handles side by side.
+struct DescriptorArray {
+  std::vector<Descriptor> owned;
+  std::vector<cudnnBackendDescriptor_t> handles;
+
+  DescriptorArray(cudnnBackendDescriptorType_t type, std::int64_t count) {
+    for (std::int64_t i = 0; i < count; ++i) {
+      owned.push_back(create(type));
+      handles.push_back(owned.back().get());
+    }
+  }
+  /// Fills them from `descriptor`'s `name`; returns how many cuDNN filled.
+  std::int64_t fill_from(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t name,
+                         const char* what) {
+    std::int64_t filled = 0;
+    check(dnn::cudnnBackendGetAttribute(descriptor, name, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                        static_cast<std::int64_t>(handles.size()), &filled, handles.data()),
+          what);
+    return std::clamp<std::int64_t>(filled, 0, static_cast<std::int64_t>(handles.size()));
+  }
+};
+
 // ---- graphs -------------------------------------------------------------------------------------
 
 /// Unique ids of the tensors the variant pack binds (the virtual ones are numbered from kFirstVirtual).
@@ -474,29 +505,19 @@ class GraphBuilder {
     set_descriptor(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     set(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
     finalize(heuristics.get(), "engine heuristics");
-    std::int64_t available = 0;
-    check(dnn::cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &available, nullptr),
-          "engine heuristics' result count");
+    const std::int64_t available =
+        element_count(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                      "engine heuristics' result count");
     if (available <= 0) {
       tried += detail::concat(tried.empty() ? "" : "; ", mode_name, ": no engine configs");
       return false;
     }
-    std::vector<Descriptor> configs;
-    std::vector<cudnnBackendDescriptor_t> config_handles;
-    for (std::int64_t i = 0; i < available; ++i) {
-      configs.push_back(create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
-      config_handles.push_back(configs.back().get());
-    }
-    std::int64_t returned = 0;
-    check(dnn::cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, available, &returned,
-                                        config_handles.data()),
-          "engine heuristics' results");
-    returned = std::clamp<std::int64_t>(returned, 0, available);
+    DescriptorArray configs(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, available);
+    const std::int64_t returned =
+        configs.fill_from(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, "engine heuristics' results");
     std::int64_t skipped_nondeterministic = 0, not_finalized = 0, too_large = 0;
     for (std::int64_t i = 0; i < returned; ++i) {
-      const cudnnBackendDescriptor_t config = config_handles[static_cast<std::size_t>(i)];
+      const cudnnBackendDescriptor_t config = configs.handles[static_cast<std::size_t>(i)];
       if (nondeterministic(config)) {
         ++skipped_nondeterministic;
         continue;
@@ -518,7 +539,7 @@ class GraphBuilder {
       }
       plan.workspace_bytes = std::max<std::int64_t>(workspace, 0);
       plan.plan = execution.get();
-      keep(std::move(configs[static_cast<std::size_t>(i)]));
+      keep(std::move(configs.owned[static_cast<std::size_t>(i)]));
       keep(std::move(execution));
       keep(std::move(heuristics));
       return true;
@@ -637,22 +658,13 @@ struct KnobRange {
 };
 
 std::vector<KnobRange> knob_ranges(cudnnBackendDescriptor_t engine) {
-  constexpr std::int64_t kMaxKnobs = CUDNN_KNOB_TYPE_COUNTS;
-  std::vector<Descriptor> infos;
-  std::vector<cudnnBackendDescriptor_t> info_handles;
-  for (std::int64_t i = 0; i < kMaxKnobs; ++i) {
-    infos.push_back(create(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR));
-    info_handles.push_back(infos.back().get());
-  }
-  std::int64_t count = 0;
-  check(dnn::cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                      kMaxKnobs, &count, info_handles.data()),
-        "engine's knob info");
+  DescriptorArray infos(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR, CUDNN_KNOB_TYPE_COUNTS);
+  const std::int64_t count = infos.fill_from(engine, CUDNN_ATTR_ENGINE_KNOB_INFO, "engine's knob info");
   std::vector<KnobRange> ranges;
-  for (std::int64_t i = 0; i < std::clamp<std::int64_t>(count, 0, kMaxKnobs); ++i) {
+  for (std::int64_t i = 0; i < count; ++i) {
     KnobRange range{};
     std::int64_t elements = 0;
-    const cudnnBackendDescriptor_t info = info_handles[static_cast<std::size_t>(i)];
+    const cudnnBackendDescriptor_t info = infos.handles[static_cast<std::size_t>(i)];
     check(dnn::cudnnBackendGetAttribute(info, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &elements,
                                         &range.type),
           "knob's type");
@@ -978,10 +990,8 @@ std::string device_properties_json(int device) {
     const std::int32_t id = device;
     set(properties.get(), CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &id);
     finalize(properties.get(), "device properties (read from the device)");
-    std::int64_t size = 0;
-    check(dnn::cudnnBackendGetAttribute(properties.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
-                                        CUDNN_TYPE_CHAR, 0, &size, nullptr),
-          "device properties' JSON size");
+    std::int64_t size = element_count(properties.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
+                                      CUDNN_TYPE_CHAR, "device properties' JSON size");
     std::string json(static_cast<std::size_t>(std::max<std::int64_t>(size, 0)), '\0');
     check(dnn::cudnnBackendGetAttribute(properties.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION,
                                         CUDNN_TYPE_CHAR, size, &size, json.data()),
