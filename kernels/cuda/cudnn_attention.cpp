@@ -402,6 +402,7 @@ class GraphBuilder {
                      layout);
   }
 
+  /// The operations added so far (each finalized by cuDNN when added).
   std::size_t operation_count() const { return operations_.size(); }
 
   /// The finalized operation graph of the operations added so far; with the builder's handle, or
