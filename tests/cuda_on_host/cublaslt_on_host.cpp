@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_fibers_streams.hpp"
 #include "kernels/cuda/cublaslt_library.hpp"
 #include "zerotrain/dtype.hpp"
 
@@ -145,6 +146,34 @@ void matmul_columns(const std::vector<Compute>& rows_a, const std::vector<Comput
   }
 }
 
+/// D = alpha op(A) op(B) + beta C (+ bias): the matmul as device work.
+void matmul(const Descriptor& desc, const Layout& la, const Layout& lb, const Layout& lc, const Layout& ld,
+            std::uint64_t m, std::uint64_t n, std::uint64_t k, double alpha_value, double beta_value,
+            const void* a, const void* b, const void* c, void* d) {
+  const bool double_compute = desc.compute == CUBLAS_COMPUTE_64F;
+  // op(A) as rows of k and op(B) as columns of k, widened once: each element of D is then one dot
+  // product over contiguous memory, in the order p = 0..k-1.
+  std::vector<double> rows_a(m * k), columns_b(n * k);
+  for (std::uint64_t i = 0; i < m; ++i)
+    for (std::uint64_t p = 0; p < k; ++p)
+      rows_a[i * k + p] = load(a, la.type,
+                               desc.op_a == CUBLAS_OP_N ? static_cast<std::int64_t>(i + p * la.ld)
+                                                        : static_cast<std::int64_t>(p + i * la.ld));
+  for (std::uint64_t j = 0; j < n; ++j)
+    for (std::uint64_t p = 0; p < k; ++p)
+      columns_b[j * k + p] = load(b, lb.type,
+                                  desc.op_b == CUBLAS_OP_N ? static_cast<std::int64_t>(p + j * lb.ld)
+                                                           : static_cast<std::int64_t>(j + p * lb.ld));
+  if (double_compute) {
+    matmul_columns<double>(rows_a, columns_b, m, n, k, alpha_value, beta_value, desc, c, lc, d, ld);
+  } else {
+    const std::vector<float> rows_a_float(rows_a.begin(), rows_a.end());
+    const std::vector<float> columns_b_float(columns_b.begin(), columns_b.end());
+    matmul_columns<float>(rows_a_float, columns_b_float, m, n, k, alpha_value, beta_value, desc, c, lc, d,
+                          ld);
+  }
+}
+
 template <typename Object, typename Handle>
 Object* object(Handle handle) {
   return reinterpret_cast<Object*>(handle);
@@ -255,10 +284,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t operation, 
                               const void* a, cublasLtMatrixLayout_t a_layout, const void* b,
                               cublasLtMatrixLayout_t b_layout, const void* beta, const void* c,
                               cublasLtMatrixLayout_t c_layout, void* d, cublasLtMatrixLayout_t d_layout,
-                              const cublasLtMatmulAlgo_t*, void*, std::size_t, cudaStream_t) {
-  const Descriptor& desc = *object<Descriptor>(operation);
-  const Layout &la = *object<Layout>(a_layout), &lb = *object<Layout>(b_layout),
-               &lc = *object<Layout>(c_layout), &ld = *object<Layout>(d_layout);
+                              const cublasLtMatmulAlgo_t*, void*, std::size_t, cudaStream_t stream) {
+  // Copies: the descriptors may change or go before the matmul runs in its stream's order.
+  const Descriptor desc = *object<Descriptor>(operation);
+  const Layout la = *object<Layout>(a_layout), lb = *object<Layout>(b_layout), lc = *object<Layout>(c_layout),
+               ld = *object<Layout>(d_layout);
   std::uint64_t m = 0, n = 0, k = 0;
   if (!shape_of(desc, la, lb, lc, ld, m, n, k)) return CUBLAS_STATUS_INVALID_VALUE;
   if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
@@ -269,27 +299,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t operation, 
       double_compute ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
   const double beta_value =
       double_compute ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
-  // op(A) as rows of k and op(B) as columns of k, widened once: each element of D is then one dot
-  // product over contiguous memory, in the order p = 0..k-1.
-  std::vector<double> rows_a(m * k), columns_b(n * k);
-  for (std::uint64_t i = 0; i < m; ++i)
-    for (std::uint64_t p = 0; p < k; ++p)
-      rows_a[i * k + p] = load(a, la.type,
-                               desc.op_a == CUBLAS_OP_N ? static_cast<std::int64_t>(i + p * la.ld)
-                                                        : static_cast<std::int64_t>(p + i * la.ld));
-  for (std::uint64_t j = 0; j < n; ++j)
-    for (std::uint64_t p = 0; p < k; ++p)
-      columns_b[j * k + p] = load(b, lb.type,
-                                  desc.op_b == CUBLAS_OP_N ? static_cast<std::int64_t>(p + j * lb.ld)
-                                                           : static_cast<std::int64_t>(j + p * lb.ld));
-  if (double_compute) {
-    matmul_columns<double>(rows_a, columns_b, m, n, k, alpha_value, beta_value, desc, c, lc, d, ld);
-  } else {
-    const std::vector<float> rows_a_float(rows_a.begin(), rows_a.end());
-    const std::vector<float> columns_b_float(columns_b.begin(), columns_b.end());
-    matmul_columns<float>(rows_a_float, columns_b_float, m, n, k, alpha_value, beta_value, desc, c, lc, d,
-                          ld);
-  }
+  // Alpha and beta are host scalars (the default pointer mode), read at the call as cuBLASLt does;
+  // the product is device work in the stream's order.
+  cuda_fibers::enqueue(stream, "cublasLtMatmul",
+                       [=] { matmul(desc, la, lb, lc, ld, m, n, k, alpha_value, beta_value, a, b, c, d); });
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -15,14 +15,20 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace cuda_fibers {
@@ -324,17 +330,259 @@ std::string dim_text(dim3 d) {
 
 }  // namespace
 
+/// Device work: a launch, a copy, a memset, an event's record or wait, a stand-in library's call.
+struct DeviceWork {
+  std::uint64_t id = 0;
+  std::string what;
+  std::function<void()> run;         // empty for an event's record or wait
+  std::vector<std::uint64_t> after;  // work of other streams it waits for
+};
+
+/// An error of device work, as the runtime reports it.
+struct DeviceFault : std::runtime_error {
+  DeviceFault(cudaError_t error_, const std::string& message) : std::runtime_error(message), error(error_) {}
+  cudaError_t error;
+};
+
+/// The device's streams (cuda_fibers_streams.hpp). Late (CUDA_FIBERS_STREAMS=async): issued work
+/// waits in its stream's queue and a device thread of its own runs it, one item at a time, in an
+/// order CUDA allows and chosen to break what the program did not order:
+///   - nothing runs until a host thread waits for the device, or the oldest pending work has waited
+///     CUDA_FIBERS_LATE_MS (default 2 ms; so the device progresses while a host thread waits for
+///     something else, such as a peer rank);
+///   - then, of the streams' first items whose waits are met, the one issued last runs first: a
+///     consumer on another stream that does not wait for its producer runs before it;
+///   - the legacy default stream (nullptr) is ordered with every blocking stream both ways (streams
+///     made with cudaStreamNonBlocking are not), and NCCL's operations run in their issue order.
+/// Every wait is on earlier work, so the earliest pending item can always run: no schedule
+/// deadlocks that CUDA's would not. At issue (at_issue): each item runs in the issuing call.
+class StreamScheduler {
+ public:
+  StreamScheduler() : late_(read_late()), delay_(read_delay()) {
+    if (late_) device_thread_ = std::thread([this] { run_device(); });
+  }
+  StreamScheduler(const StreamScheduler&) = delete;
+  StreamScheduler& operator=(const StreamScheduler&) = delete;
+
+  bool late() const { return late_; }
+
+  /// Issues work on `stream`; returns its id (0 when it ran at the call).
+  std::uint64_t enqueue(cudaStream_t stream, std::string what, std::function<void()> run,
+                        std::vector<std::uint64_t> after = {}, bool collective = false) {
+    if (!late_) {
+      if (run) run_at_issue(what, run);
+      return 0;
+    }
+    std::lock_guard lock(mutex_);
+    if (stream == nullptr) {
+      for (const auto& [other, queue] : queues_)
+        if (other != nullptr && queue.blocking && !queue.pending.empty())
+          after.push_back(queue.pending.back().id);
+    } else if (StreamQueue& queue = queue_of(stream); queue.blocking) {
+      const StreamQueue& legacy = queue_of(nullptr);
+      if (!legacy.pending.empty()) after.push_back(legacy.pending.back().id);
+    }
+    const std::uint64_t id = next_id_++;
+    if (collective) {
+      if (last_collective_ != 0 && pending_.contains(last_collective_)) after.push_back(last_collective_);
+      last_collective_ = id;
+    }
+    queue_of(stream).pending.push_back({id, std::move(what), std::move(run), std::move(after)});
+    pending_.emplace(id, Clock::now());
+    changed_.notify_all();
+    return id;
+  }
+
+  bool reached(std::uint64_t id) {
+    if (id == 0) return true;
+    std::lock_guard lock(mutex_);
+    return !pending_.contains(id);
+  }
+
+  /// The last work issued on `stream` that the device has not completed, or 0.
+  std::uint64_t last_pending(cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    const auto found = queues_.find(stream);
+    return found == queues_.end() || found->second.pending.empty() ? 0 : found->second.pending.back().id;
+  }
+
+  /// The host waits until the device completed `id` (every work issued so far: `everything`).
+  void wait(std::uint64_t id, bool everything = false) {
+    if (!late_) return;
+    std::unique_lock lock(mutex_);
+    if (everything) id = next_id_ - 1;
+    ++host_waiters_;
+    changed_.notify_all();
+    changed_.wait(lock, [&] {
+      return pending_.empty() || pending_.begin()->first > id || (!everything && !pending_.contains(id));
+    });
+    --host_waiters_;
+  }
+
+  void add_stream(cudaStream_t stream, bool blocking) {
+    std::lock_guard lock(mutex_);
+    queues_[stream] = StreamQueue{blocking, false, {}};
+  }
+  /// A stream destroyed with work pending goes on until that work is done (as CUDA's).
+  void remove_stream(cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    const auto found = queues_.find(stream);
+    if (found == queues_.end()) return;
+    if (found->second.pending.empty()) {
+      queues_.erase(found);
+    } else {
+      found->second.destroyed = true;
+    }
+  }
+
+  /// The device's sticky error (cudaSuccess when none) and its message.
+  cudaError_t sticky_error(std::string& message) {
+    std::lock_guard lock(mutex_);
+    message = sticky_message_;
+    return sticky_error_;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  struct StreamQueue {
+    bool blocking = true;  // ordered with the legacy default stream
+    bool destroyed = false;
+    std::deque<DeviceWork> pending;
+  };
+
+  static bool read_late() {
+    const char* value = std::getenv("CUDA_FIBERS_STREAMS");
+    const std::string mode = value == nullptr ? "" : value;
+#ifdef CUDA_FIBERS_KEEP_NAMES
+    const bool late_by_default = true;  // the CUDA-on-host build
+#else
+    const bool late_by_default = false;  // unit.cuda_on_host
+#endif
+    if (mode.empty()) return late_by_default;
+    if (mode == "async" || mode == "at_issue") return mode == "async";
+    std::fprintf(stderr, "cuda_fibers: CUDA_FIBERS_STREAMS='%s': expected async or at_issue\n", mode.c_str());
+    std::abort();
+  }
+  static std::chrono::microseconds read_delay() {
+    const char* value = std::getenv("CUDA_FIBERS_LATE_MS");
+    const double milliseconds = value != nullptr ? std::atof(value) : 2.0;
+    return std::chrono::microseconds(static_cast<long long>(std::max(milliseconds, 0.0) * 1000));
+  }
+
+  /// At issue, a fault is the calling thread's error, as a launch's was before streams ran late.
+  static void run_at_issue(const std::string& what, const std::function<void()>& run) {
+    try {
+      run();
+    } catch (const DeviceFault& fault) {
+      fail(fault.error, fault.what());
+    } catch (const std::exception& error) {
+      fail(cudaErrorLaunchFailure, "cuda_fibers: " + what + " failed: " + error.what());
+    }
+  }
+
+  StreamQueue& queue_of(cudaStream_t stream) {
+    const auto found = queues_.find(stream);
+    if (found != queues_.end()) return found->second;
+    return queues_[stream] = StreamQueue{true, false, {}};  // the legacy stream, or one made elsewhere
+  }
+
+  bool met(const DeviceWork& work) const {
+    return std::none_of(work.after.begin(), work.after.end(),
+                        [&](std::uint64_t id) { return pending_.contains(id); });
+  }
+
+  void run_device() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (pending_.empty()) {
+        changed_.wait(lock);
+        continue;
+      }
+      const Clock::time_point due = pending_.begin()->second + delay_;
+      if (host_waiters_ == 0 && Clock::now() < due) {
+        changed_.wait_until(lock, due);
+        continue;
+      }
+      StreamQueue* chosen = nullptr;
+      for (auto& [stream, queue] : queues_)
+        if (!queue.pending.empty() && met(queue.pending.front()) &&
+            (chosen == nullptr || queue.pending.front().id > chosen->pending.front().id))
+          chosen = &queue;
+      if (chosen == nullptr) {  // cannot be: the earliest pending work waits for nothing pending
+        std::fputs("cuda_fibers: no pending device work can run (a bug of the scheduler)\n", stderr);
+        std::abort();
+      }
+      DeviceWork work = std::move(chosen->pending.front());
+      chosen->pending.pop_front();
+      if (chosen->destroyed && chosen->pending.empty())
+        std::erase_if(queues_, [&](const auto& entry) { return &entry.second == chosen; });
+      lock.unlock();
+      std::optional<DeviceFault> fault;
+      if (work.run) {
+        try {
+          work.run();
+        } catch (const DeviceFault& error) {
+          fault = error;
+        } catch (const std::exception& error) {
+          fault = DeviceFault(cudaErrorLaunchFailure,
+                              "cuda_fibers: " + work.what + " failed on the device: " + error.what());
+        }
+      }
+      lock.lock();
+      if (fault && sticky_error_ == cudaSuccess) {
+        sticky_error_ = fault->error;
+        sticky_message_ = fault->what();
+      }
+      pending_.erase(work.id);
+      changed_.notify_all();
+    }
+  }
+
+  const bool late_;
+  const std::chrono::microseconds delay_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<cudaStream_t, StreamQueue> queues_;          // nullptr: the legacy default stream
+  std::map<std::uint64_t, Clock::time_point> pending_;  // issued, not completed: when issued
+  std::uint64_t next_id_ = 1;
+  std::uint64_t last_collective_ = 0;
+  int host_waiters_ = 0;
+  cudaError_t sticky_error_ = cudaSuccess;
+  std::string sticky_message_;
+  std::thread device_thread_;  // never joined: the scheduler lives until the process ends
+};
+
+/// Never destroyed: its device thread may still wait for work while static objects are destroyed
+/// at exit, and buffers are freed during static destruction.
+StreamScheduler& scheduler() {
+  static StreamScheduler* const instance = std::make_unique<StreamScheduler>().release();
+  return *instance;
+}
+
 /// The device's state that all threads share.
 struct DeviceState {
   std::mutex mutex;
   std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute
-  std::map<void*, std::size_t> pool_blocks;       // cudaMallocFromPoolAsync / cudaMallocAsync
-  // The default pool as CUDA's counts it: freed blocks stay reserved up to the release threshold
-  // (the host memory itself is freed at once).
+  // cudaMallocFromPoolAsync / cudaMallocAsync: the size asked for and the block's own.
+  std::map<void*, std::size_t> pool_blocks;
+  std::map<void*, std::size_t> pool_capacity;
+  // Blocks freed to the pool: reused by an allocation on the stream that freed them at once (stream
+  // order), on another once the free is reached. Their host memory goes back once reached, past a cap.
+  struct FreedBlock {
+    void* pointer;
+    std::size_t capacity;
+    cudaStream_t stream;
+    std::uint64_t freed;  // the free's device work
+  };
+  std::vector<FreedBlock> freed_blocks;  // the last freed last
+  // The default pool as CUDA's counts it: freed blocks stay reserved up to the release threshold.
   std::uint64_t pool_used = 0, pool_used_high = 0, pool_reserved = 0, pool_reserved_high = 0,
                 release_threshold = 0;
-  std::map<void*, std::size_t> plain_blocks;  // cudaMalloc
-  std::set<void*> streams, events;
+  std::map<void*, std::size_t> plain_blocks;   // cudaMalloc
+  std::map<void*, std::size_t> pinned_blocks;  // cudaHostAlloc
+  std::set<void*> streams;
+  std::map<void*, std::uint64_t> events;  // each event's last record (0: none, or reached at issue)
   std::uint64_t allocated() const {
     std::uint64_t total = pool_reserved;
     for (const auto& block : plain_blocks) total += block.second;
@@ -393,10 +641,11 @@ std::uint64_t shuffle(unsigned int mask, std::uint64_t bits, ShuffleKind kind, i
   return fiber->received;
 }
 
-void launch(const void* kernel, const LaunchConfig& config, const std::function<void()>& thread_body) {
+void launch(const void* kernel, const char* name, const LaunchConfig& config,
+            std::function<void()> thread_body) {
   const dim3 grid = config.grid, block = config.block;
-  const std::string where =
-      "<<<" + dim_text(grid) + ", " + dim_text(block) + ", " + std::to_string(config.shared_bytes) + ">>>";
+  const std::string where = std::string(name) + "<<<" + dim_text(grid) + ", " + dim_text(block) + ", " +
+                            std::to_string(config.shared_bytes) + ">>>";
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (threads == 0 || threads > kMaxBlockThreads || block.z > 64) {
     fail(cudaErrorInvalidConfiguration, "cuda_fibers: invalid block in " + where);
@@ -420,32 +669,56 @@ void launch(const void* kernel, const LaunchConfig& config, const std::function<
                                     " (cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize))");
     return;
   }
-  BlockRun block_run;
-  block_run.body = &thread_body;
-  block_run.dynamic_shared.resize(config.shared_bytes);
-  g_block = &block_run;
-  std::string fault;
-  for (unsigned int z = 0; z < grid.z && fault.empty(); ++z)
-    for (unsigned int y = 0; y < grid.y && fault.empty(); ++y)
-      for (unsigned int x = 0; x < grid.x && fault.empty(); ++x)
-        fault = run_block(block_run, {x, y, z}, config);
-  g_block = nullptr;
-  if (!fault.empty()) reset_busy_slots();
-  if (!fault.empty()) fail(cudaErrorLaunchFailure, "cuda_fibers: kernel fault in " + where + ": " + fault);
+  scheduler().enqueue(config.stream, where, [config, where, body = std::move(thread_body)] {
+    BlockRun block_run;
+    block_run.body = &body;
+    block_run.dynamic_shared.resize(config.shared_bytes);
+    g_block = &block_run;
+    std::string fault;
+    for (unsigned int z = 0; z < config.grid.z && fault.empty(); ++z)
+      for (unsigned int y = 0; y < config.grid.y && fault.empty(); ++y)
+        for (unsigned int x = 0; x < config.grid.x && fault.empty(); ++x)
+          fault = run_block(block_run, {x, y, z}, config);
+    g_block = nullptr;
+    if (fault.empty()) return;
+    reset_busy_slots();
+    throw DeviceFault(cudaErrorLaunchFailure, "cuda_fibers: kernel fault in " + where + ": " + fault);
+  });
+}
+
+bool streams_run_late() {
+  return scheduler().late();
+}
+
+void enqueue(cudaStream_t stream, std::string what, std::function<void()> work) {
+  scheduler().enqueue(stream, std::move(what), std::move(work));
+}
+
+void enqueue_collective(cudaStream_t stream, std::string what, std::function<void()> work) {
+  scheduler().enqueue(stream, std::move(what), std::move(work), {}, true);
+}
+
+void synchronize_device() {
+  scheduler().wait(0, true);
 }
 
 }  // namespace cuda_fibers
 
 // ---- the host CUDA runtime (the names cuda_fibers.hpp renames, or all of them in the CUDA-on-host
 // build) ---------------------------------------------------------------------------------------------
-// A device whose work finishes when it is issued: every copy, memset and launch runs at the call,
-// so every stream and event is always complete. That is one valid schedule of CUDA's stream
-// semantics (the emulated device checks the others, docs/gpu.md); it checks everything but order.
+// Copies, memsets and launches are device work in their stream's order (StreamScheduler: late, or at
+// the call). Synchronous as CUDA documents it ("API synchronization behavior"): a copy to pageable
+// host memory returns once done; one from pageable memory takes its source at the call; cudaMemcpy,
+// cudaFree and cudaFreeHost wait for the device; cudaMemset does not, unless its target is pinned.
+// Stream-ordered allocations are filled with 0xff bytes (NaN) when the stream reaches them and again
+// at their free, so work that uses one out of its stream's order reads or leaves NaN.
 
 using cuda_fibers::device_state;
+using cuda_fibers::DeviceFault;
 using cuda_fibers::DeviceState;
 using cuda_fibers::fail;
 using cuda_fibers::runtime;
+using cuda_fibers::scheduler;
 
 namespace {
 
@@ -479,30 +752,125 @@ cudaError_t release(std::map<void*, std::size_t>& blocks, void* pointer, const c
   return cudaSuccess;
 }
 
-cudaError_t pool_allocate(void** pointer, std::size_t bytes) {
+constexpr std::uint64_t kFreedCacheBytes = 512ull << 20;  // freed pool memory kept for reuse, at most
+
+/// A stream-ordered allocation: a block freed on `stream` (pending or not) or whose free the device
+/// reached, else new memory; filled with 0xff when the stream reaches the allocation.
+cudaError_t pool_allocate(void** pointer, std::size_t bytes, cudaStream_t stream) {
   DeviceState& device = device_state();
-  const std::lock_guard lock(device.mutex);
-  if (device.allocated() + bytes > kDeviceMemoryBytes)
-    return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of (modelled) device memory");
-  const cudaError_t status = allocate(device.pool_blocks, pointer, bytes);
-  if (status != cudaSuccess) return status;
-  device.pool_used += bytes;
-  device.pool_used_high = std::max(device.pool_used_high, device.pool_used);
-  device.pool_reserved = std::max(device.pool_reserved, device.pool_used);
-  device.pool_reserved_high = std::max(device.pool_reserved_high, device.pool_reserved);
+  std::size_t capacity = 0;
+  {
+    const std::lock_guard lock(device.mutex);
+    if (device.allocated() + bytes > kDeviceMemoryBytes)
+      return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of (modelled) device memory");
+    *pointer = nullptr;
+    const std::size_t wanted = std::max<std::size_t>(bytes, 1);
+    for (auto block = device.freed_blocks.rbegin(); block != device.freed_blocks.rend(); ++block) {
+      if (block->capacity < wanted || block->capacity > 2 * wanted + kDeviceAlignment) continue;
+      if (block->stream != stream && !scheduler().reached(block->freed)) continue;
+      *pointer = block->pointer;
+      capacity = block->capacity;
+      device.freed_blocks.erase(std::next(block).base());
+      break;
+    }
+    if (*pointer == nullptr) {
+      capacity = (wanted + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
+      *pointer = aligned_block(capacity, kDeviceAlignment);
+      if (*pointer == nullptr) return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of host memory");
+    }
+    device.pool_blocks[*pointer] = bytes;
+    device.pool_capacity[*pointer] = capacity;
+    device.pool_used += bytes;
+    device.pool_used_high = std::max(device.pool_used_high, device.pool_used);
+    device.pool_reserved = std::max(device.pool_reserved, device.pool_used);
+    device.pool_reserved_high = std::max(device.pool_reserved_high, device.pool_reserved);
+  }
+  void* const block = *pointer;
+  scheduler().enqueue(stream, "cudaMallocAsync", [block, capacity] { std::memset(block, 0xff, capacity); });
   return cudaSuccess;
 }
 
-cudaError_t pool_free(void* pointer) {
+cudaError_t pool_free(void* pointer, cudaStream_t stream) {
+  if (pointer == nullptr) return cudaSuccess;
   DeviceState& device = device_state();
-  const std::lock_guard lock(device.mutex);
-  const auto found = device.pool_blocks.find(pointer);
-  if (pointer != nullptr && found != device.pool_blocks.end()) {
+  std::size_t capacity = 0;
+  {
+    const std::lock_guard lock(device.mutex);
+    const auto found = device.pool_blocks.find(pointer);
+    if (found == device.pool_blocks.end())
+      return fail(cudaErrorInvalidValue, "cuda_fibers: cudaFreeAsync of a pointer it did not allocate");
     device.pool_used -= found->second;
     const std::uint64_t kept = device.pool_reserved - device.pool_used;
     if (kept > device.release_threshold) device.pool_reserved = device.pool_used + device.release_threshold;
+    device.pool_blocks.erase(found);
+    capacity = device.pool_capacity.at(pointer);
+    device.pool_capacity.erase(pointer);
   }
-  return release(device.pool_blocks, pointer, "cudaFreeAsync");
+  const std::uint64_t freed = scheduler().enqueue(
+      stream, "cudaFreeAsync", [pointer, capacity] { std::memset(pointer, 0xff, capacity); });
+  const std::lock_guard lock(device.mutex);
+  device.freed_blocks.push_back({pointer, capacity, stream, freed});
+  std::uint64_t cached = 0;
+  for (const auto& block : device.freed_blocks) cached += block.capacity;
+  for (auto block = device.freed_blocks.begin();
+       cached > kFreedCacheBytes && block != device.freed_blocks.end();) {
+    if (!scheduler().reached(block->freed)) {
+      ++block;
+      continue;
+    }
+    cached -= block->capacity;
+    std::free(block->pointer);
+    block = device.freed_blocks.erase(block);
+  }
+  return cudaSuccess;
+}
+
+enum class MemoryKind { device, pinned, pageable };
+
+/// Where `pointer` lies: in a device allocation, in pinned host memory, or elsewhere (pageable).
+MemoryKind memory_kind(const void* pointer) {
+  DeviceState& device = device_state();
+  const std::lock_guard lock(device.mutex);
+  const auto inside = [pointer](const std::map<void*, std::size_t>& blocks) {
+    auto after = blocks.upper_bound(const_cast<void*>(pointer));
+    if (after == blocks.begin()) return false;
+    --after;
+    return static_cast<const char*>(pointer) <
+           static_cast<const char*>(after->first) + std::max<std::size_t>(after->second, 1);
+  };
+  if (inside(device.pool_capacity) || inside(device.plain_blocks)) return MemoryKind::device;
+  if (inside(device.pinned_blocks)) return MemoryKind::pinned;
+  return MemoryKind::pageable;
+}
+
+/// The device's sticky error, if any, as this thread's error (cudaGetErrorString reads it).
+cudaError_t device_status() {
+  std::string message;
+  const cudaError_t error = scheduler().sticky_error(message);
+  return error == cudaSuccess ? cudaSuccess : fail(error, message);
+}
+
+/// A copy as device work on `stream`: a pageable source is taken at the call; to a pageable
+/// destination (or between host buffers) the call returns once the copy is done.
+cudaError_t copy_on_stream(void* destination, const void* source, std::size_t bytes, cudaStream_t stream,
+                           const char* call) {
+  if (bytes == 0) return cudaSuccess;
+  const MemoryKind from = memory_kind(source), to = memory_kind(destination);
+  std::uint64_t copied = 0;
+  if (from == MemoryKind::pageable && to != MemoryKind::pageable) {
+    auto taken = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(source), static_cast<const unsigned char*>(source) + bytes);
+    copied = scheduler().enqueue(
+        stream, call, [destination, taken] { std::memcpy(destination, taken->data(), taken->size()); });
+  } else {
+    copied = scheduler().enqueue(stream, call,
+                                 [destination, source, bytes] { std::memmove(destination, source, bytes); });
+  }
+  if (to == MemoryKind::pageable || from != MemoryKind::device && to != MemoryKind::device) {
+    scheduler().wait(copied);
+    return device_status();
+  }
+  return cudaSuccess;
 }
 
 thread_local int g_current_device = 0;  // CUDA's current device is per host thread
@@ -535,52 +903,85 @@ cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   return allocate(device_state().plain_blocks, pointer, bytes);
 }
 cudaError_t cudaFree(void* pointer) {
+  scheduler().wait(0, true);  // cudaFree waits for the device
   const std::lock_guard lock(device_state().mutex);
   return release(device_state().plain_blocks, pointer, "cudaFree");
 }
-cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t) {
-  return pool_allocate(pointer, bytes);
+cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t stream) {
+  return pool_allocate(pointer, bytes, stream);
 }
-cudaError_t cudaMallocFromPoolAsync(void** pointer, std::size_t bytes, cudaMemPool_t pool, cudaStream_t) {
+cudaError_t cudaMallocFromPoolAsync(void** pointer, std::size_t bytes, cudaMemPool_t pool,
+                                    cudaStream_t stream) {
   if (pool != default_pool()) return fail(cudaErrorInvalidValue, "cuda_fibers: an unknown memory pool");
-  return pool_allocate(pointer, bytes);
+  return pool_allocate(pointer, bytes, stream);
 }
-cudaError_t cudaFreeAsync(void* pointer, cudaStream_t) {
-  return pool_free(pointer);
+cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
+  return pool_free(pointer, stream);
 }
 cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int) {
   *pointer = aligned_block(bytes, kPinnedAlignment);
-  return *pointer != nullptr ? cudaSuccess
-                             : fail(cudaErrorMemoryAllocation, "cuda_fibers: out of host memory");
+  if (*pointer == nullptr) return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of host memory");
+  const std::lock_guard lock(device_state().mutex);
+  device_state().pinned_blocks[*pointer] = bytes;
+  return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* pointer) {
+  scheduler().wait(0, true);  // cudaFreeHost waits for the device
+  {
+    const std::lock_guard lock(device_state().mutex);
+    if (pointer != nullptr && device_state().pinned_blocks.erase(pointer) == 0)
+      return fail(cudaErrorInvalidValue,
+                  "cuda_fibers: cudaFreeHost of a pointer cudaHostAlloc did not return");
+  }
   std::free(pointer);
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* pointer, int value, std::size_t bytes) {
-  std::memset(pointer, value, bytes);
-  return cudaSuccess;
+  const std::uint64_t set = scheduler().enqueue(
+      nullptr, "cudaMemset", [pointer, value, bytes] { std::memset(pointer, value, bytes); });
+  if (memory_kind(pointer) != MemoryKind::pinned) return cudaSuccess;  // asynchronous for device memory
+  scheduler().wait(set);
+  return device_status();
 }
-cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t) {
-  return cudaMemset(pointer, value, bytes);
+cudaError_t cudaMemsetAsync(void* pointer, int value, std::size_t bytes, cudaStream_t stream) {
+  scheduler().enqueue(stream, "cudaMemsetAsync",
+                      [pointer, value, bytes] { std::memset(pointer, value, bytes); });
+  return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind) {
-  std::memmove(destination, source, bytes);
-  return cudaSuccess;
+  scheduler().wait(scheduler().enqueue(
+      nullptr, "cudaMemcpy", [destination, source, bytes] { std::memmove(destination, source, bytes); }));
+  return device_status();
 }
-cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
-  return cudaMemcpy(destination, source, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
+  return copy_on_stream(destination, source, bytes, stream, "cudaMemcpyAsync");
 }
+// A __device__ or __constant__ variable is host memory here, not in any allocation: the symbol's
+// side is taken as device memory, the other side as it is.
 cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* source, std::size_t bytes,
-                                    std::size_t offset, cudaMemcpyKind, cudaStream_t) {
-  std::memcpy(static_cast<char*>(const_cast<void*>(symbol)) + offset, source, bytes);
+                                    std::size_t offset, cudaMemcpyKind, cudaStream_t stream) {
+  char* const destination = static_cast<char*>(const_cast<void*>(symbol)) + offset;
+  if (memory_kind(source) != MemoryKind::pageable) {
+    scheduler().enqueue(stream, "cudaMemcpyToSymbolAsync",
+                        [destination, source, bytes] { std::memcpy(destination, source, bytes); });
+    return cudaSuccess;
+  }
+  auto taken = std::make_shared<std::vector<unsigned char>>(
+      static_cast<const unsigned char*>(source), static_cast<const unsigned char*>(source) + bytes);
+  scheduler().enqueue(stream, "cudaMemcpyToSymbolAsync",
+                      [destination, taken] { std::memcpy(destination, taken->data(), taken->size()); });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyFromSymbolAsync(void* destination, const void* symbol, std::size_t bytes,
-                                      std::size_t offset, cudaMemcpyKind, cudaStream_t) {
-  std::memcpy(destination, static_cast<const char*>(symbol) + offset, bytes);
-  return cudaSuccess;
+                                      std::size_t offset, cudaMemcpyKind, cudaStream_t stream) {
+  const char* const source = static_cast<const char*>(symbol) + offset;
+  const std::uint64_t copied =
+      scheduler().enqueue(stream, "cudaMemcpyFromSymbolAsync",
+                          [destination, source, bytes] { std::memcpy(destination, source, bytes); });
+  if (memory_kind(destination) != MemoryKind::pageable) return cudaSuccess;
+  scheduler().wait(copied);
+  return device_status();
 }
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   const std::lock_guard lock(device_state().mutex);
@@ -723,42 +1124,55 @@ cudaError_t cudaStreamGetDevice(cudaStream_t, int* device) {
 }
 
 namespace {
-/// Streams and events are opaque handles the device state keeps, so that one not made here is refused.
+/// Streams are opaque handles the device state keeps, so that one not made here is refused. A
+/// destroyed stream's handle is not freed: its address stays unique while its work may still run.
 void* make_handle(std::set<void*>& handles) {
   const std::lock_guard lock(device_state().mutex);
   void* handle = std::malloc(1);
   handles.insert(handle);
   return handle;
 }
-cudaError_t destroy_handle(std::set<void*>& handles, void* handle, const char* call) {
+cudaError_t forget_handle(std::set<void*>& handles, void* handle, const char* call) {
   const std::lock_guard lock(device_state().mutex);
   if (handles.erase(handle) == 0)
     return fail(cudaErrorInvalidResourceHandle,
                 std::string("cuda_fibers: ") + call + " of an unknown handle");
-  std::free(handle);
   return cudaSuccess;
 }
 }  // namespace
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   *stream = static_cast<cudaStream_t>(make_handle(device_state().streams));
+  scheduler().add_stream(*stream, (flags & cudaStreamNonBlocking) == 0);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  return destroy_handle(device_state().streams, stream, "cudaStreamDestroy");
+  const cudaError_t status = forget_handle(device_state().streams, stream, "cudaStreamDestroy");
+  if (status == cudaSuccess) scheduler().remove_stream(stream);
+  return status;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
-  *event = static_cast<cudaEvent_t>(make_handle(device_state().events));
+  void* handle = std::malloc(1);
+  const std::lock_guard lock(device_state().mutex);
+  device_state().events[handle] = 0;
+  *event = static_cast<cudaEvent_t>(handle);
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  return destroy_handle(device_state().events, event, "cudaEventDestroy");
+  const std::lock_guard lock(device_state().mutex);
+  if (device_state().events.erase(event) == 0)
+    return fail(cudaErrorInvalidResourceHandle, "cuda_fibers: cudaEventDestroy of an unknown handle");
+  std::free(event);
+  return cudaSuccess;
 }
 namespace {
-cudaError_t check_event(cudaEvent_t event, const char* call) {
+/// The event's last record (0: none, or reached at the call), or an error for an unknown event.
+cudaError_t last_record(cudaEvent_t event, const char* call, std::uint64_t& record) {
   const std::lock_guard lock(device_state().mutex);
-  if (device_state().events.count(event) == 0)
+  const auto found = device_state().events.find(event);
+  if (found == device_state().events.end())
     return fail(cudaErrorInvalidResourceHandle, std::string("cuda_fibers: ") + call + " of an unknown event");
+  record = found->second;
   return cudaSuccess;
 }
 cudaError_t check_stream(cudaStream_t stream, const char* call) {
@@ -770,32 +1184,59 @@ cudaError_t check_stream(cudaStream_t stream, const char* call) {
 }
 }  // namespace
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  const cudaError_t status = check_stream(stream, "cudaEventRecord");
-  return status != cudaSuccess ? status : check_event(event, "cudaEventRecord");
+  std::uint64_t record = 0;
+  if (const cudaError_t status = check_stream(stream, "cudaEventRecord"); status != cudaSuccess)
+    return status;
+  if (const cudaError_t status = last_record(event, "cudaEventRecord", record); status != cudaSuccess)
+    return status;
+  record = scheduler().enqueue(stream, "cudaEventRecord", {});
+  const std::lock_guard lock(device_state().mutex);
+  device_state().events[event] = record;
+  return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return check_event(event, "cudaEventQuery");
+  std::uint64_t record = 0;
+  if (const cudaError_t status = last_record(event, "cudaEventQuery", record); status != cudaSuccess)
+    return status;
+  if (const cudaError_t status = device_status(); status != cudaSuccess) return status;
+  return scheduler().reached(record) ? cudaSuccess : cudaErrorNotReady;  // not an error: not recorded as one
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return check_event(event, "cudaEventSynchronize");
+  std::uint64_t record = 0;
+  if (const cudaError_t status = last_record(event, "cudaEventSynchronize", record); status != cudaSuccess)
+    return status;
+  scheduler().wait(record);
+  return device_status();
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
-  const cudaError_t status = check_stream(stream, "cudaStreamWaitEvent");
-  return status != cudaSuccess ? status : check_event(event, "cudaStreamWaitEvent");
+  std::uint64_t record = 0;
+  if (const cudaError_t status = check_stream(stream, "cudaStreamWaitEvent"); status != cudaSuccess)
+    return status;
+  if (const cudaError_t status = last_record(event, "cudaStreamWaitEvent", record); status != cudaSuccess)
+    return status;
+  // The record as it is now: a later record of the event does not change what the stream waits for.
+  if (!scheduler().reached(record)) scheduler().enqueue(stream, "cudaStreamWaitEvent", {}, {record});
+  return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return check_stream(stream, "cudaStreamSynchronize");
+  if (const cudaError_t status = check_stream(stream, "cudaStreamSynchronize"); status != cudaSuccess)
+    return status;
+  scheduler().wait(scheduler().last_pending(stream));
+  return device_status();
 }
 cudaError_t cudaDeviceSynchronize() {
-  return cudaSuccess;
+  scheduler().wait(0, true);
+  return device_status();
 }
 
 cudaError_t cudaGetLastError() {
+  if (const cudaError_t sticky = device_status(); sticky != cudaSuccess) return sticky;  // never cleared
   const cudaError_t error = runtime().last_error;
   runtime().last_error = cudaSuccess;
   return error;
 }
 cudaError_t cudaPeekAtLastError() {
+  if (const cudaError_t sticky = device_status(); sticky != cudaSuccess) return sticky;
   return runtime().last_error;
 }
 const char* cudaGetErrorString(cudaError_t error) {
@@ -818,6 +1259,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle:
       return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
     default:
       return "cudaError (cuda_fibers)";
   }

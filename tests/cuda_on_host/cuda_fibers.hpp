@@ -51,7 +51,11 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+
+#include "cuda_fibers_streams.hpp"
 
 namespace cuda_fibers {
 
@@ -74,11 +78,24 @@ struct LaunchConfig {
   cudaStream_t stream;
 };
 
-/// Runs `thread_body` as every thread of the grid, at once (the stream is not modelled). A
-/// configuration a GPU refuses runs nothing; it, or a fault while the kernel runs (a deadlock, a
-/// shuffle of a lane that left), becomes the error cudaGetLastError() returns, whose string says
-/// what happened. `kernel` is the kernel's address (for its cudaFuncSetAttribute) or nullptr.
-void launch(const void* kernel, const LaunchConfig& config, const std::function<void()>& thread_body);
+/// Runs `thread_body` as every thread of the grid, in the stream's order (cuda_fibers_streams.hpp). A
+/// configuration a GPU refuses runs nothing and is the error cudaGetLastError() returns at once; a
+/// fault while the kernel runs (a deadlock, a shuffle of a lane that left) is too in the at_issue
+/// order, and the device's sticky error (every later synchronization returns it) when streams run
+/// late. The error's string says what happened. `kernel` is the kernel's address (for its
+/// cudaFuncSetAttribute) or nullptr; `name` is the kernel as the launch names it.
+void launch(const void* kernel, const char* name, const LaunchConfig& config,
+            std::function<void()> thread_body);
+
+/// A launch's arguments, evaluated and copied at the launch as CUDA does, then handed to `kernel`
+/// (a generic lambda calling the kernel) by every thread: a launch that runs late reads them as
+/// they were (translate.py writes the call).
+template <typename Kernel, typename... Arguments>
+std::function<void()> with_arguments(Kernel kernel, Arguments&&... arguments) {
+  return [kernel, values = std::make_tuple(std::forward<Arguments>(arguments)...)] {
+    std::apply(kernel, values);
+  };
+}
 
 /// __launch_bounds__(max_threads): the block must not be larger.
 void check_launch_bounds(unsigned int max_threads);

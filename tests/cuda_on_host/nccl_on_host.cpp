@@ -4,8 +4,9 @@
 // NCCL's documented contract: a communicator of nranks made by every member calling
 // ncclCommInitRank with one unique id; collectives with NCCL's in-place rules (all-gather and
 // reduce-scatter in place at the rank's slice); ncclAvg; send and receive inside ncclGroupStart/End
-// completed at ncclGroupEnd. Everything completes within the call (the device's streams are done at
-// once, tests/cuda_on_host/cuda_fibers.cpp). The members find each other through files under /tmp
+// completed at ncclGroupEnd. Each operation is device work on its stream (cuda_fibers_streams.hpp):
+// late, on the device thread, in the issue order of this process's NCCL operations; the MPI call
+// happens there. The members find each other through files under /tmp
 // named by the unique id: one node only, which is what this check build runs on.
 // What it cannot show: NCCL's own reduction order and rounding (bf16 and fp16 reduce pairwise in
 // fp32 here), its transport, ncclCommAbort interrupting an operation (here operations never hang
@@ -14,34 +15,43 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cuda_fibers_streams.hpp"
 #include "zerotrain/dtype.hpp"
 
 struct ncclComm {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
+  // An operation that failed on the device (ncclCommGetAsyncError): its result, then its message.
+  std::atomic<ncclResult_t> async_error{ncclSuccess};
+  std::string async_message;
 };
 
 namespace {
 
-struct Pending {
-  std::vector<MPI_Request> requests;
+/// A send or receive inside a group: posted with the group's others at ncclGroupEnd.
+struct GroupedCall {
+  ncclComm_t comm;
+  cudaStream_t stream;
+  std::function<int(MPI_Request&)> post;  // the MPI_Isend or MPI_Irecv
 };
 thread_local int g_group_depth = 0;
-thread_local Pending g_pending;
+thread_local std::vector<GroupedCall> g_grouped;
 thread_local std::string g_last_error;
 
 ncclResult_t failure(ncclResult_t result, std::string message) {
@@ -192,13 +202,34 @@ ncclResult_t mpi_result(int status, const char* call) {
   return failure(ncclSystemError, std::string("nccl on host: ") + call + " failed");
 }
 
-/// A posted send or receive: kept for ncclGroupEnd inside a group, else completed now.
-ncclResult_t complete_or_group(MPI_Request request) {
+/// `operation` (its MPI calls, returning their status) as device work on `stream`, after this
+/// process's earlier NCCL operations. On the device a failure is the communicator's asynchronous
+/// error; an aborted communicator's operations do nothing.
+void enqueue_on_device(ncclComm_t comm, cudaStream_t stream, const char* call,
+                       std::function<int()> operation) {
+  cuda_fibers::enqueue_collective(stream, call, [comm, call, operation = std::move(operation)] {
+    if (comm->aborted.load()) return;
+    const int status = operation();
+    if (status == MPI_SUCCESS || comm->async_error.load() != ncclSuccess) return;
+    comm->async_message =
+        std::string("nccl on host: ") + call + " failed in MPI (error " + std::to_string(status) + ")";
+    comm->async_error.store(ncclSystemError);
+  });
+}
+
+/// A send or receive: kept for ncclGroupEnd inside a group, else posted and completed on the device.
+ncclResult_t post_or_group(ncclComm_t comm, cudaStream_t stream, const char* call,
+                           std::function<int(MPI_Request&)> post) {
   if (g_group_depth > 0) {
-    g_pending.requests.push_back(request);
+    g_grouped.push_back({comm, stream, std::move(post)});
     return ncclSuccess;
   }
-  return mpi_result(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+  enqueue_on_device(comm, stream, call, [post = std::move(post)] {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int status = post(request);
+    return status != MPI_SUCCESS ? status : MPI_Wait(&request, MPI_STATUS_IGNORE);
+  });
+  return ncclSuccess;
 }
 
 std::filesystem::path rendezvous_directory(const ncclUniqueId& id) {
@@ -276,6 +307,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
+  cuda_fibers::synchronize_device();  // as NCCL's, after the operations issued on it
   if (comm->comm != MPI_COMM_NULL) MPI_Comm_free(&comm->comm);
   std::unique_ptr<ncclComm>(comm).reset();
   return ncclSuccess;
@@ -284,16 +316,17 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   // MPI cannot interrupt an operation; the communicator refuses further use and is not freed
   // (its peers may still be in a collective on it).
-  if (comm != nullptr) comm->aborted = true;
+  if (comm != nullptr) comm->aborted.store(true);
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* async_error) {
-  *async_error = ncclSuccess;
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  *async_error = comm != nullptr ? comm->async_error.load() : ncclSuccess;
   return ncclSuccess;
 }
 
-const char* ncclGetLastError(ncclComm_t) {
+const char* ncclGetLastError(ncclComm_t comm) {
+  if (comm != nullptr && comm->async_error.load() != ncclSuccess) return comm->async_message.c_str();
   return g_last_error.c_str();
 }
 
@@ -321,75 +354,89 @@ ncclResult_t ncclGroupEnd() {
   if (g_group_depth == 0)
     return failure(ncclInvalidUsage, "nccl on host: ncclGroupEnd without ncclGroupStart");
   if (--g_group_depth > 0) return ncclSuccess;
-  std::vector<MPI_Request> requests;
-  requests.swap(g_pending.requests);
-  if (requests.empty()) return ncclSuccess;
-  return mpi_result(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
-                    "MPI_Waitall");
+  std::vector<GroupedCall> calls;
+  calls.swap(g_grouped);
+  if (calls.empty()) return ncclSuccess;
+  for (const GroupedCall& call : calls)
+    if (call.stream != calls.front().stream || call.comm != calls.front().comm)
+      return failure(ncclInvalidUsage,
+                     "nccl on host: a group's sends and receives on more than one stream or communicator "
+                     "(not modelled)");
+  enqueue_on_device(calls.front().comm, calls.front().stream, "ncclGroupEnd", [calls] {
+    std::vector<MPI_Request> requests(calls.size(), MPI_REQUEST_NULL);
+    for (std::size_t i = 0; i < calls.size(); ++i)
+      if (const int status = calls[i].post(requests[i]); status != MPI_SUCCESS) return status;
+    return MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+  });
+  return ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   if (const ncclResult_t checked = check_comm(comm, type); checked != ncclSuccess) return checked;
-  const void* source = send == recv ? MPI_IN_PLACE : send;
-  const ncclResult_t result = mpi_result(
-      MPI_Allreduce(source, recv, static_cast<int>(count), mpi_type(type), mpi_op(op, type), comm->comm),
-      "MPI_Allreduce");
-  if (result == ncclSuccess && op == ncclAvg) divide(recv, count, type, comm->size);
-  return result;
+  enqueue_on_device(comm, stream, "ncclAllReduce", [=] {
+    const int status = MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, static_cast<int>(count),
+                                     mpi_type(type), mpi_op(op, type), comm->comm);
+    if (status == MPI_SUCCESS && op == ncclAvg) divide(recv, count, type, comm->size);
+    return status;
+  });
+  return ncclSuccess;
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (const ncclResult_t checked = check_comm(comm, type); checked != ncclSuccess) return checked;
-  const std::size_t bytes = recv_count * type_size(type);
-  // NCCL's in place is recv at the rank's slice of send; MPI's is the whole buffer: copy the input.
-  std::vector<unsigned char> input(
-      static_cast<const unsigned char*>(send),
-      static_cast<const unsigned char*>(send) + bytes * static_cast<std::size_t>(comm->size));
-  const ncclResult_t result =
-      mpi_result(MPI_Reduce_scatter_block(input.data(), recv, static_cast<int>(recv_count), mpi_type(type),
-                                          mpi_op(op, type), comm->comm),
-                 "MPI_Reduce_scatter_block");
-  if (result == ncclSuccess && op == ncclAvg) divide(recv, recv_count, type, comm->size);
-  return result;
+  enqueue_on_device(comm, stream, "ncclReduceScatter", [=] {
+    const std::size_t bytes = recv_count * type_size(type);
+    // NCCL's in place is recv at the rank's slice of send; MPI's is the whole buffer: copy the input.
+    std::vector<unsigned char> input(
+        static_cast<const unsigned char*>(send),
+        static_cast<const unsigned char*>(send) + bytes * static_cast<std::size_t>(comm->size));
+    const int status = MPI_Reduce_scatter_block(input.data(), recv, static_cast<int>(recv_count),
+                                                mpi_type(type), mpi_op(op, type), comm->comm);
+    if (status == MPI_SUCCESS && op == ncclAvg) divide(recv, recv_count, type, comm->size);
+    return status;
+  });
+  return ncclSuccess;
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   if (const ncclResult_t checked = check_comm(comm, type); checked != ncclSuccess) return checked;
-  const std::size_t bytes = send_count * type_size(type);
-  const bool in_place =
-      send == static_cast<const unsigned char*>(recv) + bytes * static_cast<std::size_t>(comm->rank);
-  return mpi_result(
-      MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(send_count), mpi_type(type), recv,
-                    static_cast<int>(send_count), mpi_type(type), comm->comm),
-      "MPI_Allgather");
+  enqueue_on_device(comm, stream, "ncclAllGather", [=] {
+    const std::size_t bytes = send_count * type_size(type);
+    const bool in_place =
+        send == static_cast<const unsigned char*>(recv) + bytes * static_cast<std::size_t>(comm->rank);
+    return MPI_Allgather(in_place ? MPI_IN_PLACE : send, static_cast<int>(send_count), mpi_type(type), recv,
+                         static_cast<int>(send_count), mpi_type(type), comm->comm);
+  });
+  return ncclSuccess;
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   if (const ncclResult_t checked = check_comm(comm, type); checked != ncclSuccess) return checked;
-  if (comm->rank == root && send != recv) std::memmove(recv, send, count * type_size(type));
-  return mpi_result(MPI_Bcast(recv, static_cast<int>(count), mpi_type(type), root, comm->comm), "MPI_Bcast");
+  enqueue_on_device(comm, stream, "ncclBroadcast", [=] {
+    if (comm->rank == root && send != recv) std::memmove(recv, send, count * type_size(type));
+    return MPI_Bcast(recv, static_cast<int>(count), mpi_type(type), root, comm->comm);
+  });
+  return ncclSuccess;
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                      cudaStream_t) {
+                      cudaStream_t stream) {
   if (const ncclResult_t checked = check_comm(comm, type); checked != ncclSuccess) return checked;
-  MPI_Request request = MPI_REQUEST_NULL;
-  const int status = MPI_Isend(send, static_cast<int>(count), mpi_type(type), peer, 0, comm->comm, &request);
-  if (status != MPI_SUCCESS) return mpi_result(status, "MPI_Isend");
-  return complete_or_group(request);
+  return post_or_group(comm, stream, "ncclSend", [=](MPI_Request& request) {
+    return MPI_Isend(send, static_cast<int>(count), mpi_type(type), peer, 0, comm->comm, &request);
+  });
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                      cudaStream_t) {
+                      cudaStream_t stream) {
   if (const ncclResult_t checked = check_comm(comm, type); checked != ncclSuccess) return checked;
-  MPI_Request request = MPI_REQUEST_NULL;
-  const int status = MPI_Irecv(recv, static_cast<int>(count), mpi_type(type), peer, 0, comm->comm, &request);
-  if (status != MPI_SUCCESS) return mpi_result(status, "MPI_Irecv");
-  return complete_or_group(request);
+  return post_or_group(comm, stream, "ncclRecv", [=](MPI_Request& request) {
+    return MPI_Irecv(recv, static_cast<int>(count), mpi_type(type), peer, 0, comm->comm, &request);
+  });
 }
 
 }  // extern "C"

@@ -4,9 +4,11 @@
 Only what C++ cannot parse or must not share with the real CUDA objects changes; every other line is
 the kernel source as nvcc compiles it:
   - `kernel<T><<<grid, block, shared, stream>>>(args)` becomes
-    `::cuda_fibers::launch(key, {grid, block, shared, stream}, [&] { kernel<T>(args); })`, the kernel
-    run by every CUDA thread of the grid (key: the kernel's address, which cudaFuncSetAttribute names,
-    where the launch asks for dynamic shared memory);
+    `::cuda_fibers::launch(key, "kernel<T>", {grid, block, shared, stream},
+    ::cuda_fibers::with_arguments([](const auto&... arguments) { kernel<T>(arguments...); }, args))`:
+    the arguments evaluated and copied at the launch, as CUDA does (the launch may run later, in its
+    stream's order), then the kernel run by every CUDA thread of the grid (key: the kernel's address,
+    which cudaFuncSetAttribute names, where the launch asks for dynamic shared memory);
   - `extern __shared__ ... T name[];` (dynamic shared memory) becomes a pointer to the launch's buffer;
   - `__launch_bounds__(N)` becomes a check, at the top of the kernel, that the block is at most N threads
     (a GPU refuses such a launch);
@@ -55,7 +57,10 @@ def rewrite_launches(text: str) -> str:
         parts = top_level_arguments(config)
         dynamic_shared = len(parts) >= 3 and parts[2] not in ("0", "0u")
         key = f"reinterpret_cast<const void*>(&{kernel})" if dynamic_shared else "nullptr"
-        text = (text[:match.start()] + f"::cuda_fibers::launch({key}, {{{config}}}, [&] {{ {kernel}({arguments}); }})"
+        values = f", {arguments}" if arguments.strip() else ""
+        text = (text[:match.start()]
+                + f"::cuda_fibers::launch({key}, \"{kernel}\", {{{config}}}, ::cuda_fibers::with_arguments("
+                + f"[](const auto&... arguments) {{ {kernel}(arguments...); }}{values}))"
                 + text[close + 1:])
     return text
 
