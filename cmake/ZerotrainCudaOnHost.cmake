@@ -2,9 +2,9 @@
 # (docs/gpu.md, "The CUDA path on the CPU"). Never a product: nvcc is not used; the .cu files are
 # translated to C++ (tests/cuda_on_host/translate.py) and their kernels run on the CPU
 # (tests/cuda_on_host/cuda_fibers: each block's threads as fibers), and the CUDA runtime the library
-# links is tests/cuda_on_host/cuda_fibers.cpp (a device whose work is done when issued), cuBLASLt a
-# host implementation of its matmul (cublaslt_on_host.cpp), NCCL its functions over MPI
-# (nccl_on_host.cpp). cuDNN stays the real library, which refuses without a GPU.
+# links is tests/cuda_on_host/cuda_fibers.cpp (a device whose work runs late, on a thread of its
+# own), cuBLASLt a host implementation of its matmul (cublaslt_on_host.cpp), NCCL its functions over
+# MPI (nccl_on_host.cpp). cuDNN stays the real library, which refuses without a GPU.
 # Configure a separate tree: cmake -S . -B build-on-host -DZT_CUDA_ON_HOST=ON (scripts/cuda-on-host.sh).
 find_package(CUDAToolkit REQUIRED)
 find_package(Python3 REQUIRED COMPONENTS Interpreter)

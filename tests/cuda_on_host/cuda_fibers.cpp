@@ -1,9 +1,11 @@
 // The fiber scheduler and the host CUDA runtime of tests/cuda_on_host (cuda_fibers.hpp says what it
-// checks and what it cannot). One grid at a time on the calling OS thread: each block's threads are
-// fibers that run until they finish or wait (__syncthreads, a warp shuffle); when every fiber waits,
-// the waits that can complete do (a whole warp's shuffle, a whole block's barrier), and a wait that
-// never can (a barrier some threads exited before, a shuffle naming a lane that left) is a kernel
-// fault, reported through cudaGetLastError with what each thread was doing.
+// checks and what it cannot). One grid at a time on the OS thread that runs the device's work (the
+// device thread when streams run late, else the launching thread; StreamScheduler): each block's
+// threads are fibers that run until they finish or wait (__syncthreads, a warp shuffle); when every
+// fiber waits, the waits that can complete do (a whole warp's shuffle, a whole block's barrier), and
+// a wait that never can (a barrier some threads exited before, a shuffle naming a lane that left) is
+// a kernel fault, reported with what each thread was doing (through cudaGetLastError at the launch,
+// or as the device's sticky error when streams run late).
 //
 // Fibers are pooled stacks, one per thread of the largest block so far: each is made once
 // (makecontext) and then loops, running the CUDA thread it is given; switches are _setjmp/_longjmp,

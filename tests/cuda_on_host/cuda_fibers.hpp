@@ -1,10 +1,12 @@
 // CUDA kernel sources run on the CPU, for tests/cuda_on_host: every CUDA thread of a block is a fiber
 // (ucontext) on one OS thread, switched only where CUDA threads meet (__syncthreads, warp shuffles),
 // blocks one after another. What it checks: indexing, tiling, reductions, shuffles and barriers of
-// kernels/cuda/*.cu against the host kernels, and launch configurations a GPU refuses (block size,
-// grid limits, launch bounds, dynamic shared memory without its attribute). What it cannot: timing,
-// the memory model between blocks or streams, the GPU's math library, cuBLASLt, cuDNN, NCCL. It is a
-// check before the GPU run, never instead of it (docs/gpu.md).
+// kernels/cuda/*.cu against the host kernels, launch configurations a GPU refuses (block size, grid
+// limits, launch bounds, dynamic shared memory without its attribute), and, with the streams run late
+// (cuda_fibers_streams.hpp), the order of work between streams and with the host. What it cannot:
+// timing, the memory model between blocks, every interleaving of streams (one order per run), the
+// GPU's math library, cuBLASLt, cuDNN, NCCL. It is a check before the GPU run, never instead of it
+// (docs/gpu.md).
 //
 // This header is force-included (-include) first in every translated source (translate.py): it
 // renames the CUDA runtime functions the kernel files call to host versions (cuda_fibers.cpp), so
