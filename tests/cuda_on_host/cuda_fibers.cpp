@@ -868,7 +868,7 @@ cudaError_t copy_on_stream(void* destination, const void* source, std::size_t by
     copied = scheduler().enqueue(stream, call,
                                  [destination, source, bytes] { std::memmove(destination, source, bytes); });
   }
-  if (to == MemoryKind::pageable || from != MemoryKind::device && to != MemoryKind::device) {
+  if (to == MemoryKind::pageable || (from != MemoryKind::device && to != MemoryKind::device)) {
     scheduler().wait(copied);
     return device_status();
   }
