@@ -408,17 +408,18 @@ class StreamScheduler {
     return found == queues_.end() || found->second.pending.empty() ? 0 : found->second.pending.back().id;
   }
 
-  /// The host waits until the device completed `id` (every work issued so far: `everything`).
-  void wait(std::uint64_t id, bool everything = false) {
-    if (!late_) return;
-    std::unique_lock lock(mutex_);
-    if (everything) id = next_id_ - 1;
-    ++host_waiters_;
-    changed_.notify_all();
-    changed_.wait(lock, [&] {
-      return pending_.empty() || pending_.begin()->first > id || (!everything && !pending_.contains(id));
-    });
-    --host_waiters_;
+  /// The host waits until the device completed `id`.
+  void wait(std::uint64_t id) {
+    wait_until([&] { return !pending_.contains(id); });
+  }
+  /// The host waits until the device completed every work issued so far.
+  void wait_for_everything() {
+    std::uint64_t last = 0;
+    {
+      std::lock_guard lock(mutex_);
+      last = next_id_ - 1;
+    }
+    wait_until([&] { return pending_.empty() || pending_.begin()->first > last; });
   }
 
   void add_stream(cudaStream_t stream, bool blocking) {
@@ -470,6 +471,17 @@ class StreamScheduler {
     const char* value = std::getenv("CUDA_FIBERS_LATE_MS");
     const double milliseconds = value != nullptr ? std::atof(value) : 2.0;
     return std::chrono::microseconds(static_cast<long long>(std::max(milliseconds, 0.0) * 1000));
+  }
+
+  /// The host waits (the device runs without its delay meanwhile) until `done()` holds.
+  template <typename Done>
+  void wait_until(Done done) {
+    if (!late_) return;
+    std::unique_lock lock(mutex_);
+    ++host_waiters_;
+    changed_.notify_all();
+    changed_.wait(lock, done);
+    --host_waiters_;
   }
 
   /// At issue, a fault is the calling thread's error, as a launch's was before streams ran late.
@@ -701,7 +713,7 @@ void enqueue_collective(cudaStream_t stream, std::string what, std::function<voi
 }
 
 void synchronize_device() {
-  scheduler().wait(0, true);
+  scheduler().wait_for_everything();
 }
 
 }  // namespace cuda_fibers
@@ -852,12 +864,12 @@ cudaError_t device_status() {
   return error == cudaSuccess ? cudaSuccess : fail(error, message);
 }
 
-/// A copy as device work on `stream`: a pageable source is taken at the call; to a pageable
-/// destination (or between host buffers) the call returns once the copy is done.
-cudaError_t copy_on_stream(void* destination, const void* source, std::size_t bytes, cudaStream_t stream,
-                           const char* call) {
+/// A copy as device work on `stream`, each side in the memory `from` and `to` say: a pageable source
+/// is taken at the call; to a pageable destination (or between host buffers) the call returns once
+/// the copy is done.
+cudaError_t copy_on_stream(void* destination, MemoryKind to, const void* source, MemoryKind from,
+                           std::size_t bytes, cudaStream_t stream, const char* call) {
   if (bytes == 0) return cudaSuccess;
-  const MemoryKind from = memory_kind(source), to = memory_kind(destination);
   std::uint64_t copied = 0;
   if (from == MemoryKind::pageable && to != MemoryKind::pageable) {
     auto taken = std::make_shared<std::vector<unsigned char>>(
@@ -905,7 +917,7 @@ cudaError_t cudaMalloc(void** pointer, std::size_t bytes) {
   return allocate(device_state().plain_blocks, pointer, bytes);
 }
 cudaError_t cudaFree(void* pointer) {
-  scheduler().wait(0, true);  // cudaFree waits for the device
+  scheduler().wait_for_everything();  // cudaFree waits for the device
   const std::lock_guard lock(device_state().mutex);
   return release(device_state().plain_blocks, pointer, "cudaFree");
 }
@@ -928,7 +940,7 @@ cudaError_t cudaHostAlloc(void** pointer, std::size_t bytes, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* pointer) {
-  scheduler().wait(0, true);  // cudaFreeHost waits for the device
+  scheduler().wait_for_everything();  // cudaFreeHost waits for the device
   {
     const std::lock_guard lock(device_state().mutex);
     if (pointer != nullptr && device_state().pinned_blocks.erase(pointer) == 0)
@@ -957,33 +969,22 @@ cudaError_t cudaMemcpy(void* destination, const void* source, std::size_t bytes,
 }
 cudaError_t cudaMemcpyAsync(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind,
                             cudaStream_t stream) {
-  return copy_on_stream(destination, source, bytes, stream, "cudaMemcpyAsync");
+  return copy_on_stream(destination, memory_kind(destination), source, memory_kind(source), bytes, stream,
+                        "cudaMemcpyAsync");
 }
 // A __device__ or __constant__ variable is host memory here, not in any allocation: the symbol's
 // side is taken as device memory, the other side as it is.
 cudaError_t cudaMemcpyToSymbolAsync(const void* symbol, const void* source, std::size_t bytes,
                                     std::size_t offset, cudaMemcpyKind, cudaStream_t stream) {
-  char* const destination = static_cast<char*>(const_cast<void*>(symbol)) + offset;
-  if (memory_kind(source) != MemoryKind::pageable) {
-    scheduler().enqueue(stream, "cudaMemcpyToSymbolAsync",
-                        [destination, source, bytes] { std::memcpy(destination, source, bytes); });
-    return cudaSuccess;
-  }
-  auto taken = std::make_shared<std::vector<unsigned char>>(
-      static_cast<const unsigned char*>(source), static_cast<const unsigned char*>(source) + bytes);
-  scheduler().enqueue(stream, "cudaMemcpyToSymbolAsync",
-                      [destination, taken] { std::memcpy(destination, taken->data(), taken->size()); });
-  return cudaSuccess;
+  void* const destination = static_cast<char*>(const_cast<void*>(symbol)) + offset;
+  return copy_on_stream(destination, MemoryKind::device, source, memory_kind(source), bytes, stream,
+                        "cudaMemcpyToSymbolAsync");
 }
 cudaError_t cudaMemcpyFromSymbolAsync(void* destination, const void* symbol, std::size_t bytes,
                                       std::size_t offset, cudaMemcpyKind, cudaStream_t stream) {
-  const char* const source = static_cast<const char*>(symbol) + offset;
-  const std::uint64_t copied =
-      scheduler().enqueue(stream, "cudaMemcpyFromSymbolAsync",
-                          [destination, source, bytes] { std::memcpy(destination, source, bytes); });
-  if (memory_kind(destination) != MemoryKind::pageable) return cudaSuccess;
-  scheduler().wait(copied);
-  return device_status();
+  const void* const source = static_cast<const char*>(symbol) + offset;
+  return copy_on_stream(destination, memory_kind(destination), source, MemoryKind::device, bytes, stream,
+                        "cudaMemcpyFromSymbolAsync");
 }
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total_bytes) {
   const std::lock_guard lock(device_state().mutex);
@@ -1227,7 +1228,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return device_status();
 }
 cudaError_t cudaDeviceSynchronize() {
-  scheduler().wait(0, true);
+  scheduler().wait_for_everything();
   return device_status();
 }
 
