@@ -7,9 +7,14 @@
 // a kernel fault, reported with what each thread was doing (through cudaGetLastError at the launch,
 // or as the device's sticky error when streams run late).
 //
-// Fibers are pooled stacks, one per thread of the largest block so far: each is made once
-// (makecontext) and then loops, running the CUDA thread it is given; switches are _setjmp/_longjmp,
-// which save no signal mask (swapcontext makes a system call per switch, most of the run time).
+// Fibers are pooled stacks, made once each (makecontext), that loop running the CUDA threads they are
+// given: a thread that finishes without waiting hands its stack to the block's next thread that has
+// not started, so a kernel without barriers or shuffles runs a whole block on one stack without a
+// switch, and one that waits takes as many stacks as threads wait at once. A switch saves the
+// callee-saved registers on the stack it leaves and loads the other's (cuda_fibers_switch_stack,
+// x86-64); elsewhere, or with CUDA_FIBERS_PORTABLE_SWITCH, _setjmp/_longjmp, which save no signal
+// mask (swapcontext makes a system call per switch). The switches were most of the on-host GPU
+// tests' time, glibc's _longjmp a quarter of it.
 #include "cuda_fibers.hpp"
 
 #include <setjmp.h>
@@ -70,11 +75,95 @@ class StackPool {
   std::vector<void*> mappings_;
 };
 
+#if defined(__x86_64__) && !defined(CUDA_FIBERS_PORTABLE_SWITCH)
+}  // namespace
+}  // namespace cuda_fibers
+
+// cuda_fibers_switch_stack(save, load): pushes the callee-saved registers (the System V ABI's),
+// stores the stack pointer in *save, loads `load` and pops what that stack pushed, returning where its
+// own switch was called (or into the entry prepare() put there). The floating-point control words
+// (MXCSR, x87) stay as they are: every fiber runs with the thread's, which nothing here changes, and
+// saving them (fnstcw, fldcw) was 80 % of a switch's time.
+extern "C" __attribute__((visibility("hidden"))) void cuda_fibers_switch_stack(void** save, void* load);
+asm(R"(
+  .pushsection .text
+  .globl cuda_fibers_switch_stack
+  .hidden cuda_fibers_switch_stack
+  .type cuda_fibers_switch_stack, @function
+cuda_fibers_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size cuda_fibers_switch_stack, .-cuda_fibers_switch_stack
+  .popsection
+)");
+
+namespace cuda_fibers {
+namespace {
+
+/// Where a fiber (or the scheduler) goes on when switched to.
+struct ExecutionPoint {
+  void* stack_pointer;
+};
+
+void switch_to(ExecutionPoint& from, ExecutionPoint& to) {
+  cuda_fibers_switch_stack(&from.stack_pointer, to.stack_pointer);
+}
+
+/// The first switch to `point` calls `entry` on the stack [base, base + bytes) (16-byte aligned).
+void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)()) {
+  // From the top: a null return address (backtraces end there), `entry` for the switch's ret (the
+  // stack then aligned as after a call), six zero registers.
+  auto* top = reinterpret_cast<std::uint64_t*>(static_cast<char*>(base) + bytes);
+  top[-1] = 0;
+  top[-2] = reinterpret_cast<std::uint64_t>(entry);
+  for (int i = 3; i <= 8; ++i) top[-i] = 0;
+  point.stack_pointer = top - 8;
+}
+#else
+struct ExecutionPoint {
+  jmp_buf jump;
+  ucontext_t start;
+  bool fresh;  // not entered yet: `start` holds its entry
+};
+
+void switch_to(ExecutionPoint& from, ExecutionPoint& to) {
+  if (_setjmp(from.jump) != 0) return;
+  if (!to.fresh) _longjmp(to.jump, 1);
+  to.fresh = false;
+  ucontext_t never_resumed;
+  swapcontext(&never_resumed, &to.start);
+}
+
+void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)()) {
+  getcontext(&point.start);
+  point.start.uc_stack.ss_sp = base;
+  point.start.uc_stack.ss_size = bytes;
+  point.start.uc_link = nullptr;
+  makecontext(&point.start, entry, 0);
+  point.fresh = true;
+}
+#endif
+
 enum class Waiting { running, block_barrier, warp_barrier, shuffle, finished };
 
 /// One CUDA thread of the running block: where it is and what it waits for.
+struct FiberSlot;
 struct Fiber {
   CudaThread coordinates{};
+  FiberSlot* slot = nullptr;  // the stack it runs on, once started
   Waiting waiting = Waiting::running;
   unsigned int mask = 0;
   std::uint64_t posted = 0;
@@ -84,11 +173,12 @@ struct Fiber {
   std::uint64_t received = 0;
 };
 
-/// A pooled stack with its execution state: `resume_point` is valid once started; `idle` when it
-/// waits for its next CUDA thread (between threads, not inside a kernel).
+/// A pooled stack with its execution state: `point` is valid once started; `idle` when it waits for
+/// its next CUDA thread (between threads, not inside a kernel).
 struct FiberSlot {
-  ucontext_t start{};
-  jmp_buf resume_point;
+  explicit FiberSlot(std::size_t stack_index_) : stack_index(stack_index_) {}
+  std::size_t stack_index;  // in the thread's StackPool
+  ExecutionPoint point{};
   bool started = false;
   bool idle = false;
   Fiber* thread = nullptr;
@@ -96,6 +186,7 @@ struct FiberSlot {
 
 struct BlockRun {
   std::vector<Fiber> fibers;
+  std::size_t next_unstarted = 0;  // fibers from here on have not run yet
   FiberSlot* current_slot = nullptr;
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> dynamic_shared;
@@ -104,11 +195,11 @@ struct BlockRun {
 
 // Each OS thread that launches runs its grids on its own fibers (the engine launches from more
 // than one thread).
-thread_local BlockRun* g_block = nullptr;  // the block that runs now
+// The two read at every switch are initial-exec (cuda_fibers::detail::running_thread says why).
+__thread BlockRun* g_block __attribute__((tls_model("initial-exec"))) = nullptr;  // the block that runs now
+__thread ExecutionPoint g_scheduler __attribute__((tls_model("initial-exec")));
 thread_local StackPool g_stacks;
 thread_local std::vector<std::unique_ptr<FiberSlot>> g_slots;
-thread_local jmp_buf g_scheduler;
-thread_local ucontext_t g_scheduler_context;  // written by the first swapcontext into a slot; never resumed
 
 struct RuntimeState {
   cudaError_t last_error = cudaSuccess;  // per thread, as CUDA's
@@ -148,44 +239,45 @@ Fiber& current_fiber() {
 
 // Back to the scheduler from a fiber that waits; returns when the scheduler resumes it.
 void yield_to_scheduler() {
-  if (_setjmp(g_block->current_slot->resume_point) == 0) _longjmp(g_scheduler, 1);
+  switch_to(g_block->current_slot->point, g_scheduler);
 }
 
-// A slot's life: run the thread it was given, report it finished, wait for the next.
-void slot_main() {
+void run_on(FiberSlot& fiber_slot, Fiber& fiber) {
+  fiber_slot.thread = &fiber;
+  fiber.slot = &fiber_slot;
+  detail::running_thread = &fiber.coordinates;
+}
+
+// A slot's life: run the thread it was given, report it finished, go on with the block's next
+// thread that has not started (no switch) or else wait for the scheduler to give it one.
+[[noreturn]] void slot_main() {
   for (;;) {
     (*g_block->body)();
     // The slot that runs this stack, read again after the body: g_block is per launch.
-    FiberSlot* slot = g_block->current_slot;
+    BlockRun& block = *g_block;
+    FiberSlot* slot = block.current_slot;
     slot->thread->waiting = Waiting::finished;
-    slot->idle = true;
-    if (_setjmp(slot->resume_point) == 0) _longjmp(g_scheduler, 1);
-  }
-}
-
-FiberSlot& slot(std::size_t index) {
-  while (g_slots.size() <= index) g_slots.push_back(std::make_unique<FiberSlot>());
-  return *g_slots[index];
-}
-
-/// Runs slot `index`'s thread until it waits or finishes.
-void resume(std::size_t index) {
-  FiberSlot& fiber_slot = slot(index);
-  g_block->current_slot = &fiber_slot;
-  if (_setjmp(g_scheduler) == 0) {
-    if (!fiber_slot.started) {
-      fiber_slot.started = true;
-      getcontext(&fiber_slot.start);
-      fiber_slot.start.uc_stack.ss_sp = g_stacks.stack(index);
-      fiber_slot.start.uc_stack.ss_size = kStackBytes;
-      fiber_slot.start.uc_link = nullptr;
-      makecontext(&fiber_slot.start, slot_main, 0);
-      swapcontext(&g_scheduler_context, &fiber_slot.start);
-    } else {
-      _longjmp(fiber_slot.resume_point, 1);
+    if (block.fault.empty() && block.next_unstarted < block.fibers.size()) {
+      run_on(*slot, block.fibers[block.next_unstarted++]);
+      continue;
     }
+    slot->idle = true;
+    switch_to(slot->point, g_scheduler);
   }
+}
+
+/// Runs `fiber_slot`'s thread until it waits or finishes (and, when it finishes, threads after it
+/// that have not started, on the same stack).
+void resume(FiberSlot& fiber_slot) {
+  g_block->current_slot = &fiber_slot;
+  detail::running_thread = &fiber_slot.thread->coordinates;
+  if (!fiber_slot.started) {
+    fiber_slot.started = true;
+    prepare(fiber_slot.point, g_stacks.stack(fiber_slot.stack_index), kStackBytes, slot_main);
+  }
+  switch_to(g_scheduler, fiber_slot.point);
   g_block->current_slot = nullptr;
+  detail::running_thread = nullptr;
 }
 
 /// The lane whose value `fiber` receives, or -1 for its own (a shift past the segment's edge).
@@ -273,6 +365,7 @@ std::string describe_waits(const std::vector<Fiber>& fibers) {
 std::string run_block(BlockRun& block, uint3 block_index, const LaunchConfig& config) {
   const unsigned int threads = config.block.x * config.block.y * config.block.z;
   block.fibers.assign(threads, Fiber{});
+  block.next_unstarted = 0;
   std::fill(block.dynamic_shared.begin(), block.dynamic_shared.end(), 0xff);
   for (unsigned int i = 0; i < threads; ++i) {
     Fiber& fiber = block.fibers[i];
@@ -281,16 +374,32 @@ std::string run_block(BlockRun& block, uint3 block_index, const LaunchConfig& co
     fiber.coordinates.block_index = block_index;
     fiber.coordinates.block_dim = config.block;
     fiber.coordinates.grid_dim = config.grid;
-    FiberSlot& fiber_slot = slot(i);
-    fiber_slot.thread = &fiber;
-    fiber_slot.idle = false;
   }
   std::vector<std::vector<Fiber*>> warps((threads + kWarpSize - 1) / kWarpSize);
   for (unsigned int i = 0; i < threads; ++i) warps[i / kWarpSize].push_back(&block.fibers[i]);
+  // Every stack is free between blocks (the threads before finished, or a fault reset them).
+  std::vector<FiberSlot*> free_slots;
+  for (auto it = g_slots.rbegin(); it != g_slots.rend(); ++it) free_slots.push_back(it->get());
+  const auto run = [&](FiberSlot& fiber_slot) {
+    resume(fiber_slot);
+    if (fiber_slot.idle) free_slots.push_back(&fiber_slot);
+  };
 
   for (;;) {
-    for (unsigned int i = 0; i < threads; ++i)
-      if (block.fibers[i].waiting == Waiting::running) resume(i);
+    // The threads a completed wait released, then those not started yet, each on a free stack.
+    for (Fiber& fiber : block.fibers)
+      if (fiber.slot != nullptr && fiber.waiting == Waiting::running) run(*fiber.slot);
+    while (block.next_unstarted < threads && block.fault.empty()) {
+      if (free_slots.empty()) {
+        g_slots.push_back(std::make_unique<FiberSlot>(g_slots.size()));
+        free_slots.push_back(g_slots.back().get());
+      }
+      FiberSlot& fiber_slot = *free_slots.back();
+      free_slots.pop_back();
+      fiber_slot.idle = false;
+      run_on(fiber_slot, block.fibers[block.next_unstarted++]);
+      run(fiber_slot);
+    }
     if (!block.fault.empty()) return block.fault;
     bool any_completed = false;
     for (auto& warp : warps) any_completed |= complete_warp_waits(warp);
@@ -608,12 +717,11 @@ DeviceState& device_state() {
   return state;
 }
 
-const CudaThread& current_thread() {
-  if (g_block == nullptr || g_block->current_slot == nullptr) {
-    std::fputs("cuda_fibers: threadIdx/blockIdx read outside a kernel\n", stderr);
-    std::abort();
-  }
-  return current_fiber().coordinates;
+__thread const CudaThread* detail::running_thread __attribute__((tls_model("initial-exec"))) = nullptr;
+
+void detail::read_outside_a_kernel() {
+  std::fputs("cuda_fibers: threadIdx/blockIdx read outside a kernel\n", stderr);
+  std::abort();
 }
 
 unsigned char* dynamic_shared_memory() {
