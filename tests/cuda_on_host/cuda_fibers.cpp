@@ -186,7 +186,8 @@ struct FiberSlot {
 
 struct BlockRun {
   std::vector<Fiber> fibers;
-  std::size_t next_unstarted = 0;  // fibers from here on have not run yet
+  std::size_t next_unstarted = 0;      // fibers from here on have not run yet
+  std::vector<FiberSlot*> free_slots;  // stacks without a thread
   FiberSlot* current_slot = nullptr;
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> dynamic_shared;
@@ -237,44 +238,89 @@ Fiber& current_fiber() {
   return *g_block->current_slot->thread;
 }
 
-// Back to the scheduler from a fiber that waits; returns when the scheduler resumes it.
-void yield_to_scheduler() {
-  switch_to(g_block->current_slot->point, g_scheduler);
-}
-
 void run_on(FiberSlot& fiber_slot, Fiber& fiber) {
   fiber_slot.thread = &fiber;
   fiber.slot = &fiber_slot;
   detail::running_thread = &fiber.coordinates;
 }
 
+/// The thread to run next in this round of the block, after thread `from` (by index, so each round
+/// runs them in order): one that a completed wait released, or else the first not started, given a
+/// free stack; nullptr when the round is over (or a fault ends the block).
+FiberSlot* next_to_run(BlockRun& block, std::size_t from) {
+  if (!block.fault.empty()) return nullptr;
+  for (std::size_t i = from; i < block.next_unstarted; ++i)
+    if (block.fibers[i].waiting == Waiting::running) return block.fibers[i].slot;
+  if (block.next_unstarted == block.fibers.size()) return nullptr;
+  if (block.free_slots.empty()) {
+    g_slots.push_back(std::make_unique<FiberSlot>(g_slots.size()));
+    block.free_slots.push_back(g_slots.back().get());
+  }
+  FiberSlot* fiber_slot = block.free_slots.back();
+  block.free_slots.pop_back();
+  fiber_slot->idle = false;
+  fiber_slot->thread = &block.fibers[block.next_unstarted++];
+  fiber_slot->thread->slot = fiber_slot;
+  return fiber_slot;
+}
+
+/// Makes `fiber_slot` the one running; its first time, its stack is prepared to start in slot_main.
+void enter(FiberSlot& fiber_slot);
+
+/// From a fiber that waits or whose stack is free: straight to the round's next thread (half the
+/// switches of going through the scheduler), or to the scheduler at the round's end. Returns when
+/// something switches back to it.
+void switch_from(FiberSlot& fiber_slot, std::size_t index) {
+  if (FiberSlot* next = next_to_run(*g_block, index + 1)) {
+    enter(*next);
+    switch_to(fiber_slot.point, next->point);
+  } else {
+    switch_to(fiber_slot.point, g_scheduler);
+  }
+}
+
+std::size_t index_of(const Fiber& fiber) {
+  return static_cast<std::size_t>(&fiber - g_block->fibers.data());
+}
+
+// A fiber that waits (its `waiting` set) lets the others run; returns once released and resumed.
+void yield_to_scheduler() {
+  FiberSlot& fiber_slot = *g_block->current_slot;
+  switch_from(fiber_slot, index_of(*fiber_slot.thread));
+}
+
 // A slot's life: run the thread it was given, report it finished, go on with the block's next
-// thread that has not started (no switch) or else wait for the scheduler to give it one.
+// thread that has not started (no switch) or else free its stack and let the others run.
 [[noreturn]] void slot_main() {
   for (;;) {
     (*g_block->body)();
     // The slot that runs this stack, read again after the body: g_block is per launch.
     BlockRun& block = *g_block;
-    FiberSlot* slot = block.current_slot;
-    slot->thread->waiting = Waiting::finished;
+    FiberSlot& fiber_slot = *block.current_slot;
+    fiber_slot.thread->waiting = Waiting::finished;
     if (block.fault.empty() && block.next_unstarted < block.fibers.size()) {
-      run_on(*slot, block.fibers[block.next_unstarted++]);
+      run_on(fiber_slot, block.fibers[block.next_unstarted++]);
       continue;
     }
-    slot->idle = true;
-    switch_to(slot->point, g_scheduler);
+    fiber_slot.idle = true;
+    block.free_slots.push_back(&fiber_slot);
+    switch_from(fiber_slot, index_of(*fiber_slot.thread));
   }
 }
 
-/// Runs `fiber_slot`'s thread until it waits or finishes (and, when it finishes, threads after it
-/// that have not started, on the same stack).
-void resume(FiberSlot& fiber_slot) {
+void enter(FiberSlot& fiber_slot) {
   g_block->current_slot = &fiber_slot;
   detail::running_thread = &fiber_slot.thread->coordinates;
   if (!fiber_slot.started) {
     fiber_slot.started = true;
     prepare(fiber_slot.point, g_stacks.stack(fiber_slot.stack_index), kStackBytes, slot_main);
   }
+}
+
+/// From the scheduler: runs one round of the block's threads, from `fiber_slot`'s, until each
+/// waits or finishes.
+void run_round(FiberSlot& fiber_slot) {
+  enter(fiber_slot);
   switch_to(g_scheduler, fiber_slot.point);
   g_block->current_slot = nullptr;
   detail::running_thread = nullptr;
@@ -378,28 +424,12 @@ std::string run_block(BlockRun& block, uint3 block_index, const LaunchConfig& co
   std::vector<std::vector<Fiber*>> warps((threads + kWarpSize - 1) / kWarpSize);
   for (unsigned int i = 0; i < threads; ++i) warps[i / kWarpSize].push_back(&block.fibers[i]);
   // Every stack is free between blocks (the threads before finished, or a fault reset them).
-  std::vector<FiberSlot*> free_slots;
-  for (auto it = g_slots.rbegin(); it != g_slots.rend(); ++it) free_slots.push_back(it->get());
-  const auto run = [&](FiberSlot& fiber_slot) {
-    resume(fiber_slot);
-    if (fiber_slot.idle) free_slots.push_back(&fiber_slot);
-  };
+  block.free_slots.clear();
+  for (auto it = g_slots.rbegin(); it != g_slots.rend(); ++it) block.free_slots.push_back(it->get());
 
   for (;;) {
-    // The threads a completed wait released, then those not started yet, each on a free stack.
-    for (Fiber& fiber : block.fibers)
-      if (fiber.slot != nullptr && fiber.waiting == Waiting::running) run(*fiber.slot);
-    while (block.next_unstarted < threads && block.fault.empty()) {
-      if (free_slots.empty()) {
-        g_slots.push_back(std::make_unique<FiberSlot>(g_slots.size()));
-        free_slots.push_back(g_slots.back().get());
-      }
-      FiberSlot& fiber_slot = *free_slots.back();
-      free_slots.pop_back();
-      fiber_slot.idle = false;
-      run_on(fiber_slot, block.fibers[block.next_unstarted++]);
-      run(fiber_slot);
-    }
+    // A round: the threads a completed wait released, then those not started yet.
+    if (FiberSlot* first = next_to_run(block, 0)) run_round(*first);
     if (!block.fault.empty()) return block.fault;
     bool any_completed = false;
     for (auto& warp : warps) any_completed |= complete_warp_waits(warp);
