@@ -127,14 +127,22 @@ void matmul_columns(const std::vector<Compute>& rows_a, const std::vector<Comput
     for (std::uint64_t i = 0; i < m; ++i) {
       const Compute* row = rows_a.data() + i * k;
       // Eight partial sums, as a vector unit keeps them (cuBLASLt's order is its own; the tests allow
-      // for any): eight times faster than one chain here.
-      Compute partial[8] = {};
+      // for any): eight times faster than one chain here. Named, not an array, so that they stay in
+      // registers (GCC kept an array of doubles in memory: a store and a load per product).
+      Compute s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
       std::uint64_t p = 0;
-      for (; p + 8 <= k; p += 8)
-        for (int lane = 0; lane < 8; ++lane) partial[lane] += row[p + lane] * column[p + lane];
-      for (; p < k; ++p) partial[0] += row[p] * column[p];
-      const Compute sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
-                          ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+      for (; p + 8 <= k; p += 8) {
+        s0 += row[p] * column[p];
+        s1 += row[p + 1] * column[p + 1];
+        s2 += row[p + 2] * column[p + 2];
+        s3 += row[p + 3] * column[p + 3];
+        s4 += row[p + 4] * column[p + 4];
+        s5 += row[p + 5] * column[p + 5];
+        s6 += row[p + 6] * column[p + 6];
+        s7 += row[p + 7] * column[p + 7];
+      }
+      for (; p < k; ++p) s0 += row[p] * column[p];
+      const Compute sum = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
       Compute value = static_cast<Compute>(alpha) * sum;
       if (beta != 0)
         value += static_cast<Compute>(beta) *
