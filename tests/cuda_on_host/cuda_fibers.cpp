@@ -17,6 +17,7 @@
 // tests' time, glibc's _longjmp a quarter of it.
 #include "cuda_fibers.hpp"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -37,6 +38,21 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+// AddressSanitizer (scripts/cuda-on-host.sh --sanitize): it is told of every fiber switch, and device
+// and pinned allocations are poisoned past their size and while freed, so that a kernel or a copy
+// out of bounds or out of stream order is reported where it happens.
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDA_FIBERS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDA_FIBERS_ASAN 1
+#endif
+#endif
+#ifdef CUDA_FIBERS_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace cuda_fibers {
 namespace {
@@ -113,17 +129,17 @@ cuda_fibers_switch_stack:
 namespace cuda_fibers {
 namespace {
 
-/// Where a fiber (or the scheduler) goes on when switched to.
-struct ExecutionPoint {
+/// What a switch saves of a fiber (or the scheduler) to go on from it later.
+struct SavedContext {
   void* stack_pointer;
 };
 
-void switch_to(ExecutionPoint& from, ExecutionPoint& to) {
+void raw_switch(SavedContext& from, SavedContext& to) {
   cuda_fibers_switch_stack(&from.stack_pointer, to.stack_pointer);
 }
 
 /// The first switch to `point` calls `entry` on the stack [base, base + bytes) (16-byte aligned).
-void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)()) {
+void raw_prepare(SavedContext& point, void* base, std::size_t bytes, void (*entry)()) {
   // From the top: a null return address (backtraces end there), `entry` for the switch's ret (the
   // stack then aligned as after a call), six zero registers.
   auto* top = reinterpret_cast<std::uint64_t*>(static_cast<char*>(base) + bytes);
@@ -133,13 +149,13 @@ void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)
   point.stack_pointer = top - 8;
 }
 #else
-struct ExecutionPoint {
+struct SavedContext {
   jmp_buf jump;
   ucontext_t start;
   bool fresh;  // not entered yet: `start` holds its entry
 };
 
-void switch_to(ExecutionPoint& from, ExecutionPoint& to) {
+void raw_switch(SavedContext& from, SavedContext& to) {
   if (_setjmp(from.jump) != 0) return;
   if (!to.fresh) _longjmp(to.jump, 1);
   to.fresh = false;
@@ -147,7 +163,7 @@ void switch_to(ExecutionPoint& from, ExecutionPoint& to) {
   swapcontext(&never_resumed, &to.start);
 }
 
-void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)()) {
+void raw_prepare(SavedContext& point, void* base, std::size_t bytes, void (*entry)()) {
   getcontext(&point.start);
   point.start.uc_stack.ss_sp = base;
   point.start.uc_stack.ss_size = bytes;
@@ -156,6 +172,68 @@ void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)
   point.fresh = true;
 }
 #endif
+
+/// Where a fiber (or the scheduler) goes on when switched to, and its stack.
+struct ExecutionPoint {
+  SavedContext context;
+  const void* stack_bottom;  // for AddressSanitizer
+  std::size_t stack_size;
+  void* asan_fake_stack;
+};
+
+void switch_to(ExecutionPoint& from, ExecutionPoint& to) {
+#ifdef CUDA_FIBERS_ASAN
+  __sanitizer_start_switch_fiber(&from.asan_fake_stack, to.stack_bottom, to.stack_size);
+#endif
+  raw_switch(from.context, to.context);
+#ifdef CUDA_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(from.asan_fake_stack, nullptr, nullptr);
+#endif
+}
+
+void prepare(ExecutionPoint& point, void* base, std::size_t bytes, void (*entry)()) {
+  point.stack_bottom = base;
+  point.stack_size = bytes;
+  raw_prepare(point.context, base, bytes, entry);
+}
+
+/// The first thing a fiber does: the switch into it is complete.
+void entered_fiber() {
+#ifdef CUDA_FIBERS_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+}
+
+/// The stack of the OS thread that runs the scheduler, the first time it does.
+void know_thread_stack(ExecutionPoint& point) {
+  if (point.stack_size != 0) return;
+  pthread_attr_t attributes;
+  void* bottom = nullptr;
+  std::size_t size = 0;
+  if (pthread_getattr_np(pthread_self(), &attributes) == 0) {
+    pthread_attr_getstack(&attributes, &bottom, &size);
+    pthread_attr_destroy(&attributes);
+  }
+  point.stack_bottom = bottom;
+  point.stack_size = size;
+}
+
+/// Device and pinned memory that no one may touch (AddressSanitizer reports who does), and again
+/// usable; no-ops unless built with it.
+void poison(const void* begin, std::size_t bytes) {
+#ifdef CUDA_FIBERS_ASAN
+  if (bytes != 0) ASAN_POISON_MEMORY_REGION(begin, bytes);
+#else
+  (void)begin, (void)bytes;
+#endif
+}
+void unpoison(const void* begin, std::size_t bytes) {
+#ifdef CUDA_FIBERS_ASAN
+  if (bytes != 0) ASAN_UNPOISON_MEMORY_REGION(begin, bytes);
+#else
+  (void)begin, (void)bytes;
+#endif
+}
 
 enum class Waiting { running, block_barrier, warp_barrier, shuffle, finished };
 
@@ -292,6 +370,7 @@ void yield_to_scheduler() {
 // A slot's life: run the thread it was given, report it finished, go on with the block's next
 // thread that has not started (no switch) or else free its stack and let the others run.
 [[noreturn]] void slot_main() {
+  entered_fiber();
   for (;;) {
     (*g_block->body)();
     // The slot that runs this stack, read again after the body: g_block is per launch.
@@ -320,6 +399,7 @@ void enter(FiberSlot& fiber_slot) {
 /// From the scheduler: runs one round of the block's threads, from `fiber_slot`'s, until each
 /// waits or finishes.
 void run_round(FiberSlot& fiber_slot) {
+  know_thread_stack(g_scheduler);
   enter(fiber_slot);
   switch_to(g_scheduler, fiber_slot.point);
   g_block->current_slot = nullptr;
@@ -869,8 +949,10 @@ using cuda_fibers::device_state;
 using cuda_fibers::DeviceFault;
 using cuda_fibers::DeviceState;
 using cuda_fibers::fail;
+using cuda_fibers::poison;
 using cuda_fibers::runtime;
 using cuda_fibers::scheduler;
+using cuda_fibers::unpoison;
 
 namespace {
 
@@ -881,9 +963,12 @@ constexpr std::uint64_t kDeviceMemoryBytes = 16ull << 30;  // what cudaMemGetInf
 constexpr std::size_t kDeviceAlignment = 256;
 constexpr std::size_t kPinnedAlignment = 4096;
 
+/// `bytes` rounded up to `alignment`; the bytes past `bytes` poisoned.
 void* aligned_block(std::size_t bytes, std::size_t alignment) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
-  return std::aligned_alloc(alignment, rounded);
+  void* block = std::aligned_alloc(alignment, rounded);
+  if (block != nullptr) poison(static_cast<char*>(block) + bytes, rounded - bytes);
+  return block;
 }
 
 cudaError_t allocate(std::map<void*, std::size_t>& blocks, void** pointer, std::size_t bytes) {
@@ -938,7 +1023,11 @@ cudaError_t pool_allocate(void** pointer, std::size_t bytes, cudaStream_t stream
     device.pool_reserved_high = std::max(device.pool_reserved_high, device.pool_reserved);
   }
   void* const block = *pointer;
-  scheduler().enqueue(stream, "cudaMallocAsync", [block, capacity] { std::memset(block, 0xff, capacity); });
+  scheduler().enqueue(stream, "cudaMallocAsync", [block, capacity, bytes] {
+    unpoison(block, capacity);
+    std::memset(block, 0xff, capacity);
+    poison(static_cast<char*>(block) + bytes, capacity - bytes);
+  });
   return cudaSuccess;
 }
 
@@ -958,8 +1047,11 @@ cudaError_t pool_free(void* pointer, cudaStream_t stream) {
     capacity = device.pool_capacity.at(pointer);
     device.pool_capacity.erase(pointer);
   }
-  const std::uint64_t freed = scheduler().enqueue(
-      stream, "cudaFreeAsync", [pointer, capacity] { std::memset(pointer, 0xff, capacity); });
+  const std::uint64_t freed = scheduler().enqueue(stream, "cudaFreeAsync", [pointer, capacity] {
+    unpoison(pointer, capacity);
+    std::memset(pointer, 0xff, capacity);
+    poison(pointer, capacity);
+  });
   const std::lock_guard lock(device.mutex);
   device.freed_blocks.push_back({pointer, capacity, stream, freed});
   std::uint64_t cached = 0;
