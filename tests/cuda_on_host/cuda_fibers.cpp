@@ -39,9 +39,9 @@
 #include <thread>
 #include <vector>
 
-// AddressSanitizer (scripts/cuda-on-host.sh --sanitize): it is told of every fiber switch, and device
-// and pinned allocations are poisoned past their size and while freed, so that a kernel or a copy
-// out of bounds or out of stream order is reported where it happens.
+// AddressSanitizer (ZT_ON_HOST_SANITIZE=1 scripts/cuda-on-host.sh): it is told of every fiber switch, and
+// device and pinned allocations are poisoned past their size and while freed, so that a kernel or a copy out
+// of bounds or out of stream order is reported where it happens.
 #if defined(__SANITIZE_ADDRESS__)
 #define CUDA_FIBERS_ASAN 1
 #elif defined(__has_feature)
@@ -362,7 +362,7 @@ std::size_t index_of(const Fiber& fiber) {
 }
 
 // A fiber that waits (its `waiting` set) lets the others run; returns once released and resumed.
-void yield_to_scheduler() {
+void yield_to_others() {
   FiberSlot& fiber_slot = *g_block->current_slot;
   switch_from(fiber_slot, index_of(*fiber_slot.thread));
 }
@@ -848,13 +848,13 @@ void check_launch_bounds(unsigned int max_threads) {
 
 void sync_block() {
   current_fiber().waiting = Waiting::block_barrier;
-  yield_to_scheduler();
+  yield_to_others();
 }
 
 void sync_warp(unsigned int mask) {
   current_fiber().waiting = Waiting::warp_barrier;
   current_fiber().mask = mask;
-  yield_to_scheduler();
+  yield_to_others();
 }
 
 std::uint64_t shuffle(unsigned int mask, std::uint64_t bits, ShuffleKind kind, int operand, int width) {
@@ -869,7 +869,7 @@ std::uint64_t shuffle(unsigned int mask, std::uint64_t bits, ShuffleKind kind, i
   fiber->kind = kind;
   fiber->operand = operand;
   fiber->width = width;
-  yield_to_scheduler();
+  yield_to_others();
   return fiber->received;
 }
 

@@ -1,5 +1,5 @@
 // CUDA kernel sources run on the CPU, for tests/cuda_on_host: every CUDA thread of a block is a fiber
-// (ucontext) on one OS thread, switched only where CUDA threads meet (__syncthreads, warp shuffles),
+// (a pooled stack) on one OS thread, switched only where CUDA threads meet (__syncthreads, warp shuffles),
 // blocks one after another. What it checks: indexing, tiling, reductions, shuffles and barriers of
 // kernels/cuda/*.cu against the host kernels, launch configurations a GPU refuses (block size, grid
 // limits, launch bounds, dynamic shared memory without its attribute), and, with the streams run late
