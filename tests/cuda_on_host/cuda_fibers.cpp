@@ -803,8 +803,11 @@ struct DeviceState {
   std::mutex mutex;
   std::map<const void*, int> max_dynamic_shared;  // cudaFuncSetAttribute
   // cudaMallocFromPoolAsync / cudaMallocAsync: the size asked for and the block's own.
-  std::map<void*, std::size_t> pool_blocks;
-  std::map<void*, std::size_t> pool_capacity;
+  struct PoolBlock {
+    std::size_t bytes;
+    std::size_t capacity;
+  };
+  std::map<void*, PoolBlock> pool_blocks;
   // Blocks freed to the pool: reused by an allocation on the stream that freed them at once (stream
   // order), on another once the free is reached. Their host memory goes back once reached, past a cap.
   struct FreedBlock {
@@ -1020,8 +1023,7 @@ cudaError_t pool_allocate(void** pointer, std::size_t bytes, cudaStream_t stream
       *pointer = aligned_block(capacity, kDeviceAlignment);
       if (*pointer == nullptr) return fail(cudaErrorMemoryAllocation, "cuda_fibers: out of host memory");
     }
-    device.pool_blocks[*pointer] = bytes;
-    device.pool_capacity[*pointer] = capacity;
+    device.pool_blocks[*pointer] = {bytes, capacity};
     device.pool_used += bytes;
     device.pool_used_high = std::max(device.pool_used_high, device.pool_used);
     device.pool_reserved = std::max(device.pool_reserved, device.pool_used);
@@ -1045,12 +1047,11 @@ cudaError_t pool_free(void* pointer, cudaStream_t stream) {
     const auto found = device.pool_blocks.find(pointer);
     if (found == device.pool_blocks.end())
       return fail(cudaErrorInvalidValue, "cuda_fibers: cudaFreeAsync of a pointer it did not allocate");
-    device.pool_used -= found->second;
+    device.pool_used -= found->second.bytes;
+    capacity = found->second.capacity;
     const std::uint64_t kept = device.pool_reserved - device.pool_used;
     if (kept > device.release_threshold) device.pool_reserved = device.pool_used + device.release_threshold;
     device.pool_blocks.erase(found);
-    capacity = device.pool_capacity.at(pointer);
-    device.pool_capacity.erase(pointer);
   }
   const std::uint64_t freed = scheduler().enqueue(stream, "cudaFreeAsync", [pointer, capacity] {
     unpoison(pointer, capacity);
@@ -1080,14 +1081,19 @@ enum class MemoryKind { device, pinned, pageable };
 MemoryKind memory_kind(const void* pointer) {
   DeviceState& device = device_state();
   const std::lock_guard lock(device.mutex);
-  const auto inside = [pointer](const std::map<void*, std::size_t>& blocks) {
+  // A block's extent: a pool block's whole capacity (its rounding lies inside the allocation too).
+  struct {
+    std::size_t operator()(std::size_t bytes) const { return bytes; }
+    std::size_t operator()(const DeviceState::PoolBlock& block) const { return block.capacity; }
+  } const extent;
+  const auto inside = [pointer, &extent](const auto& blocks) {
     auto after = blocks.upper_bound(const_cast<void*>(pointer));
     if (after == blocks.begin()) return false;
     --after;
     return static_cast<const char*>(pointer) <
-           static_cast<const char*>(after->first) + std::max<std::size_t>(after->second, 1);
+           static_cast<const char*>(after->first) + std::max<std::size_t>(extent(after->second), 1);
   };
-  if (inside(device.pool_capacity) || inside(device.plain_blocks)) return MemoryKind::device;
+  if (inside(device.pool_blocks) || inside(device.plain_blocks)) return MemoryKind::device;
   if (inside(device.pinned_blocks)) return MemoryKind::pinned;
   return MemoryKind::pageable;
 }

@@ -48,7 +48,8 @@ NOT_FOUND_BY_CMAKE = {"c", "cxx", "fortran", "cmake"}
 # CMake options the recipe deliberately does not set, and why.
 NOT_EXPOSED = {
     "ZT_WARNINGS_AS_ERRORS": "a developer setting: a new compiler's new warning must not fail an install",
-        "ZT_MPIEXEC_EXTRA_FLAGS": "flags for the test launcher on the developer's own machine",
+    "ZT_MPIEXEC_EXTRA_FLAGS": "flags for the test launcher on the developer's own machine",
+    "ZT_TEST_OPTIMIZATION": "how the test programs' own code is optimized (-O1 for build time); the library follows the build type",
     "ZT_FUZZ_SECONDS": "how long a developer's fuzzing run lasts (bench/fuzz_checkpoint.cmake); nothing installed",
     "ZT_CUDA_ON_HOST": "a check build of the CUDA path on a machine without a GPU (tests/cuda_on_host); never installed",
 }
