@@ -8,7 +8,8 @@
 # size and its stream order (tests/cuda_on_host/cuda_fibers.cpp poisons the rest); not run in CI.
 # Extra arguments go to ctest.
 #   scripts/cuda-on-host.sh [BUILD_DIR] [ctest arguments...]
-# ctest runs it in CI as cuda_on_host.gpu_tests (tests/cuda_on_host/CMakeLists.txt).
+# CI runs the same tests in its own tree instead, against a second library (ctest -L cuda_on_host;
+# tests/cuda_on_host/CMakeLists.txt).
 set -euo pipefail
 source_dir=$(cd "$(dirname "$0")/.." && pwd)
 sanitize=${ZT_ON_HOST_SANITIZE:-0}
