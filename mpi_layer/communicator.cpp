@@ -525,6 +525,7 @@ Work Communicator::isend_irecv(const OutgoingMessage& send, const IncomingMessag
       begin(CommOp::send, send.count * dtype_size(send.type), send.type, send.peer, send.tag);
   detail::InFlightOp receiving =
       begin(CommOp::recv, recv.count * dtype_size(recv.type), recv.type, recv.peer, recv.tag);
+  tracker_->link_exchange(sending.token(), receiving.token());
   auto [sent, received] = do_isend_irecv(send, recv);
   Work send_work = tracked(std::move(sending), std::move(sent));
   Work recv_work = tracked(std::move(receiving), std::move(received));

@@ -36,20 +36,33 @@ void OpTracker::finish(std::uint64_t token) {
   }
 }
 
-std::uint64_t OpTracker::begin_device_side() {
+void OpTracker::link_exchange(std::uint64_t send_token, std::uint64_t recv_token) {
   const std::lock_guard lock(mutex_);
-  const std::uint64_t latest = next_token_ - 1;
-  OpRecord copy;
-  copy.start = WatchdogClock::now();
-  for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
-    if (it->token == latest) {
-      copy = *it;
-      break;
-    }
+  for (OpRecord& record : in_flight_) {
+    if (record.token == send_token || record.token == recv_token) record.exchange = send_token;
   }
-  copy.token = next_token_++;
-  in_flight_.push_back(copy);
-  return copy.token;
+}
+
+std::vector<std::uint64_t> OpTracker::begin_device_side(std::size_t operations) {
+  const std::lock_guard lock(mutex_);
+  const std::uint64_t first = next_token_ - std::min<std::uint64_t>(operations, next_token_ - 1);
+  const std::uint64_t end = next_token_;
+  std::vector<std::uint64_t> tokens;
+  tokens.reserve(operations);
+  for (std::uint64_t original = first; original < end; ++original) {
+    OpRecord copy;
+    copy.start = WatchdogClock::now();
+    for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
+      if (it->token == original) {
+        copy = *it;
+        break;
+      }
+    }
+    copy.token = next_token_++;
+    in_flight_.push_back(copy);
+    tokens.push_back(copy.token);
+  }
+  return tokens;
 }
 
 void OpTracker::set_device_hooks(std::function<void()> retire, std::function<void()> abort) {

@@ -69,6 +69,10 @@ struct OpRecord {
   int peer = -1;  // send/recv: the peer's rank in the communicator
   int tag = -1;
   WatchdogClock::time_point start;
+  /// Nonzero for the send and the receive of one exchange (Communicator::isend_irecv), the same in
+  /// both (and in their device-side copies): NCCL runs the two as one group, which completes only
+  /// when both peers have taken part, so a hang of one half is a hang of the exchange.
+  std::uint64_t exchange = 0;
 };
 
 class OpTracker {
@@ -77,10 +81,13 @@ class OpTracker {
 
   std::uint64_t begin(CommOp op, std::uint64_t bytes, std::optional<DType> type, int peer, int tag);
   void finish(std::uint64_t token);
-  /// A copy of the record of the operation begun last (the one the owner thread is in: a
-  /// communicator's operations start on one thread), under a token of its own, with the same
-  /// sequence number and start; it stays listed until finish(token), after the call has returned.
-  std::uint64_t begin_device_side();
+  /// Marks the records of a send and a receive begun as one exchange (their `exchange`).
+  void link_exchange(std::uint64_t send_token, std::uint64_t recv_token);
+  /// Copies of the records of the `operations` operations begun last (the one the owner thread is
+  /// in: a communicator's operations start on one thread; an exchange's send and receive are two),
+  /// each under a token of its own, with the same sequence number and start; they stay listed until
+  /// finish(token), after the call has returned. Returns their tokens, oldest first.
+  std::vector<std::uint64_t> begin_device_side(std::size_t operations = 1);
 
   /// Hooks of a backend whose operations complete on a device after their call returns (NCCL).
   /// `retire` finishes the device-side records of completed operations; `abort` ends every
@@ -150,6 +157,7 @@ class InFlightOp {
   std::pair<OpTracker*, std::uint64_t> release() noexcept {
     return {std::exchange(tracker_, nullptr), token_};
   }
+  std::uint64_t token() const { return token_; }
 
  private:
   OpTracker* tracker_ = nullptr;

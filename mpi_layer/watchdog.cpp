@@ -226,23 +226,45 @@ std::string peer_text(const OpView& op) {
   return "rank " + std::to_string(op.peer) + " of '" + op.comm_name + "'";
 }
 
-/// "all_reduce #17 on communicator 'data' (4.0 MiB fp32)", "recv #2 from rank 1 on communicator
-/// 'world' (tag 0, 4 B int32)".
-std::string describe(const OpView& op) {
-  std::ostringstream out;
+/// "all_reduce #17", "send #3 to rank 1", "recv #2 from rank 1".
+std::string operation_text(const OpView& op) {
   const CommOp kind = op.kind();
-  out << comm_op_name(kind) << " #" << op.seq;
-  if (kind == CommOp::send) out << " to " << peer_text(op);
-  if (kind == CommOp::recv) out << " from " << peer_text(op);
-  out << " on communicator '" << op.comm_name << "'";
-  if (kind == CommOp::barrier) return out.str();
-  out << " (";
+  std::string text = std::string(comm_op_name(kind)) + " #" + std::to_string(op.seq);
+  if (kind == CommOp::send) text += " to " + peer_text(op);
+  if (kind == CommOp::recv) text += " from " + peer_text(op);
+  return text;
+}
+
+/// "(4.0 MiB fp32)", "(tag 0, 4 B int32)", "(64 B fp32, root rank 0)"; "" for a barrier.
+std::string payload_text(const OpView& op) {
+  const CommOp kind = op.kind();
+  if (kind == CommOp::barrier) return "";
+  std::ostringstream out;
+  out << "(";
   if (!is_collective(kind)) out << "tag " << op.tag << ", ";
   out << base::byte_size_text(op.bytes);
   if (op.dtype >= 0) out << " " << dtype_name(static_cast<DType>(op.dtype));
   if (kind == CommOp::broadcast) out << ", root " << peer_text(op);
   out << ")";
   return out.str();
+}
+
+/// "all_reduce #17 on communicator 'data' (4.0 MiB fp32)", "recv #2 from rank 1 on communicator
+/// 'world' (tag 0, 4 B int32)".
+std::string describe(const OpView& op) {
+  const std::string payload = payload_text(op);
+  return operation_text(op) + " on communicator '" + op.comm_name + "'" +
+         (payload.empty() ? "" : " " + payload);
+}
+
+/// The two halves of one exchange, the send first: "send #5 to rank 1 (tag 0, 4.0 KiB fp32) and
+/// recv #6 from rank 3 (tag 0, 4.0 KiB fp32), one exchange on communicator 'pipe',".
+std::string describe_exchange(const OpView& half, const OpView& other_half) {
+  const bool send_first = half.kind() == CommOp::send;
+  const OpView& send = send_first ? half : other_half;
+  const OpView& recv = send_first ? other_half : half;
+  return operation_text(send) + " " + payload_text(send) + " and " + operation_text(recv) + " " +
+         payload_text(recv) + ", one exchange on communicator '" + send.comm_name + "',";
 }
 
 /// "3", "ranks 3, 5-7": world ranks, runs compressed.
@@ -323,6 +345,7 @@ class Watchdog::Loop {
   /// A hang being looked into: whom we asked and what they answered.
   struct Investigation {
     OpView subject;
+    std::optional<OpView> other_half;  // when subject is half of an exchange whose halves both wait
     int detected_by = -1;
     std::vector<int> asked;                       // world ranks; for a collective, every member
     std::vector<std::optional<Message>> replies;  // by position in `asked`
@@ -479,21 +502,35 @@ class Watchdog::Loop {
 
   void look_for_hangs(WatchdogClock::time_point now) {
     std::optional<OpView> oldest;
+    std::optional<OpView> other_half;  // of oldest's exchange, when it is one and both halves wait
     for (const auto& tracker : live_trackers()) {
-      for (const OpRecord& record : tracker->snapshot().in_flight) {
+      const std::vector<OpRecord> in_flight = tracker->snapshot().in_flight;
+      for (const OpRecord& record : in_flight) {
         const OpView view = view_of(record, *tracker, now);
         if (view.seconds > settings_.timeout_seconds && (!oldest || view.seconds > oldest->seconds)) {
           oldest = view;
+          other_half = other_half_of(record, in_flight, *tracker, now);
         }
       }
     }
-    if (oldest) start_investigation(*oldest, world_rank_, /*coordinator=*/false, now);
+    if (oldest) start_investigation(*oldest, world_rank_, /*coordinator=*/false, now, other_half);
+  }
+
+  /// The other half of `record`'s exchange (Communicator::isend_irecv), if it is in flight too.
+  static std::optional<OpView> other_half_of(const OpRecord& record, const std::vector<OpRecord>& in_flight,
+                                             const OpTracker& tracker, WatchdogClock::time_point now) {
+    if (record.exchange == 0) return std::nullopt;
+    for (const OpRecord& other : in_flight) {
+      if (other.exchange == record.exchange && other.op != record.op) return view_of(other, tracker, now);
+    }
+    return std::nullopt;
   }
 
   void start_investigation(const OpView& subject, int detected_by, bool coordinator,
-                           WatchdogClock::time_point now) {
+                           WatchdogClock::time_point now, const std::optional<OpView>& other_half = {}) {
     Investigation& case_ = investigation_.emplace();
     case_.subject = subject;
+    case_.other_half = other_half;
     case_.detected_by = detected_by;
     const std::shared_ptr<OpTracker> tracker = find_tracker(subject.comm_id);
     if (tracker == nullptr || tracker->identity().world_ranks.empty()) {
@@ -501,7 +538,13 @@ class Watchdog::Loop {
       return;
     }
     if (!is_collective(subject.kind())) {
-      if (subject.peer_world >= 0) case_.asked = {subject.peer_world};
+      // A point-to-point operation: its peer, and for an exchange the other half's peer too.
+      for (const OpView* half : {&subject, other_half ? &*other_half : nullptr}) {
+        if (half != nullptr && half->peer_world >= 0 &&
+            std::find(case_.asked.begin(), case_.asked.end(), half->peer_world) == case_.asked.end()) {
+          case_.asked.push_back(half->peer_world);
+        }
+      }
     } else {
       case_.asked = tracker->identity().world_ranks;
       const int coordinator_rank = case_.asked.front();
@@ -578,8 +621,9 @@ class Watchdog::Loop {
   std::string report(const Investigation& case_, WatchdogClock::time_point now) const {
     const OpView& subject = case_.subject;
     std::ostringstream out;
-    out << "zerotrain watchdog: " << describe(subject) << " has not completed after "
-        << seconds_text(subject.seconds) << " s on rank " << case_.detected_by;
+    out << "zerotrain watchdog: "
+        << (case_.other_half ? describe_exchange(subject, *case_.other_half) : describe(subject))
+        << " has not completed after " << seconds_text(subject.seconds) << " s on rank " << case_.detected_by;
     if (case_.detected_by != world_rank_) out << " (reported by rank " << world_rank_ << ")";
 
     std::vector<std::string> findings;
@@ -587,11 +631,18 @@ class Watchdog::Loop {
     if (case_.asked.empty()) {
       findings.push_back("the other ranks cannot be asked (the communicator has no identity)");
     } else if (!is_collective(subject.kind())) {
-      const auto& reply = case_.replies.front();
-      if (!reply) {
-        findings.push_back(peer_text(subject) + " not responding (dead, or its watchdog is blocked)");
-      } else {
-        details.emplace_back(case_.asked.front(), &*reply);
+      if (case_.other_half) {
+        findings.push_back(
+            "both halves are in flight (one isend_irecv; on NCCL one group, which ends only when both peers "
+            "have taken part)");
+      }
+      for (std::size_t i = 0; i < case_.asked.size(); ++i) {
+        if (!case_.replies[i]) {
+          findings.push_back("rank " + std::to_string(case_.asked[i]) +
+                             " not responding (dead, or its watchdog is blocked)");
+        } else {
+          details.emplace_back(case_.asked[i], &*case_.replies[i]);
+        }
       }
     } else {
       std::map<std::uint64_t, std::vector<int>> not_arrived;  // by last completed collective

@@ -332,10 +332,11 @@ class NcclCommunicator final : public Communicator {
   Work nonblocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue);
 
   /// Enqueue, then an event the operation's handles wait for (ordered with a stream: the stream's
-  /// work so far comes first). Callers have made the device current and hold NcclCalls.
+  /// work so far comes first). `operations`: how many registered operations the enqueue runs (an
+  /// exchange's send and receive: 2). Callers have made the device current and hold NcclCalls.
   template <typename Enqueue>
-  std::shared_ptr<OwnedEvent> enqueue_with_event(Enqueue&& enqueue) {
-    if (ordered_ != nullptr) return enqueue_ordered(enqueue);
+  std::shared_ptr<OwnedEvent> enqueue_with_event(Enqueue&& enqueue, std::size_t operations = 1) {
+    if (ordered_ != nullptr) return enqueue_ordered(enqueue, operations);
     auto done = std::make_shared<OwnedEvent>(name());
     enqueue();
     ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
@@ -343,9 +344,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   /// Ordered with a stream: the operation starts on the device after the stream's work so far; its
-  /// completion event keeps it registered with the watchdog until the device reaches it.
+  /// completion event keeps it (each of its `operations`) registered with the watchdog until the
+  /// device reaches it.
   template <typename Enqueue>
-  std::shared_ptr<OwnedEvent> enqueue_ordered(Enqueue&& enqueue) {
+  std::shared_ptr<OwnedEvent> enqueue_ordered(Enqueue&& enqueue, std::size_t operations = 1) {
     retire_completed();  // keeps the list short between the watchdog's ticks
     ZT_CHECK_CUDA_COMM(cudaEventRecord(ordered_reached_->get(), ordered_), name());
     ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(stream(), ordered_reached_->get(), 0), name());
@@ -353,7 +355,8 @@ class NcclCommunicator final : public Communicator {
     auto done = std::make_shared<OwnedEvent>(name());
     ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
     const std::lock_guard lock(pending_mutex_);
-    pending_.push_back({in_flight_list().begin_device_side(), done});
+    for (const std::uint64_t token : in_flight_list().begin_device_side(operations))
+      pending_.push_back({token, done});
     return done;
   }
 
@@ -572,16 +575,19 @@ std::pair<Work, Work> NcclCommunicator::do_isend_irecv(const OutgoingMessage& se
   const DeviceScope scope(resources_->device, name());
   const NcclCalls calls(*this);
   const auto start = Clock::now();
-  const std::shared_ptr<OwnedEvent> done = enqueue_with_event([&] {
-    ZT_CHECK_NCCL(ncclGroupStart(), name(), comm());
-    ncclResult_t result =
-        ncclSend(send.buffer, send.count, nccl_type(send.type), send.peer, comm(), stream());
-    if (result == ncclSuccess)
-      result = ncclRecv(recv.buffer, recv.count, nccl_type(recv.type), recv.peer, comm(), stream());
-    const ncclResult_t end = ncclGroupEnd();  // always close the group
-    if (result != ncclSuccess) raise_nccl(__FILE__, __LINE__, "ncclSend/ncclRecv", name(), comm(), result);
-    if (end != ncclSuccess) raise_nccl(__FILE__, __LINE__, "ncclGroupEnd", name(), comm(), end);
-  });
+  const std::shared_ptr<OwnedEvent> done = enqueue_with_event(
+      [&] {
+        ZT_CHECK_NCCL(ncclGroupStart(), name(), comm());
+        ncclResult_t result =
+            ncclSend(send.buffer, send.count, nccl_type(send.type), send.peer, comm(), stream());
+        if (result == ncclSuccess)
+          result = ncclRecv(recv.buffer, recv.count, nccl_type(recv.type), recv.peer, comm(), stream());
+        const ncclResult_t end = ncclGroupEnd();  // always close the group
+        if (result != ncclSuccess)
+          raise_nccl(__FILE__, __LINE__, "ncclSend/ncclRecv", name(), comm(), result);
+        if (end != ncclSuccess) raise_nccl(__FILE__, __LINE__, "ncclGroupEnd", name(), comm(), end);
+      },
+      /*operations=*/2);  // one group: the send and the receive stay in flight until both are done
   return {
       Work(std::make_unique<Event>(*this, CommOp::send, send.count * dtype_size(send.type), start, done)),
       Work(std::make_unique<Event>(*this, CommOp::recv, recv.count * dtype_size(recv.type), start, done))};

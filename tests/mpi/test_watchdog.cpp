@@ -107,7 +107,7 @@ TEST(Watchdog, DeviceSideRecordsStayUntilTheDeviceCompletesThem) {
   auto tracker = std::make_shared<zt::detail::OpTracker>("device side", 0, 1, zt::detail::CommIdentity{});
   zt::detail::register_tracker(tracker);
   const std::uint64_t host = tracker->begin(zt::CommOp::all_reduce, 64, zt::DType::bf16, -1, -1);
-  const std::uint64_t device = tracker->begin_device_side();
+  const std::uint64_t device = tracker->begin_device_side().front();
   auto snapshot = tracker->snapshot();
   ASSERT_EQ(snapshot.in_flight.size(), 2u);
   EXPECT_EQ(snapshot.in_flight[1].seq, snapshot.in_flight[0].seq);
@@ -145,6 +145,33 @@ TEST(Watchdog, DeviceSideRecordsStayUntilTheDeviceCompletesThem) {
   zt::detail::abort_device_work_everywhere();
   EXPECT_EQ(retired, retired_before);
   EXPECT_EQ(aborted, 1);
+}
+
+/// An exchange (isend_irecv) is one NCCL group: both halves get a device-side copy, oldest first,
+/// and all four records name the same exchange, so the watchdog reports the pair, not the receive.
+TEST(Watchdog, AnExchangeKeepsBothHalvesOnTheDevice) {
+  auto tracker = std::make_shared<zt::detail::OpTracker>("exchange", 0, 2, zt::detail::CommIdentity{});
+  const std::uint64_t alone = tracker->begin(zt::CommOp::recv, 8, zt::DType::int32, 1, 3);
+  const std::uint64_t send = tracker->begin(zt::CommOp::send, 4096, zt::DType::fp32, 1, 0);
+  const std::uint64_t recv = tracker->begin(zt::CommOp::recv, 2048, zt::DType::bf16, 1, 0);
+  tracker->link_exchange(send, recv);
+  const std::vector<std::uint64_t> device = tracker->begin_device_side(2);
+  ASSERT_EQ(device.size(), 2u);
+  auto snapshot = tracker->snapshot();
+  ASSERT_EQ(snapshot.in_flight.size(), 5u);
+  EXPECT_EQ(snapshot.in_flight[0].exchange, 0u);  // the receive before, not part of it
+  for (std::size_t i = 1; i < 5; ++i) EXPECT_EQ(snapshot.in_flight[i].exchange, send) << i;
+  EXPECT_EQ(snapshot.in_flight[3].token, device[0]);
+  EXPECT_EQ(snapshot.in_flight[3].op, zt::CommOp::send);
+  EXPECT_EQ(snapshot.in_flight[3].seq, snapshot.in_flight[1].seq);
+  EXPECT_EQ(snapshot.in_flight[4].token, device[1]);
+  EXPECT_EQ(snapshot.in_flight[4].op, zt::CommOp::recv);
+  EXPECT_EQ(snapshot.in_flight[4].bytes, 2048u);
+  EXPECT_EQ(snapshot.in_flight[4].seq, snapshot.in_flight[2].seq);
+  for (const std::uint64_t host : {alone, send, recv}) tracker->finish(host);
+  snapshot = tracker->snapshot();
+  ASSERT_EQ(snapshot.in_flight.size(), 2u);
+  EXPECT_EQ(snapshot.in_flight[0].exchange, snapshot.in_flight[1].exchange);
 }
 
 TEST(Watchdog, CommunicatorIdsAgreeAndNameWorldRanks) {
