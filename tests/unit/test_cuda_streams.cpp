@@ -147,4 +147,29 @@ TEST(CudaStreams, DefaultStreamKernelsFollowEveryStream) {
   }
 }
 
+// A copy or a zero without a stream (copy_bytes, zero_bytes, Tensor::clone) runs on the legacy
+// default stream after every stream's work and is done on return: the legacy stream alone does not
+// wait for the compute stream (non-blocking), so without the device's synchronize first the copy
+// would read the fill half done and the zero could land before it. 64 MiB, as above.
+TEST(CudaStreams, CopiesAndZerosWithoutAStreamFollowEveryStream) {
+  ZT_REQUIRE_GPU();
+  const ExecutionContext context(zt::Device::cuda(0));
+  const std::int64_t count = std::int64_t{1} << 24;
+  std::vector<float> host(static_cast<std::size_t>(count));  // pageable
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Tensor tensor = context.empty({count}, DType::fp32);
+    tensor.fill_(round + 0.5, &context.compute());
+    zt::copy_bytes(host.data(), zt::Device::host(), tensor.raw_data(), tensor.device(), tensor.nbytes());
+    EXPECT_EQ(host.front(), round + 0.5f);
+    EXPECT_EQ(host.back(), round + 0.5f);
+    tensor.fill_(round + 0.25, &context.compute());
+    const Tensor cloned = tensor.clone();
+    EXPECT_EQ(cloned.item_as_double(count - 1), round + 0.25);
+    tensor.fill_(7.0, &context.compute());
+    zt::zero_bytes(tensor.raw_data(), tensor.device(), tensor.nbytes());
+    EXPECT_EQ(tensor.item_as_double(count - 1, &context.compute()), 0.0);
+  }
+}
+
 }  // namespace
