@@ -186,8 +186,10 @@ struct Message {
   std::uint64_t started = 0;    // collectives started
   std::uint64_t completed = 0;  // every collective up to this one completed
   OpView at_seq;                // its own collective with subject's sequence number, if in flight
-  // ... and what it is doing: its oldest operation in flight on any communicator.
+  // ... and what it is doing: its oldest operation in flight on any communicator, and the other
+  // half of that operation's exchange when it is one and both halves are in flight.
   OpView oldest;
+  OpView oldest_other_half;
 };
 static_assert(std::is_trivially_copyable_v<Message>);
 
@@ -258,13 +260,13 @@ std::string describe(const OpView& op) {
 }
 
 /// The two halves of one exchange, the send first: "send #5 to rank 1 (tag 0, 4.0 KiB fp32) and
-/// recv #6 from rank 3 (tag 0, 4.0 KiB fp32), one exchange on communicator 'pipe',".
+/// recv #6 from rank 3 (tag 0, 4.0 KiB fp32), one exchange on communicator 'pipe'".
 std::string describe_exchange(const OpView& half, const OpView& other_half) {
   const bool send_first = half.kind() == CommOp::send;
   const OpView& send = send_first ? half : other_half;
   const OpView& recv = send_first ? other_half : half;
   return operation_text(send) + " " + payload_text(send) + " and " + operation_text(recv) + " " +
-         payload_text(recv) + ", one exchange on communicator '" + send.comm_name + "',";
+         payload_text(recv) + ", one exchange on communicator '" + send.comm_name + "'";
 }
 
 /// "3", "ranks 3, 5-7": world ranks, runs compressed.
@@ -285,13 +287,34 @@ std::string ranks_text(std::vector<int> ranks) {
   return text;
 }
 
-/// The oldest operation in flight on this rank, on any communicator.
-OpView oldest_in_flight(WatchdogClock::time_point now) {
-  OpView oldest;
+/// The other half of `record`'s exchange (Communicator::isend_irecv) if it is in flight too, else
+/// none (op < 0).
+OpView other_half_of(const OpRecord& record, const std::vector<OpRecord>& in_flight, const OpTracker& tracker,
+                     WatchdogClock::time_point now) {
+  if (record.exchange != 0) {
+    for (const OpRecord& other : in_flight) {
+      if (other.exchange == record.exchange && other.op != record.op) return view_of(other, tracker, now);
+    }
+  }
+  return {};
+}
+
+/// An operation in flight, and the other half of its exchange when it is one and both wait.
+struct InFlightView {
+  OpView op;
+  OpView other_half;
+};
+
+/// The oldest operation in flight on this rank older than `min_seconds`, on any communicator.
+InFlightView oldest_in_flight(WatchdogClock::time_point now, double min_seconds = -1.0) {
+  InFlightView oldest;
   for (const auto& tracker : live_trackers()) {
-    for (const OpRecord& record : tracker->snapshot().in_flight) {
+    const std::vector<OpRecord> in_flight = tracker->snapshot().in_flight;
+    for (const OpRecord& record : in_flight) {
       const OpView view = view_of(record, *tracker, now);
-      if (!oldest.present() || view.seconds > oldest.seconds) oldest = view;
+      if (view.seconds > min_seconds && (!oldest.op.present() || view.seconds > oldest.op.seconds)) {
+        oldest = {view, other_half_of(record, in_flight, *tracker, now)};
+      }
     }
   }
   return oldest;
@@ -345,7 +368,7 @@ class Watchdog::Loop {
   /// A hang being looked into: whom we asked and what they answered.
   struct Investigation {
     OpView subject;
-    std::optional<OpView> other_half;  // when subject is half of an exchange whose halves both wait
+    OpView other_half;  // when subject is half of an exchange whose halves both wait
     int detected_by = -1;
     std::vector<int> asked;                       // world ranks; for a collective, every member
     std::vector<std::optional<Message>> replies;  // by position in `asked`
@@ -501,33 +524,13 @@ class Watchdog::Loop {
   // ---- hangs --------------------------------------------------------------------------------
 
   void look_for_hangs(WatchdogClock::time_point now) {
-    std::optional<OpView> oldest;
-    std::optional<OpView> other_half;  // of oldest's exchange, when it is one and both halves wait
-    for (const auto& tracker : live_trackers()) {
-      const std::vector<OpRecord> in_flight = tracker->snapshot().in_flight;
-      for (const OpRecord& record : in_flight) {
-        const OpView view = view_of(record, *tracker, now);
-        if (view.seconds > settings_.timeout_seconds && (!oldest || view.seconds > oldest->seconds)) {
-          oldest = view;
-          other_half = other_half_of(record, in_flight, *tracker, now);
-        }
-      }
-    }
-    if (oldest) start_investigation(*oldest, world_rank_, /*coordinator=*/false, now, other_half);
-  }
-
-  /// The other half of `record`'s exchange (Communicator::isend_irecv), if it is in flight too.
-  static std::optional<OpView> other_half_of(const OpRecord& record, const std::vector<OpRecord>& in_flight,
-                                             const OpTracker& tracker, WatchdogClock::time_point now) {
-    if (record.exchange == 0) return std::nullopt;
-    for (const OpRecord& other : in_flight) {
-      if (other.exchange == record.exchange && other.op != record.op) return view_of(other, tracker, now);
-    }
-    return std::nullopt;
+    const InFlightView oldest = oldest_in_flight(now, settings_.timeout_seconds);
+    if (oldest.op.present())
+      start_investigation(oldest.op, world_rank_, /*coordinator=*/false, now, oldest.other_half);
   }
 
   void start_investigation(const OpView& subject, int detected_by, bool coordinator,
-                           WatchdogClock::time_point now, const std::optional<OpView>& other_half = {}) {
+                           WatchdogClock::time_point now, const OpView& other_half = {}) {
     Investigation& case_ = investigation_.emplace();
     case_.subject = subject;
     case_.other_half = other_half;
@@ -539,8 +542,8 @@ class Watchdog::Loop {
     }
     if (!is_collective(subject.kind())) {
       // A point-to-point operation: its peer, and for an exchange the other half's peer too.
-      for (const OpView* half : {&subject, other_half ? &*other_half : nullptr}) {
-        if (half != nullptr && half->peer_world >= 0 &&
+      for (const OpView* half : {&subject, &other_half}) {
+        if (half->present() && half->peer_world >= 0 &&
             std::find(case_.asked.begin(), case_.asked.end(), half->peer_world) == case_.asked.end()) {
           case_.asked.push_back(half->peer_world);
         }
@@ -612,7 +615,9 @@ class Watchdog::Loop {
         }
       }
     }
-    reply.oldest = oldest_in_flight(now);
+    const InFlightView oldest = oldest_in_flight(now);
+    reply.oldest = oldest.op;
+    reply.oldest_other_half = oldest.other_half;
     return reply;
   }
 
@@ -622,7 +627,8 @@ class Watchdog::Loop {
     const OpView& subject = case_.subject;
     std::ostringstream out;
     out << "zerotrain watchdog: "
-        << (case_.other_half ? describe_exchange(subject, *case_.other_half) : describe(subject))
+        << (case_.other_half.present() ? describe_exchange(subject, case_.other_half) + ","
+                                       : describe(subject))
         << " has not completed after " << seconds_text(subject.seconds) << " s on rank " << case_.detected_by;
     if (case_.detected_by != world_rank_) out << " (reported by rank " << world_rank_ << ")";
 
@@ -631,7 +637,7 @@ class Watchdog::Loop {
     if (case_.asked.empty()) {
       findings.push_back("the other ranks cannot be asked (the communicator has no identity)");
     } else if (!is_collective(subject.kind())) {
-      if (case_.other_half) {
+      if (case_.other_half.present()) {
         findings.push_back(
             "both halves are in flight (one isend_irecv; on NCCL one group, which ends only when both peers "
             "have taken part)");
@@ -695,8 +701,8 @@ class Watchdog::Loop {
     out << "\n";
     for (std::size_t i = 0; i < details.size() && i < kMaxDetailLines; ++i) {
       const auto& [rank, reply] = details[i];
-      out << "zerotrain watchdog:   rank " << rank << host_text(rank) << ": " << activity_text(reply->oldest)
-          << "\n";
+      out << "zerotrain watchdog:   rank " << rank << host_text(rank) << ": "
+          << activity_text({reply->oldest, reply->oldest_other_half}) << "\n";
     }
     if (details.size() > kMaxDetailLines) {
       out << "zerotrain watchdog:   (" << details.size() - kMaxDetailLines << " more ranks)\n";
@@ -706,9 +712,13 @@ class Watchdog::Loop {
     return out.str();
   }
 
-  static std::string activity_text(const OpView& oldest) {
-    if (!oldest.present()) return "in no zerotrain operation (computing, or blocked outside zerotrain)";
-    return "in " + describe(oldest) + " for " + seconds_text(oldest.seconds) + " s";
+  static std::string activity_text(const InFlightView& oldest) {
+    if (!oldest.op.present()) return "in no zerotrain operation (computing, or blocked outside zerotrain)";
+    if (oldest.other_half.present()) {
+      return "in " + describe_exchange(oldest.op, oldest.other_half) + ", for " +
+             seconds_text(oldest.op.seconds) + " s";
+    }
+    return "in " + describe(oldest.op) + " for " + seconds_text(oldest.op.seconds) + " s";
   }
 
   void append_local_state(std::ostringstream& out, WatchdogClock::time_point now) const {
