@@ -639,6 +639,9 @@ TrafficCounter Engine::Impl::model_traffic() const {
     total.wire_bytes += more.wire_bytes;
     total.seconds += more.seconds;
   };
+  // On a device the data group's reductions and gathers go through its device communicator (NCCL,
+  // the emulated device's); the host one keeps the host-side scalars.
+  if (parallel_.data().device != parallel_.data().host) add(parallel_.data().device->traffic().total());
   // What this stage sent to its neighbours (a receive counts at the sender).
   if (parallel_.pipeline().size() > 1) add(parallel_.pipeline().device->traffic()[CommOp::send]);
   for (const TiedParameter& tied : tied_) add(tied.group.device->traffic().total());

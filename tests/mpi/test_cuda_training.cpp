@@ -57,6 +57,7 @@ struct TrainingRun {
   std::vector<double> losses;
   std::vector<float> initial;  // the master before the first step
   std::vector<float> master;   // ... and after the last
+  std::vector<std::uint64_t> comm_bytes;  // each step's model traffic (metrics' comm_bytes)
 };
 
 TrainingRun train_on(zt::Device device, const zt::Config& config) {
@@ -71,6 +72,7 @@ TrainingRun train_on(zt::Device device, const zt::Config& config) {
     engine.train_batch([&](std::int64_t micro) { return data->load(static_cast<std::uint64_t>(micro)); });
     data->advance();
     run.losses.push_back(engine.last_step().loss);
+    run.comm_bytes.push_back(engine.last_step().comm_bytes);
   }
   run.master = real_master_parameters(engine);
   return run;
@@ -100,6 +102,8 @@ void expect_close(const TrainingRun& gpu, const TrainingRun& host, Tolerance tol
   EXPECT_LT(distance(gpu.master, host.master), tolerance.master * moved)
       << "moved " << moved << " from the initial weights";
   EXPECT_LT(host.losses.back(), host.losses.front());
+  // The same reductions and gathers, through NCCL on the GPU: the same bytes in the metrics.
+  EXPECT_EQ(gpu.comm_bytes, host.comm_bytes);
 }
 
 TEST(CudaTraining, EqualsTheHostAtEveryStage) {

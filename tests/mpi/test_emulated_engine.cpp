@@ -41,6 +41,7 @@ zt::Config config_of(int stage, const std::string& extra = "") {
 struct DeviceRun {
   std::vector<double> losses;
   std::vector<double> norms;
+  std::vector<std::uint64_t> comm_bytes;  // each step's model traffic (metrics' comm_bytes)
   std::vector<float> master;
   std::uint64_t held[3] = {};                  // model-state bytes on the engine's device after training
   std::uint64_t host_grown[3] = {};            // ... and what the host gained meanwhile
@@ -61,6 +62,7 @@ DeviceRun train_on(zt::Device device, const zt::Config& config) {
     data->advance();
     run.losses.push_back(engine.last_step().loss);
     run.norms.push_back(engine.last_step().grad_norm);
+    run.comm_bytes.push_back(engine.last_step().comm_bytes);
   }
   run.master = real_master_parameters(engine);
   run.parameters_where = engine.parameters_placement().describe();
@@ -93,6 +95,9 @@ TEST(EmulatedEngine, TrainsBitwiseAsTheHost) {
         }
       }
       EXPECT_EQ(emulated.master, host.master);
+      // The same reductions and gathers, through the device's data-group communicator.
+      EXPECT_EQ(emulated.comm_bytes, host.comm_bytes);
+      EXPECT_EQ(host.comm_bytes.back() > 0, world > 1);
       EXPECT_LT(host.losses.back(), host.losses.front());
       EXPECT_EQ(host.parameters_where, "host memory");
       EXPECT_EQ(host.states_where, "host memory");
