@@ -55,8 +55,8 @@ constexpr const char* kBf16 = R"(, "bf16": {"enabled": true})";
 
 struct TrainingRun {
   std::vector<double> losses;
-  std::vector<float> initial;  // the master before the first step
-  std::vector<float> master;   // ... and after the last
+  std::vector<float> initial;             // the master before the first step
+  std::vector<float> master;              // ... and after the last
   std::vector<std::uint64_t> comm_bytes;  // each step's model traffic (metrics' comm_bytes)
 };
 
