@@ -193,8 +193,18 @@ class Communicator {
   void order_after(const Event& event);
 
   // ---- accounting ----
-  const TrafficStats& traffic() const { return traffic_; }
-  void reset_traffic() { traffic_ = {}; }
+  /// The counters so far. An operation's seconds run from its call to its observed completion; on a
+  /// NCCL communicator ordered with a stream, whose operations run on the device after their call,
+  /// they are the device's time (its completion event's minus its start's), added once the device
+  /// has completed it, as of this call.
+  const TrafficStats& traffic() const {
+    settle_traffic();
+    return traffic_;
+  }
+  void reset_traffic() {
+    settle_traffic();
+    traffic_ = {};
+  }
 
  protected:
   /// The watchdog reports a hang here as a local timeout: it cannot ask the other members.
@@ -208,7 +218,10 @@ class Communicator {
   /// The in-flight list the watchdog reads, for backends whose operations go on after their call
   /// returns (NCCL ordered with a stream keeps them listed until the device completes them).
   detail::OpTracker& in_flight_list() const { return *tracker_; }
-  TrafficStats& mutable_traffic() { return traffic_; }
+  /// For backends whose operations complete after their call returns: add what completed since the
+  /// last call (add_late_seconds). Called on the thread that reads the counters.
+  virtual void settle_traffic() const {}
+  void add_late_seconds(CommOp op, double seconds) const { traffic_[op].seconds += seconds; }
 
   // Backend hooks. Arguments are already validated by the public methods above.
   virtual void do_all_reduce(const void* send, void* recv, std::size_t count, DType type, ReduceOp op) = 0;
@@ -249,7 +262,7 @@ class Communicator {
   int rank_;
   int size_;
   std::string name_;
-  TrafficStats traffic_{};
+  mutable TrafficStats traffic_{};              // mutable: settle_traffic() adds late completions on read
   std::shared_ptr<detail::OpTracker> tracker_;  // shared with the watchdog's registry
 };
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -150,8 +152,10 @@ struct NcclResources {
 /// A CUDA event without timing, destroyed with the object.
 class OwnedEvent {
  public:
-  explicit OwnedEvent(std::string_view communicator) {
-    ZT_CHECK_CUDA_COMM(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), communicator);
+  /// `timing`: for cudaEventElapsedTime (the operations' device time); else the lighter kind.
+  explicit OwnedEvent(std::string_view communicator, bool timing = false) {
+    ZT_CHECK_CUDA_COMM(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming),
+                       communicator);
   }
   OwnedEvent(const OwnedEvent&) = delete;
   OwnedEvent& operator=(const OwnedEvent&) = delete;
@@ -295,6 +299,13 @@ class NcclCommunicator final : public Communicator {
     std::uint64_t token = 0;
     std::shared_ptr<OwnedEvent> done;
   };
+  /// ... and for its traffic counters: its kinds (an exchange is a send and a receive, each
+  /// counting the group's time) and the events around it on the communicator's stream.
+  struct TimedOp {
+    std::vector<CommOp> ops;
+    std::shared_ptr<OwnedEvent> started;
+    std::shared_ptr<OwnedEvent> done;
+  };
 
   /// Enqueue, then wait: on the host (stream synchronize), or, ordered with a stream, on the device
   /// (that stream waits for the operation's end; barrier() still waits on the host). A failure
@@ -307,11 +318,11 @@ class NcclCommunicator final : public Communicator {
     {
       const NcclCalls calls(*this);
       if (ordered_ != nullptr) {
-        const std::shared_ptr<OwnedEvent> done = enqueue_ordered(enqueue);
+        const std::shared_ptr<OwnedEvent> done = enqueue_ordered(enqueue, {op});
         ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(ordered_, done->get(), 0), name());
         check_async_error();
         if (op != CommOp::barrier) {
-          record(op, payload_bytes, seconds_since(start));
+          record(op, payload_bytes, host_seconds_since(start));
           return;
         }
       } else {
@@ -325,18 +336,24 @@ class NcclCommunicator final : public Communicator {
       raise_cuda(__FILE__, __LINE__,
                  std::string("cudaStreamSynchronize after ") + std::string(comm_op_name(op)), name(), error);
     }
-    record(op, payload_bytes, seconds_since(start));
+    record(op, payload_bytes, host_seconds_since(start));
+  }
+
+  /// The seconds an operation started at `start` counts when it completes on the host: ordered with
+  /// a stream, none, as the device's time comes with its completion (settle_traffic).
+  double host_seconds_since(Clock::time_point start) const {
+    return ordered_ != nullptr ? 0.0 : seconds_since(start);
   }
 
   template <typename Enqueue>
   Work nonblocking(CommOp op, std::size_t payload_bytes, Enqueue&& enqueue);
 
   /// Enqueue, then an event the operation's handles wait for (ordered with a stream: the stream's
-  /// work so far comes first). `operations`: how many registered operations the enqueue runs (an
-  /// exchange's send and receive: 2). Callers have made the device current and hold NcclCalls.
+  /// work so far comes first). `ops`: the registered operations the enqueue runs (an exchange's
+  /// send and receive: two). Callers have made the device current and hold NcclCalls.
   template <typename Enqueue>
-  std::shared_ptr<OwnedEvent> enqueue_with_event(Enqueue&& enqueue, std::size_t operations = 1) {
-    if (ordered_ != nullptr) return enqueue_ordered(enqueue, operations);
+  std::shared_ptr<OwnedEvent> enqueue_with_event(Enqueue&& enqueue, std::initializer_list<CommOp> ops) {
+    if (ordered_ != nullptr) return enqueue_ordered(enqueue, ops);
     auto done = std::make_shared<OwnedEvent>(name());
     enqueue();
     ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
@@ -344,29 +361,60 @@ class NcclCommunicator final : public Communicator {
   }
 
   /// Ordered with a stream: the operation starts on the device after the stream's work so far; its
-  /// completion event keeps it (each of its `operations`) registered with the watchdog until the
-  /// device reaches it.
+  /// completion event keeps it (each of its `ops`) registered with the watchdog until the device
+  /// reaches it, and an event at its start gives its device time.
   template <typename Enqueue>
-  std::shared_ptr<OwnedEvent> enqueue_ordered(Enqueue&& enqueue, std::size_t operations = 1) {
+  std::shared_ptr<OwnedEvent> enqueue_ordered(Enqueue&& enqueue, std::initializer_list<CommOp> ops) {
     retire_completed();  // keeps the list short between the watchdog's ticks
     ZT_CHECK_CUDA_COMM(cudaEventRecord(ordered_reached_->get(), ordered_), name());
     ZT_CHECK_CUDA_COMM(cudaStreamWaitEvent(stream(), ordered_reached_->get(), 0), name());
+    auto started = std::make_shared<OwnedEvent>(name(), /*timing=*/true);
+    ZT_CHECK_CUDA_COMM(cudaEventRecord(started->get(), stream()), name());
     enqueue();
-    auto done = std::make_shared<OwnedEvent>(name());
+    auto done = std::make_shared<OwnedEvent>(name(), /*timing=*/true);
     ZT_CHECK_CUDA_COMM(cudaEventRecord(done->get(), stream()), name());
     const std::lock_guard lock(pending_mutex_);
-    for (const std::uint64_t token : in_flight_list().begin_device_side(operations))
+    for (const std::uint64_t token : in_flight_list().begin_device_side(ops.size()))
       pending_.push_back({token, done});
+    timed_.push_back({std::vector<CommOp>(ops), std::move(started), done});
     return done;
   }
 
   /// Finish the registrations of the operations the device has completed, oldest first (one
-  /// stream: they complete in order). Callers have made the device current.
-  void retire_completed() {
+  /// stream: they complete in order), and take their device time. Callers have made the device
+  /// current.
+  void retire_completed() const {
     const std::lock_guard lock(pending_mutex_);
     while (!pending_.empty() && query_event(pending_.front().done->get()) == cudaSuccess) {
       in_flight_list().finish(pending_.front().token);
       pending_.pop_front();
+    }
+    while (!timed_.empty() && query_event(timed_.front().done->get()) == cudaSuccess) {
+      float milliseconds = 0.0f;
+      if (cudaEventElapsedTime(&milliseconds, timed_.front().started->get(), timed_.front().done->get()) ==
+          cudaSuccess) {
+        for (const CommOp op : timed_.front().ops)
+          device_seconds_[static_cast<std::size_t>(op)] += 1e-3 * milliseconds;
+      } else {
+        cudaGetLastError();  // the counters go without it; the operation itself completed
+      }
+      timed_.pop_front();
+    }
+  }
+
+  /// The device time of the operations completed since the last call, into the counters (on the
+  /// thread that reads them; the watchdog's thread may have retired some meanwhile).
+  void settle_traffic() const override {
+    if (ordered_ == nullptr) return;
+    if (!aborted_.load()) {
+      const DeviceScope scope(resources_->device, name());
+      retire_completed();
+    }
+    const std::lock_guard lock(pending_mutex_);
+    for (std::size_t i = 0; i < kCommOpCount; ++i) {
+      if (device_seconds_[i] == 0.0) continue;
+      add_late_seconds(static_cast<CommOp>(i), device_seconds_[i]);
+      device_seconds_[i] = 0.0;
     }
   }
 
@@ -507,9 +555,13 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<NcclResources> resources_;
   cudaStream_t ordered_ = nullptr;               // the stream operations are ordered with, if any
   std::unique_ptr<OwnedEvent> ordered_reached_;  // its point when an operation is enqueued
-  std::mutex pending_mutex_;                     // the owner thread and the watchdog's
-  std::deque<PendingOp> pending_;
-  mutable std::recursive_timed_mutex nccl_calls_;  // see NcclCalls
+  // The owner thread's and the watchdog's (retire_completed), hence mutable: reading the counters
+  // (const) retires too.
+  mutable std::mutex pending_mutex_;
+  mutable std::deque<PendingOp> pending_;
+  mutable std::deque<TimedOp> timed_;
+  mutable std::array<double, kCommOpCount> device_seconds_{};  // retired, not yet in the counters
+  mutable std::recursive_timed_mutex nccl_calls_;              // see NcclCalls
   std::atomic<bool> aborted_{false};
 };
 
@@ -531,7 +583,7 @@ class NcclCommunicator::Event final : public Work::State {
       comm_.stop_if_aborted();
       if (error != cudaSuccess) fail(error);
     }
-    comm_.record(op_, payload_bytes_, seconds_since(start_));
+    comm_.record(op_, payload_bytes_, comm_.host_seconds_since(start_));
   }
 
   bool test() override {
@@ -542,7 +594,7 @@ class NcclCommunicator::Event final : public Work::State {
     }
     comm_.stop_if_aborted();
     if (error != cudaSuccess) fail(error);
-    comm_.record(op_, payload_bytes_, seconds_since(start_));
+    comm_.record(op_, payload_bytes_, comm_.host_seconds_since(start_));
     return true;
   }
 
@@ -565,7 +617,7 @@ Work NcclCommunicator::nonblocking(CommOp op, std::size_t payload_bytes, Enqueue
   const DeviceScope scope(resources_->device, name());
   const NcclCalls calls(*this);
   const auto start = Clock::now();
-  return Work(std::make_unique<Event>(*this, op, payload_bytes, start, enqueue_with_event(enqueue)));
+  return Work(std::make_unique<Event>(*this, op, payload_bytes, start, enqueue_with_event(enqueue, {op})));
 }
 
 std::pair<Work, Work> NcclCommunicator::do_isend_irecv(const OutgoingMessage& send,
@@ -587,7 +639,7 @@ std::pair<Work, Work> NcclCommunicator::do_isend_irecv(const OutgoingMessage& se
           raise_nccl(__FILE__, __LINE__, "ncclSend/ncclRecv", name(), comm(), result);
         if (end != ncclSuccess) raise_nccl(__FILE__, __LINE__, "ncclGroupEnd", name(), comm(), end);
       },
-      /*operations=*/2);  // one group: the send and the receive stay in flight until both are done
+      {CommOp::send, CommOp::recv});  // one group: both stay in flight until both are done
   return {
       Work(std::make_unique<Event>(*this, CommOp::send, send.count * dtype_size(send.type), start, done)),
       Work(std::make_unique<Event>(*this, CommOp::recv, recv.count * dtype_size(recv.type), start, done))};

@@ -23,6 +23,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -824,6 +825,9 @@ struct DeviceState {
   std::map<void*, std::size_t> pinned_blocks;  // cudaHostAlloc
   std::set<void*> streams;
   std::map<void*, std::uint64_t> events;  // each event's last record (0: none, or reached at issue)
+  /// Events made without cudaEventDisableTiming: when the device reached each one's last record
+  /// (nanoseconds of the steady clock; -1 until then, or never recorded), for cudaEventElapsedTime.
+  std::map<void*, std::shared_ptr<std::atomic<std::int64_t>>> timed_events;
   std::uint64_t allocated() const {
     std::uint64_t total = pool_reserved;
     for (const auto& block : plain_blocks) total += block.second;
@@ -1395,10 +1399,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (status == cudaSuccess) scheduler().remove_stream(stream);
   return status;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   void* handle = std::malloc(1);
   const std::lock_guard lock(device_state().mutex);
   device_state().events[handle] = 0;
+  if ((flags & cudaEventDisableTiming) == 0)
+    device_state().timed_events[handle] = std::make_shared<std::atomic<std::int64_t>>(-1);
   *event = static_cast<cudaEvent_t>(handle);
   return cudaSuccess;
 }
@@ -1406,6 +1412,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   const std::lock_guard lock(device_state().mutex);
   if (device_state().events.erase(event) == 0)
     return fail(cudaErrorInvalidResourceHandle, "cuda_fibers: cudaEventDestroy of an unknown handle");
+  device_state().timed_events.erase(event);
   std::free(event);
   return cudaSuccess;
 }
@@ -1433,9 +1440,53 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return status;
   if (const cudaError_t status = last_record(event, "cudaEventRecord", record); status != cudaSuccess)
     return status;
-  record = scheduler().enqueue(stream, "cudaEventRecord", {});
+  // A timing event notes when the device reaches this record (a fresh slot: the previous record's
+  // time no longer counts).
+  std::shared_ptr<std::atomic<std::int64_t>> reached_at;
+  {
+    const std::lock_guard lock(device_state().mutex);
+    if (const auto timed = device_state().timed_events.find(event);
+        timed != device_state().timed_events.end())
+      timed->second = reached_at = std::make_shared<std::atomic<std::int64_t>>(-1);
+  }
+  std::function<void()> note_time;
+  if (reached_at) {
+    note_time = [reached_at] {
+      reached_at->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count());
+    };
+  }
+  record = scheduler().enqueue(stream, "cudaEventRecord", std::move(note_time));
   const std::lock_guard lock(device_state().mutex);
   device_state().events[event] = record;
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, cudaEvent_t end) {
+  std::int64_t times[2] = {};
+  const cudaEvent_t events[2] = {start, end};
+  for (int i = 0; i < 2; ++i) {
+    std::uint64_t record = 0;
+    if (const cudaError_t status = last_record(events[i], "cudaEventElapsedTime", record);
+        status != cudaSuccess)
+      return status;
+    std::shared_ptr<std::atomic<std::int64_t>> reached_at;
+    {
+      const std::lock_guard lock(device_state().mutex);
+      const auto timed = device_state().timed_events.find(events[i]);
+      if (timed == device_state().timed_events.end())
+        return fail(cudaErrorInvalidResourceHandle,
+                    "cuda_fibers: cudaEventElapsedTime of an event made with cudaEventDisableTiming");
+      reached_at = timed->second;
+    }
+    if (!scheduler().reached(record))
+      return cudaErrorNotReady;  // as cudaEventQuery: not recorded as an error
+    times[i] = reached_at->load();
+    if (times[i] < 0)
+      return fail(cudaErrorInvalidResourceHandle,
+                  "cuda_fibers: cudaEventElapsedTime of an event never recorded");
+  }
+  *milliseconds = static_cast<float>(static_cast<double>(times[1] - times[0]) * 1e-6);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {

@@ -8,9 +8,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective_reference.hpp"
@@ -396,6 +398,43 @@ TEST_F(Nccl, OrderedWithAStreamWithoutHostWaits) {
   EXPECT_TRUE(snapshot.in_flight.empty());
   EXPECT_EQ(snapshot.collectives_completed, 4u);
   ordered->barrier();  // the host waits here, ordered or not
+}
+
+/// Ordered with a stream, an operation's seconds in traffic() are the device's (its events' elapsed
+/// time), counted once the device has completed it: rank 0, whose peers join 0.3 s late, spends that
+/// time in its all_reduce on the device, though its host only enqueued it.
+TEST_F(Nccl, OrderedOperationsCountTheDevicesTime) {
+  const zt::Stream compute(my_device());
+  auto ordered = zt::make_nccl_communicator(*mpi_, my_device(), "nccl timed", &compute);
+  const std::size_t count = 1000;
+  zt::Buffer values(my_device(), count * sizeof(float));
+  zt::zero_bytes(values.data(), my_device(), values.size(), &compute);
+  ordered->all_reduce(values.data(), values.data(), count, DType::fp32, ReduceOp::sum);  // connects
+  compute.synchronize();
+  ordered->reset_traffic();
+  mpi_->barrier();
+  const bool waits_for_late_peers = ordered->rank() == 0 && ordered->size() > 1;
+  if (ordered->rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ordered->all_reduce(values.data(), values.data(), count, DType::fp32, ReduceOp::sum);
+  compute.synchronize();
+  const zt::TrafficCounter counter = ordered->traffic()[zt::CommOp::all_reduce];
+  EXPECT_EQ(counter.calls, 1u);
+  EXPECT_GE(counter.seconds, 0.0);
+  if (waits_for_late_peers) EXPECT_GT(counter.seconds, 0.2) << "the device waited about 0.3 s";
+  EXPECT_LT(counter.seconds, 30.0);
+  // An exchange counts its group's time for its send and its receive.
+  if (ordered->size() > 1) {
+    zt::Buffer incoming(my_device(), count * sizeof(float));
+    const int next = (ordered->rank() + 1) % ordered->size();
+    const int previous = (ordered->rank() + ordered->size() - 1) % ordered->size();
+    ordered
+        ->isend_irecv({values.data(), count, DType::fp32, next, 0},
+                      {incoming.data(), count, DType::fp32, previous, 0})
+        .wait();
+    compute.synchronize();
+    EXPECT_EQ(ordered->traffic()[zt::CommOp::send].calls, 1u);
+    EXPECT_EQ(ordered->traffic()[zt::CommOp::send].seconds, ordered->traffic()[zt::CommOp::recv].seconds);
+  }
 }
 
 /// order_after: a collective waits on the device for a copy on another stream (the engine's NVMe
