@@ -191,6 +191,12 @@ class CachingHostAllocator final : public Allocator {
     return cache_.cached_bytes();
   }
 
+  void release_all() noexcept {
+    const std::lock_guard lock(mutex_);
+    for (const detail::BlockCache::Block& block : cache_.take_all())
+      free_host_block(block.pointer, block.size, /*huge_pages=*/true);
+  }
+
  private:
   static std::size_t rounded(std::size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
   static bool no_fences(void*) { return true; }  // host work is done when the buffer is freed
@@ -202,12 +208,6 @@ class CachingHostAllocator final : public Allocator {
     const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page_size <= 0) return std::size_t{1} << 30;
     return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size) / 4;
-  }
-
-  void release_all() noexcept {
-    const std::lock_guard lock(mutex_);
-    for (const detail::BlockCache::Block& block : cache_.take_all())
-      free_host_block(block.pointer, block.size, /*huge_pages=*/true);
   }
 
   HostAllocator fallback_;
@@ -307,6 +307,20 @@ MemorySnapshot memory_snapshot(DeviceType type) {
       break;  // every emulated buffer is its own mapping, unmapped when freed
   }
   return snapshot;
+}
+
+void release_cached_memory(DeviceType type) {
+  switch (type) {
+    case DeviceType::host:
+      activation_cache().release_all();
+      detail::cuda_release_cached_pinned_memory();
+      break;
+    case DeviceType::cuda:
+      detail::cuda_release_cached_device_memory();
+      break;
+    case DeviceType::emulated:
+      break;  // nothing cached (memory_snapshot)
+  }
 }
 
 void reset_memory_peaks() {

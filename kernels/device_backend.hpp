@@ -53,5 +53,10 @@ std::string cuda_device_pci_bus_id(int device_index) noexcept;
 std::size_t cuda_reserved_device_bytes() noexcept;
 /// Bytes of pinned host memory the pinned cache keeps for reuse; 0 without CUDA.
 std::size_t cuda_cached_pinned_bytes() noexcept;
+/// Gives the device pools' unused memory back to the driver, after the frees queued so far (each
+/// device this process allocated on is synchronized first); nothing without CUDA.
+void cuda_release_cached_device_memory() noexcept;
+/// Unpins and frees the blocks the pinned cache keeps (each after its fence); nothing without CUDA.
+void cuda_release_cached_pinned_memory() noexcept;
 
 }  // namespace zt::detail

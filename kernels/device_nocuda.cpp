@@ -68,6 +68,8 @@ DeviceMemoryInfo cuda_memory_info(int) {
 std::size_t cuda_cached_pinned_bytes() noexcept {
   return 0;
 }
+void cuda_release_cached_device_memory() noexcept {}
+void cuda_release_cached_pinned_memory() noexcept {}
 CudaStatus query_cuda_status() {
   CudaStatus status;
   status.compiled = false;

@@ -111,6 +111,12 @@ struct MemorySnapshot {
   }
 };
 MemorySnapshot memory_snapshot(DeviceType type);
+/// Gives what the caching allocators keep for reuse (MemorySnapshot::cached) back to the system, as
+/// torch.cuda.empty_cache does: on CUDA, the stream-ordered pools' unused memory, once the device has
+/// done the work queued so far (this waits for it); on the host, the activation and pinned caches.
+/// Live buffers are untouched. For after a phase whose large temporaries the rest of the run will
+/// not reuse, so that other allocations (another library's, another process's) can have the memory.
+void release_cached_memory(DeviceType type);
 /// Restart peak tracking from the current values (e.g. after initialization, before training).
 void reset_memory_peaks();
 

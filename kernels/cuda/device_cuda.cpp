@@ -161,6 +161,15 @@ class CudaDeviceAllocator final : public Allocator {
     return static_cast<std::size_t>(pool_attribute(pool_, cudaMemPoolAttrReservedMemCurrent));
   }
 
+  /// What the pool keeps beyond its live blocks goes back to the driver: a block freed on a stream
+  /// returns to the pool only when the device reaches its free, hence the synchronization first.
+  void release_cached() noexcept {
+    const DeviceScope scope(index_);
+    cudaDeviceSynchronize();
+    cudaMemPoolTrimTo(pool_, 0);
+    cudaGetLastError();  // a failed device shows at the next checked call
+  }
+
  private:
   int index_;
   cudaMemPool_t pool_ = nullptr;
@@ -246,6 +255,15 @@ class CudaPinnedAllocator final : public Allocator {
     return cache_.cached_bytes();
   }
 
+  void release_all() noexcept {
+    std::vector<BlockCache::Block> blocks;
+    {
+      const std::lock_guard lock(mutex_);
+      blocks = cache_.take_all();
+    }
+    for (const BlockCache::Block& block : blocks) free_block(block);
+  }
+
  private:
   static bool event_reached(void* event) {
     return kernels::cuda::query_event(static_cast<cudaEvent_t>(event)) == cudaSuccess;
@@ -297,15 +315,6 @@ class CudaPinnedAllocator final : public Allocator {
     cudaFreeHost(block.pointer);
   }
 
-  void release_all() noexcept {
-    std::vector<BlockCache::Block> blocks;
-    {
-      const std::lock_guard lock(mutex_);
-      blocks = cache_.take_all();
-    }
-    for (const BlockCache::Block& block : blocks) free_block(block);
-  }
-
   std::mutex mutex_;
   BlockCache cache_;
   std::vector<cudaEvent_t> spare_events_;
@@ -344,6 +353,16 @@ std::size_t cuda_reserved_device_bytes() noexcept {
 
 std::size_t cuda_cached_pinned_bytes() noexcept {
   return pinned_allocator().cached_bytes();
+}
+
+void cuda_release_cached_device_memory() noexcept {
+  DeviceAllocators& allocators = device_allocators();
+  const std::lock_guard lock(allocators.mutex);
+  for (const auto& [index, allocator] : allocators.by_index) allocator->release_cached();
+}
+
+void cuda_release_cached_pinned_memory() noexcept {
+  pinned_allocator().release_all();
 }
 
 std::string cuda_device_pci_bus_id(int device_index) noexcept {

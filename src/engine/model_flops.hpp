@@ -28,7 +28,9 @@ struct MatmulProbe {
 /// included, on a GPU cuBLASLt) on n x n operands in `dtype`: n doubles from 128 until one call takes
 /// an eighth of `budget_seconds` (or n reaches 1024 on the host, 8192 on a GPU, where a call is timed
 /// to its stream's end), then calls at that size while the budget lasts (at least 3 within twice the
-/// budget); the best call counts. The first call, a warm-up (threads started), is not timed.
+/// budget); the best call counts. The first call, a warm-up (threads started), is not timed. On a
+/// GPU it ends by giving the device's cached memory back (release_cached_memory), so that its
+/// operands do not stay reserved in the pool.
 MatmulProbe probe_matmul(DType dtype, Device device = Device::host(), double budget_seconds = 0.03);
 
 /// One rank's peak FLOP/s for the MFU when none is given (--peak-flops): on a CUDA device whose GPU

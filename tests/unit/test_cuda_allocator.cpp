@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda_kernel_checks.hpp"
+#include "src/engine/model_flops.hpp"
 #include "zerotrain/device.hpp"
 
 namespace {
@@ -90,6 +91,48 @@ TEST(CudaAllocator, PinnedBuffersAreCachedAndReusedAfterTheirCopies) {
   stream.synchronize();
   EXPECT_EQ(check.front(), 0x5a);
   EXPECT_EQ(check.back(), 0x5a);
+}
+
+TEST(CudaAllocator, ReleasingTheCachesGivesTheirMemoryBack) {
+  ZT_REQUIRE_GPU();
+  const zt::Stream stream(zt::Device::cuda(0));
+  const std::size_t bytes = 24 * kMiB;
+  {
+    zt::Buffer live(zt::Device::cuda(0), kMiB);  // untouched by the release
+    {
+      // Freed on the stream: back in the pool only once the device reaches the free.
+      zt::Buffer device(zt::Device::cuda(0), bytes, zt::MemoryCategory::activations, zt::kHostAlignment,
+                        zt::HostMemoryKind::pageable, &stream);
+      zt::zero_bytes(device.data(), device.device(), bytes, &stream);
+      zt::Buffer pinned(zt::Device::host(), bytes, zt::MemoryCategory::other, zt::kHostAlignment,
+                        zt::HostMemoryKind::pinned);
+    }
+    const std::size_t kept = zt::memory_snapshot(zt::DeviceType::cuda).cached;
+    ASSERT_GE(kept, bytes) << "the pool did not keep the freed block";
+    ASSERT_GE(zt::memory_snapshot(zt::DeviceType::host).cached, bytes) << "the pinned cache did not keep its block";
+
+    zt::release_cached_memory(zt::DeviceType::cuda);
+    const zt::MemorySnapshot device = zt::memory_snapshot(zt::DeviceType::cuda);
+    EXPECT_LE(device.cached + bytes, kept) << "the pool still holds the freed block";
+    EXPECT_GE(device.total.current, kMiB) << "the live buffer is still counted";
+    zt::release_cached_memory(zt::DeviceType::host);
+    EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).cached, 0u);
+
+    zt::zero_bytes(live.data(), live.device(), kMiB);  // still usable
+  }
+}
+
+TEST(CudaAllocator, TheMatmulProbeGivesItsOperandsBack) {
+  // The MFU's peak on a GPU the data sheet does not list is measured on 8192^2 operands; they must
+  // not stay reserved in the pool for the rest of the run.
+  ZT_REQUIRE_GPU();
+  zt::release_cached_memory(zt::DeviceType::cuda);
+  const std::size_t before = zt::memory_snapshot(zt::DeviceType::cuda).cached;
+  const zt::engine_detail::MatmulProbe probe =
+      zt::engine_detail::probe_matmul(zt::DType::bf16, zt::Device::cuda(0), /*budget_seconds=*/0.01);
+  EXPECT_GT(probe.flops_per_second, 0.0);
+  // 3 x 8192^2 bf16 elements are 384 MiB; what the pool may keep of its own is far less.
+  EXPECT_LT(zt::memory_snapshot(zt::DeviceType::cuda).cached, before + 16 * kMiB);
 }
 
 TEST(CudaAllocator, RefusesAnAlignmentPinnedPagesCannotGive) {

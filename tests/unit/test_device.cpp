@@ -287,6 +287,21 @@ TEST(Memory, ReportsWhatTheActivationCacheKeeps) {
   }
 }
 
+TEST(Memory, ReleasingTheHostCacheFreesWhatItKeeps) {
+  const std::size_t bytes = std::size_t{1} << 20;
+  zt::Buffer live(zt::Device::host(), bytes, zt::MemoryCategory::activations);
+  { zt::Buffer activations(zt::Device::host(), 2 * bytes, zt::MemoryCategory::activations); }
+  ASSERT_GE(zt::memory_snapshot(zt::DeviceType::host).cached, 2 * bytes);
+  zt::release_cached_memory(zt::DeviceType::host);
+  EXPECT_EQ(zt::memory_snapshot(zt::DeviceType::host).cached, 0u);
+  EXPECT_GE(zt::memory_snapshot(zt::DeviceType::host)[zt::MemoryCategory::activations].current, bytes)
+      << "a live buffer is not the cache's";
+  static_cast<unsigned char*>(live.data())[bytes - 1] = 1;  // still its owner's
+  // Nothing cached, nothing to do: on a device without a cache, and without a GPU.
+  zt::release_cached_memory(zt::DeviceType::emulated);
+  zt::release_cached_memory(zt::DeviceType::cuda);
+}
+
 TEST(HostBuffer, TakesAStreamAndIgnoresItsOrder) {
   const zt::Stream host_stream;
   zt::Buffer buffer(zt::Device::host(), 256, zt::MemoryCategory::other, zt::kHostAlignment,
