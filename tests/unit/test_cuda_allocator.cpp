@@ -109,7 +109,8 @@ TEST(CudaAllocator, ReleasingTheCachesGivesTheirMemoryBack) {
     }
     const std::size_t kept = zt::memory_snapshot(zt::DeviceType::cuda).cached;
     ASSERT_GE(kept, bytes) << "the pool did not keep the freed block";
-    ASSERT_GE(zt::memory_snapshot(zt::DeviceType::host).cached, bytes) << "the pinned cache did not keep its block";
+    ASSERT_GE(zt::memory_snapshot(zt::DeviceType::host).cached, bytes)
+        << "the pinned cache did not keep its block";
 
     zt::release_cached_memory(zt::DeviceType::cuda);
     const zt::MemorySnapshot device = zt::memory_snapshot(zt::DeviceType::cuda);
