@@ -24,6 +24,11 @@ void cuda_copy(void* destination, const void* source, std::size_t bytes, void* s
 /// cudaMemsetAsync to zero on `stream`, then a sync if stream is null.
 void cuda_zero(void* destination, std::size_t bytes, void* stream);
 void* cuda_event_create(int device_index);
+/// An event that keeps time (cudaEventDefault; cuda_event_create's do not), for cuda_event_seconds.
+void* cuda_timing_event_create(int device_index);
+/// cudaEventElapsedTime in seconds: the device's time from `start` to `end`, timing events both,
+/// recorded and reached.
+double cuda_event_seconds(void* start, void* end);
 void cuda_event_destroy(void* event) noexcept;
 void cuda_event_record(void* event, void* stream);
 void cuda_event_synchronize(void* event);

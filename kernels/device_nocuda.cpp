@@ -41,6 +41,12 @@ void cuda_zero(void*, std::size_t, void*) {
 void* cuda_event_create(int) {
   no_cuda("creating a CUDA event");
 }
+void* cuda_timing_event_create(int) {
+  no_cuda("creating a CUDA event");
+}
+double cuda_event_seconds(void*, void*) {
+  no_cuda("timing CUDA events");
+}
 void cuda_event_destroy(void*) noexcept {}
 void cuda_event_record(void*, void*) {
   no_cuda("recording a CUDA event");

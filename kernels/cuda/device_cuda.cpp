@@ -431,6 +431,21 @@ void* cuda_event_create(int device_index) {
   return event;
 }
 
+void* cuda_timing_event_create(int device_index) {
+  require_usable("creating a CUDA event");
+  ZT_CHECK_CUDA(cudaSetDevice(device_index));
+  cudaEvent_t event = nullptr;
+  ZT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  return event;
+}
+
+double cuda_event_seconds(void* start, void* end) {
+  float milliseconds = 0.0f;
+  ZT_CHECK_CUDA(
+      cudaEventElapsedTime(&milliseconds, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return 1e-3 * static_cast<double>(milliseconds);
+}
+
 void cuda_event_destroy(void* event) noexcept {
   cudaEventDestroy(static_cast<cudaEvent_t>(event));
 }

@@ -1,6 +1,7 @@
 // One stage's pipeline schedule, run (see pipeline_executor.hpp).
 #include "src/engine/pipeline_executor.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include "base/seconds_since.hpp"
@@ -33,6 +34,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pipeline, Communicator& pipelin
   ZT_CHECK(pipeline.size() == stages && pipeline.rank() == stage, "pipeline executor for stage ", stage,
            " of ", stages, " on a pipeline group of ", pipeline.size(), " ranks where this one is rank ",
            pipeline.rank());
+  if (!execution.device().is_host()) device_marks_.emplace(execution.compute());
   ZT_CHECK(pipeline_host.backend() == CommBackend::mpi && pipeline_host.device().is_host() &&
                pipeline_host.size() == stages && pipeline_host.rank() == stage,
            "pipeline executor for stage ", stage, ": the host communicator '", pipeline_host.name(),
@@ -46,6 +48,11 @@ PipelineTiming PipelineExecutor::run(const PipeSchedule& schedule, const Pipelin
   received_shape_.reset();
   next_activation_.reset();
   next_gradient_.reset();
+  compute_marks_.clear();
+  if (device_marks_) {
+    device_marks_->clear();
+    device_marks_->mark();  // the run's start: mark 0
+  }
   double busy = 0;
   std::vector<Buffer> buffers(static_cast<std::size_t>(schedule.buffers));
   auto buffer_of = [&](const PipeInstruction& instruction) -> Buffer& {
@@ -78,7 +85,9 @@ PipelineTiming PipelineExecutor::run(const PipeSchedule& schedule, const Pipelin
                  stage_, ": ", describe(instruction),
                  " without its input (the schedule loads or receives it first)");
         const auto started = base::Clock::now();
+        begin_compute();
         buffer.output = work.forward(buffer.input, instruction.micro_batch, buffer.batch);
+        end_compute();
         busy += base::seconds_since(started);
         if (stage_ + 1 < stages_) {
           output_shape_ = buffer.output.shape();
@@ -103,7 +112,9 @@ PipelineTiming PipelineExecutor::run(const PipeSchedule& schedule, const Pipelin
                  describe(instruction), " but the buffer holds micro-batch ", buffer.micro_batch);
         const Tensor grad_output = stage_ + 1 < stages_ ? buffer.output : Tensor();
         const auto started = base::Clock::now();
+        begin_compute();
         Tensor grad_input = work.backward(grad_output, instruction.micro_batch);
+        end_compute();
         busy += base::seconds_since(started);
         buffer = Buffer{};  // free for the next micro-batch
         buffer.grad_input = std::move(grad_input);
@@ -130,7 +141,25 @@ PipelineTiming PipelineExecutor::run(const PipeSchedule& schedule, const Pipelin
   }
   complete_sends(true);
   schedule_ = nullptr;
+  if (device_marks_ && !compute_marks_.empty()) return device_timing();
   return {.stage = stage_, .stages = stages_, .busy_seconds = busy, .idle_seconds = idle_seconds_};
+}
+
+void PipelineExecutor::begin_compute() {
+  if (device_marks_) compute_marks_.emplace_back(device_marks_->mark(), 0);
+}
+
+void PipelineExecutor::end_compute() {
+  if (device_marks_) compute_marks_.back().second = device_marks_->mark();
+}
+
+PipelineTiming PipelineExecutor::device_timing() {
+  // The whole span first: one wait, for the last backward's end; the marks before it are reached.
+  const double span = device_marks_->seconds_between(0, compute_marks_.back().second);
+  double busy = 0;
+  for (const auto& [begin, end] : compute_marks_) busy += device_marks_->seconds_between(begin, end);
+  return {
+      .stage = stage_, .stages = stages_, .busy_seconds = busy, .idle_seconds = std::max(0.0, span - busy)};
 }
 
 void PipelineExecutor::send_activation(const Tensor& activation, std::int64_t micro_batch,

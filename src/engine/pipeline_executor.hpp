@@ -15,6 +15,13 @@
 // posted (NCCL, the emulated device), so a send and the receive right after it from the same
 // neighbour start together as one exchange (exchanges_with_next, Communicator::isend_irecv), which
 // keeps 1F1B's steady state from deadlocking (check_pipe_schedules, rendezvous_with_exchanges).
+//
+// The stage's time (PipelineTiming): on the host, the clock around its forwards and backwards
+// (busy) and around its waits for the neighbours (idle). On a device the host only queues the work
+// and waits for little, so both come from the compute stream's timeline instead (StreamMarks):
+// busy, the device's time from each forward's or backward's first work to its last; idle, the rest
+// of the time from the run's start to its last backward's end (the stream waiting for activations
+// and gradients, or for the host to queue more).
 #pragma once
 
 #include <array>
@@ -25,6 +32,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/stream_marks.hpp"
 #include "src/engine/pipeline_schedule.hpp"
 #include "zerotrain/communicator.hpp"
 #include "zerotrain/engine.hpp"
@@ -91,6 +99,11 @@ class PipelineExecutor {
   Tensor take_receive(std::optional<PendingReceive>& pending, PipeOp op, std::size_t position,
                       std::int64_t micro_batch);
   void complete_sends(bool all);
+  /// On a device: a mark on the compute stream before a forward or backward, and after it.
+  void begin_compute();
+  void end_compute();
+  /// The run's busy and idle time from the compute stream's marks (waits for the last).
+  PipelineTiming device_timing();
 
   Communicator& pipeline_;
   Communicator& pipeline_host_;
@@ -99,10 +112,12 @@ class PipelineExecutor {
   int stages_;
   bool post_early_;  // receives may be posted ahead (host MPI: they do not block)
   bool exchanges_;   // sends wait for their receive (a device communicator): pair them
+  std::optional<kernels::StreamMarks> device_marks_;  // on a device: its compute stream's timeline
 
   // Per run:
   const PipeSchedule* schedule_ = nullptr;
   double idle_seconds_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> compute_marks_;  // each forward's and backward's
   bool sent_shape_ = false;
   std::array<std::int64_t, 2 + kMaxShapeDims> sent_shape_message_{};
   Work shape_send_;

@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -149,10 +150,13 @@ TEST(CudaTraining, PipelineStagesEqualTheHost) {
         TrainingRun& run = runs[on_gpu];
         run.initial = real_master_parameters(engine);
         for (int step = 0; step < kSteps; ++step) {
+          const auto started = std::chrono::steady_clock::now();
           engine.train_batch(
               [&](std::int64_t micro) { return data_source->load(static_cast<std::uint64_t>(micro)); });
+          const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - started;
           data_source->advance();
           run.losses.push_back(engine.last_step().loss);
+          if (on_gpu) expect_device_stage_time(engine.last_step().pipeline, step_time.count());
         }
         run.master = real_master_parameters(engine);
       }

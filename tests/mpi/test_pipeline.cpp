@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -46,6 +47,7 @@ struct PipelineRun {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> masters;  // this rank's stage's parameters, by name
   std::vector<zt::PipelineTiming> timings;
+  std::vector<double> step_seconds;    // train_batch's wall time
   std::uint64_t peak_activations = 0;  // this rank's, over the run
 };
 
@@ -74,7 +76,10 @@ PipelineRun train_and_record(zt::Engine& engine) {
   auto training = zt::make_training_data(engine.config(), engine, std::nullopt);
   PipelineRun result;
   for (int step = 0; step < kSteps; ++step) {
+    const auto started = std::chrono::steady_clock::now();
     engine.train_batch([&](std::int64_t micro) { return training->load(static_cast<std::uint64_t>(micro)); });
+    result.step_seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     training->advance();
     result.losses.push_back(engine.last_step().loss);
     result.timings.push_back(engine.last_step().pipeline);
@@ -405,6 +410,8 @@ TEST(Pipeline, OnTheEmulatedDeviceTrainsBitwiseAsTheHost) {
       expect_masters_match(device, host, 0);
       EXPECT_LT(device.losses.back(), device.losses.front());
       EXPECT_EQ(device.timings.back().stages, stages);
+      for (std::size_t step = 0; step < device.timings.size(); ++step)
+        expect_device_stage_time(device.timings[step], device.step_seconds[step]);
     }
     // Evaluation (the inference schedule) on the device.
     const int data = runtime.world_size() / stages;

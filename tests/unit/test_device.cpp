@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -14,12 +15,14 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/block_cache.hpp"
 #include "kernels/emulated_device.hpp"
 #include "kernels/gpu_path.hpp"
 #include "kernels/host_memory.hpp"
+#include "kernels/stream_marks.hpp"
 #include "src/engine/device_choice.hpp"
 #include "swap_test_fixtures.hpp"  // ScopedEnvironment
 #include "test_helpers.hpp"
@@ -300,6 +303,45 @@ TEST(Memory, ReleasingTheHostCacheFreesWhatItKeeps) {
   // Nothing cached, nothing to do: on a device without a cache, and without a GPU.
   zt::release_cached_memory(zt::DeviceType::emulated);
   zt::release_cached_memory(zt::DeviceType::cuda);
+}
+
+TEST(StreamMarks, TimeTheWorkWhereTheStreamRunsIt) {
+  using namespace std::chrono_literals;
+  // The host's stream runs work at the call: the clock at each mark.
+  const zt::Stream host;
+  zt::kernels::StreamMarks host_marks(host);
+  host_marks.mark();
+  std::this_thread::sleep_for(20ms);
+  host_marks.mark();
+  EXPECT_GE(host_marks.seconds_between(0, 1), 0.02);
+  EXPECT_EQ(host_marks.seconds_between(1, 1), 0.0);
+
+  // The emulated device queues work and runs it when the host waits: the marks time the queued
+  // work, which the host only queued.
+  const zt::Stream emulated(zt::Device::emulated());
+  zt::kernels::StreamMarks marks(emulated);
+  marks.mark();
+  zt::detail::emulated_enqueue(zt::detail::emulated_queue_of(emulated),
+                               [] { std::this_thread::sleep_for(30ms); });
+  marks.mark();
+  EXPECT_GE(marks.seconds_between(0, 1), 0.03) << "the work between the marks took 30 ms";
+  marks.clear();
+  EXPECT_EQ(marks.size(), 0u);
+  EXPECT_EQ(marks.mark(), 0u) << "clear() starts the indices again";
+  EXPECT_THROW(marks.seconds_between(0, 1), zt::Error) << "a mark that was not made";
+
+  // A CUDA stream: timing events, the device's time between them.
+  if (zt::cuda_status().usable()) {
+    const zt::Stream cuda(zt::Device::cuda(0));
+    const std::size_t bytes = std::size_t{64} << 20;
+    zt::Buffer from(zt::Device::cuda(0), bytes), to(zt::Device::cuda(0), bytes);
+    zt::kernels::StreamMarks device_marks(cuda);
+    device_marks.mark();
+    for (int i = 0; i < 4; ++i)
+      zt::copy_bytes(to.data(), to.device(), from.data(), from.device(), bytes, &cuda);
+    device_marks.mark();
+    EXPECT_GT(device_marks.seconds_between(0, 1), 0.0) << "256 MiB copied between the marks";
+  }
 }
 
 TEST(HostBuffer, TakesAStreamAndIgnoresItsOrder) {
