@@ -156,7 +156,10 @@ TEST(CudaTraining, PipelineStagesEqualTheHost) {
           const std::chrono::duration<double> step_time = std::chrono::steady_clock::now() - started;
           data_source->advance();
           run.losses.push_back(engine.last_step().loss);
-          if (on_gpu) expect_device_stage_time(engine.last_step().pipeline, step_time.count());
+          // Launches bound a small model's step on a GPU, and its kernels on the CPU here: the
+          // forwards and backwards are a good part of it either way.
+          if (on_gpu)
+            expect_device_stage_time(engine.last_step().pipeline, step_time.count(), 0.1 * step_time.count());
         }
         run.master = real_master_parameters(engine);
       }

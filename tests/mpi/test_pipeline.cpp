@@ -410,8 +410,12 @@ TEST(Pipeline, OnTheEmulatedDeviceTrainsBitwiseAsTheHost) {
       expect_masters_match(device, host, 0);
       EXPECT_LT(device.losses.back(), device.losses.front());
       EXPECT_EQ(device.timings.back().stages, stages);
-      for (std::size_t step = 0; step < device.timings.size(); ++step)
-        expect_device_stage_time(device.timings[step], device.step_seconds[step]);
+      // The emulated device runs the host's kernels: its stages are about as busy as the host's
+      // (the host's clock around the launches gave a few percent of it).
+      for (std::size_t step = 0; step < device.timings.size(); ++step) {
+        expect_device_stage_time(device.timings[step], device.step_seconds[step],
+                                 0.2 * host.timings[step].busy_seconds);
+      }
     }
     // Evaluation (the inference schedule) on the device.
     const int data = runtime.world_size() / stages;
