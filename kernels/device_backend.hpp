@@ -13,7 +13,12 @@ namespace zt::detail {
 Allocator& cuda_device_allocator(int device_index);
 Allocator& cuda_pinned_host_allocator();
 void* cuda_stream_create(int device_index);
+/// Destroys a stream of cuda_stream_create once its work is done; the release hooks run first.
 void cuda_stream_destroy(void* stream) noexcept;
+/// `hook(stream)` runs when cuda_stream_destroy destroys a stream, after its work, before the
+/// handle is destroyed (and may be reused): what is kept per stream elsewhere (cuBLASLt's
+/// workspace) goes with it. Hooks stay for the process and must not throw.
+void cuda_add_stream_release_hook(void (*hook)(void* stream));
 void cuda_stream_synchronize(void* stream);
 /// cudaDeviceSynchronize on `device_index`: every stream's work, the non-blocking ones too.
 void cuda_device_synchronize(int device_index);

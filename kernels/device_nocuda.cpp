@@ -48,6 +48,7 @@ double cuda_event_seconds(void*, void*) {
   no_cuda("timing CUDA events");
 }
 void cuda_event_destroy(void*) noexcept {}
+void cuda_add_stream_release_hook(void (*)(void*)) {}
 void cuda_event_record(void*, void*) {
   no_cuda("recording a CUDA event");
 }

@@ -383,11 +383,34 @@ void* cuda_stream_create(int device_index) {
   return stream;
 }
 
+namespace {
+struct StreamReleaseHooks {
+  std::mutex mutex;
+  std::vector<void (*)(void*)> hooks;
+};
+/// Never destroyed: streams may be destroyed during static destruction.
+StreamReleaseHooks& stream_release_hooks() {
+  static base::NeverDestroyed<StreamReleaseHooks> hooks;
+  return *hooks;
+}
+}  // namespace
+
+void cuda_add_stream_release_hook(void (*hook)(void* stream)) {
+  StreamReleaseHooks& registry = stream_release_hooks();
+  const std::lock_guard lock(registry.mutex);
+  registry.hooks.push_back(hook);
+}
+
 void cuda_stream_destroy(void* stream) noexcept {
   live_streams().remove(stream);
   // Its work done first: a later stream may get the same handle, and a buffer of this one freed on
   // that handle must not be reused while this stream's kernels may still touch it.
   cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  {
+    StreamReleaseHooks& registry = stream_release_hooks();
+    const std::lock_guard lock(registry.mutex);
+    for (void (*hook)(void*) : registry.hooks) hook(stream);
+  }
   cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }
 

@@ -11,12 +11,13 @@
 //   weight rows   the same with dY^T's rows [first_out, first_out + count) (pointer offset, ld out)
 // where each X^T, W^T, dY^T is the row-major buffer itself read column-major.
 //
-// Resources: one cuBLASLt handle per device and one 32 MiB workspace per stream, created on first use
-// and kept for the process (cuBLAS requires a workspace per stream when one handle serves several
-// streams). Each distinct GEMM (shape, leading dimensions, dtype, math mode, transposes, epilogue,
-// pointer alignments) gets its descriptors and heuristic's algorithm once; later calls only enqueue.
-// The chosen algorithm is a function of that key, so a run repeats its bits (cuBLASLt is deterministic
-// for a given algorithm and workspace); the bias gradient reduces in a fixed order, without atomics.
+// Resources: one cuBLASLt handle per device, kept for the process, and one 32 MiB workspace per stream
+// (cuBLAS requires a workspace per stream when one handle serves several streams), made on the
+// stream's first GEMM, counted as device workspace memory, and freed with the stream. Each distinct GEMM
+// (shape, leading dimensions, dtype, math mode, transposes, epilogue, pointer alignments) gets its
+// descriptors and heuristic's algorithm once; later calls only enqueue. The chosen algorithm is a function of
+// that key, so a run repeats its bits (cuBLASLt is deterministic for a given algorithm and workspace); the
+// bias gradient reduces in a fixed order, without atomics.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -37,6 +38,8 @@
 #include "kernels/cuda/cublaslt_library.hpp"
 #include "kernels/cuda/cuda_common.hpp"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/device_backend.hpp"
+#include "zerotrain/device.hpp"
 #include "zerotrain/dtype.hpp"
 #include "zerotrain/error.hpp"
 
@@ -106,11 +109,6 @@ using MatmulDescriptor = CublasObject<cublasLtMatmulDesc_t, lt::cublasLtMatmulDe
 using MatrixLayout = CublasObject<cublasLtMatrixLayout_t, lt::cublasLtMatrixLayoutDestroy>;
 using MatmulPreference = CublasObject<cublasLtMatmulPreference_t, lt::cublasLtMatmulPreferenceDestroy>;
 
-struct DeviceMemoryFree {
-  void operator()(void* pointer) const noexcept { cudaFree(pointer); }
-};
-using DeviceMemory = std::unique_ptr<void, DeviceMemoryFree>;
-
 /// Makes the stream's device current for the scope (kernel launches, cuBLASLt's heuristics and handles
 /// follow the current device), restoring the caller's on exit. Each entry point holds one.
 class StreamDeviceScope : public CurrentDeviceScope {
@@ -134,21 +132,45 @@ cublasLtHandle_t lt_handle(int device, const GemmContext& gemm) {
 /// cuBLASLt's workspace: 32 MiB, what NVIDIA recommends for Hopper (enough for split-K and stream-K).
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
-void* stream_workspace(int device, cudaStream_t stream) {
-  static std::mutex mutex;
-  static base::NeverDestroyed<std::map<std::pair<int, cudaStream_t>, DeviceMemory>> workspaces;
-  const std::lock_guard lock(mutex);
-  DeviceMemory& workspace = (*workspaces)[{device, stream}];
-  if (!workspace) {
-    void* allocated = nullptr;
-    const cudaError_t status = cudaMalloc(&allocated, kWorkspaceBytes);
-    if (status != cudaSuccess) {
-      ZT_THROW_AS(CudaError, "cuBLASLt workspace (", kWorkspaceBytes, " bytes) on cuda:", device,
-                  ": cudaMalloc failed: ", cudaGetErrorString(status));
+/// The streams' workspaces, by device and stream (the legacy default stream, nullptr, is every
+/// device's). Never destroyed: streams may be destroyed during static destruction.
+struct StreamWorkspaces {
+  std::mutex mutex;
+  std::map<std::pair<int, cudaStream_t>, zt::Buffer> by_stream;
+};
+StreamWorkspaces& stream_workspaces() {
+  static base::NeverDestroyed<StreamWorkspaces> workspaces;
+  return *workspaces;
+}
+
+/// A destroyed stream's workspace goes with it (its work is done): a stream made for a while (the
+/// MFU probe's, a test's) would otherwise keep its 32 MiB for the process.
+void release_stream_workspace(void* stream) {
+  StreamWorkspaces& workspaces = stream_workspaces();
+  zt::Buffer released;  // freed outside the lock: the free waits for the device
+  {
+    const std::lock_guard lock(workspaces.mutex);
+    // A stream made by cuda_stream_create belongs to one device: at most one entry.
+    for (auto it = workspaces.by_stream.begin(); it != workspaces.by_stream.end(); ++it) {
+      if (it->first.second != static_cast<cudaStream_t>(stream)) continue;
+      released = std::move(it->second);
+      workspaces.by_stream.erase(it);
+      break;
     }
-    workspace.reset(allocated);
   }
-  return workspace.get();
+}
+
+void* stream_workspace(int device, cudaStream_t stream) {
+  static std::once_flag hooked;
+  std::call_once(hooked, [] { zt::detail::cuda_add_stream_release_hook(release_stream_workspace); });
+  StreamWorkspaces& workspaces = stream_workspaces();
+  const std::lock_guard lock(workspaces.mutex);
+  zt::Buffer& workspace = workspaces.by_stream[{device, stream}];
+  // From the device's pool, counted as workspace memory (device_peak, mem.workspace); made without
+  // a stream, so usable on this one at once.
+  if (workspace.empty())
+    workspace = zt::Buffer(zt::Device::cuda(device), kWorkspaceBytes, zt::MemoryCategory::workspace);
+  return workspace.data();
 }
 
 // ---- GEMM plans ---------------------------------------------------------------------------------

@@ -23,7 +23,9 @@ double model_flops_per_token(const Config& config, std::int64_t parameters) {
   return flops;
 }
 
-MatmulProbe probe_matmul(DType dtype, Device device, double budget_seconds) {
+namespace {
+/// probe_matmul's measurement, whose operands, stream (and its GEMM workspace) are freed on return.
+MatmulProbe measure_matmul(DType dtype, Device device, double budget_seconds) {
   using Clock = std::chrono::steady_clock;
   // A GPU needs larger operands than the host before a call outlasts its launch and sync.
   const std::int64_t largest = device.is_cuda() ? 8192 : 1024;
@@ -62,11 +64,15 @@ MatmulProbe probe_matmul(DType dtype, Device device, double budget_seconds) {
   const auto n = static_cast<double>(probe.size);
   probe.flops_per_second = 2.0 * n * n * n / best;
   probe.seconds = seconds_since(began);  // without the warm-up
-  // On a GPU the operands (3 x 8192^2 elements, 384 MiB in bf16) would stay reserved in the caching
-  // pool, held from NCCL's and the libraries' own allocations for the whole run: given back now.
-  input = Buffer();
-  weight = Buffer();
-  output = Buffer();
+  return probe;
+}
+}  // namespace
+
+MatmulProbe probe_matmul(DType dtype, Device device, double budget_seconds) {
+  const MatmulProbe probe = measure_matmul(dtype, device, budget_seconds);
+  // On a GPU the operands (3 x 8192^2 elements, 384 MiB in bf16) and the stream's GEMM workspace
+  // would stay reserved in the caching pool, held from NCCL's and the libraries' own allocations for
+  // the whole run: given back now.
   if (device.is_cuda()) release_cached_memory(DeviceType::cuda);
   return probe;
 }

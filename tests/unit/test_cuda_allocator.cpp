@@ -96,7 +96,10 @@ TEST(CudaAllocator, PinnedBuffersAreCachedAndReusedAfterTheirCopies) {
 TEST(CudaAllocator, ReleasingTheCachesGivesTheirMemoryBack) {
   ZT_REQUIRE_GPU();
   const zt::Stream stream(zt::Device::cuda(0));
-  const std::size_t bytes = 24 * kMiB;
+  // Larger than any chunk the pool maps at a time, so that the block has its own mapping, which
+  // nothing else shares when it is freed; the pool starts empty.
+  const std::size_t bytes = 256 * kMiB;
+  zt::release_cached_memory(zt::DeviceType::cuda);
   {
     zt::Buffer live(zt::Device::cuda(0), kMiB);  // untouched by the release
     {

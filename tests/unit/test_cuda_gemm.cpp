@@ -315,6 +315,28 @@ TEST_F(CudaGemm, Tf32MatchesHostWithinTf32Rounding) {
 }
 #endif
 
+TEST_F(CudaGemm, AStreamsWorkspaceIsCountedAndGoesWithTheStream) {
+  // cuBLASLt's 32 MiB per stream: device workspace memory while the stream lives, freed with it.
+  ZT_REQUIRE_GPU();
+  const auto workspace_bytes = [] {
+    return zt::memory_snapshot(zt::DeviceType::cuda)[zt::MemoryCategory::workspace].current;
+  };
+  const std::size_t before = workspace_bytes();
+  {
+    const zt::Stream stream(zt::Device::cuda(0));
+    const MatmulShape shape{8, 16, 24};
+    LinearOperands x(shape, DType::fp32, stream);
+    zt::kernels::matmul_forward(stream, DType::fp32, x.input.device_data(), x.weight.device_data(), nullptr,
+                                x.output.device_data(), shape);
+    stream.synchronize();
+    EXPECT_EQ(workspace_bytes(), before + (std::size_t{32} << 20)) << "the stream's workspace";
+    zt::kernels::matmul_forward(stream, DType::fp32, x.input.device_data(), x.weight.device_data(), nullptr,
+                                x.output.device_data(), shape);
+    EXPECT_EQ(workspace_bytes(), before + (std::size_t{32} << 20)) << "one per stream, kept while it lives";
+  }
+  EXPECT_EQ(workspace_bytes(), before) << "the destroyed stream's workspace was kept";
+}
+
 TEST_F(CudaGemm, RepeatsItsBits) {
   ZT_REQUIRE_GPU();
   // The same GEMM twice (the second from the cached plan) gives the same bits: deterministic.
