@@ -143,7 +143,7 @@ inline std::unique_ptr<Communicator> self_communicator() {
 
 /// A pipeline stage's time on a device is its compute stream's (pipeline_executor.hpp), not the
 /// host's clock around the calls that only queue the work (which gave a few milliseconds of a step
-/// of seconds): busy at least `least_busy_seconds`, busy and idle together within the step.
+/// of seconds): busy more than `least_busy_seconds`, busy and idle together within the step.
 inline void expect_device_stage_time(const PipelineTiming& timing, double step_seconds,
                                      double least_busy_seconds) {
   EXPECT_GT(timing.busy_seconds, least_busy_seconds)
