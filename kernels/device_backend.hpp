@@ -28,9 +28,10 @@ void cuda_stream_wait_event(void* stream, void* event);
 void cuda_copy(void* destination, const void* source, std::size_t bytes, void* stream);
 /// cudaMemsetAsync to zero on `stream`, then a sync if stream is null.
 void cuda_zero(void* destination, std::size_t bytes, void* stream);
-void* cuda_event_create(int device_index);
-/// An event that keeps time (cudaEventDefault; cuda_event_create's do not), for cuda_event_seconds.
-void* cuda_timing_event_create(int device_index);
+/// Whether an event keeps time (cudaEventDefault, for cuda_event_seconds) or not (the lighter
+/// cudaEventDisableTiming, for ordering and waiting).
+enum class EventTiming { none, kept };
+void* cuda_event_create(int device_index, EventTiming timing = EventTiming::none);
 /// cudaEventElapsedTime in seconds: the device's time from `start` to `end`, timing events both,
 /// recorded and reached.
 double cuda_event_seconds(void* start, void* end);

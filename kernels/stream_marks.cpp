@@ -23,7 +23,8 @@ StreamMarks::~StreamMarks() {
 std::size_t StreamMarks::mark() {
   const std::size_t index = count_;
   if (stream_.device().is_cuda()) {
-    if (index == events_.size()) events_.push_back(detail::cuda_timing_event_create(stream_.device().index));
+    if (index == events_.size())
+      events_.push_back(detail::cuda_event_create(stream_.device().index, detail::EventTiming::kept));
     detail::cuda_event_record(events_[index], stream_.native());
   } else {
     // A fresh slot each time: a mark forgotten by clear() may still be queued, and writes its own.

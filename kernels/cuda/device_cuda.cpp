@@ -446,19 +446,12 @@ void cuda_copy(void* destination, const void* source, std::size_t bytes, void* s
   if (stream == nullptr) ZT_CHECK_CUDA(cudaStreamSynchronize(nullptr));
 }
 
-void* cuda_event_create(int device_index) {
+void* cuda_event_create(int device_index, EventTiming timing) {
   require_usable("creating a CUDA event");
   ZT_CHECK_CUDA(cudaSetDevice(device_index));
   cudaEvent_t event = nullptr;
-  ZT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  return event;
-}
-
-void* cuda_timing_event_create(int device_index) {
-  require_usable("creating a CUDA event");
-  ZT_CHECK_CUDA(cudaSetDevice(device_index));
-  cudaEvent_t event = nullptr;
-  ZT_CHECK_CUDA(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  ZT_CHECK_CUDA(cudaEventCreateWithFlags(
+      &event, timing == EventTiming::kept ? cudaEventDefault : cudaEventDisableTiming));
   return event;
 }
 
